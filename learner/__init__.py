@@ -1,0 +1,1 @@
+"""relay learner package."""

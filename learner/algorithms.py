@@ -1,0 +1,280 @@
+"""The RL math of relay: advantage estimators, policy/value losses, KL estimators and controllers.
+
+Pure functions on tensors. Shapes: B = samples, T = response tokens. Every token-level function takes
+`mask` (B, T), 1.0 on response tokens and 0.0 on padding, and padding never changes a result.
+This module imports torch and nothing distributed, no model and no config (tests/test_architecture.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# ---------------------------------------------------------------- masked statistics
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean over the unmasked entries; 0 where nothing is unmasked."""
+    count = mask.sum() if dim is None else mask.sum(dim)
+    # where() keeps padding garbage (even inf/nan) out of the sum, not only zero-weighted
+    return masked_sum(torch.where(mask > 0, x, 0.0), mask, dim) / count.clamp(min=1e-8)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    n = mask.sum()
+    if unbiased and n > 1:
+        var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / std over unmasked entries (unbiased variance); padding comes out 0.
+
+    shift_mean=False keeps the mean and only rescales (used for rewards, whose sign carries meaning).
+    """
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(mask > 0, out, 0.0)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """1 - Var(returns - values) / Var(returns): 1 is a perfect critic, 0 no better than a constant."""
+    return 1.0 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp(min=1e-8)
+
+
+# ---------------------------------------------------------------- log-probabilities, entropy
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """log p(label) per position: logits (B, T, V), labels (B, T) -> (B, T)."""
+    logits = logits.float()
+    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def entropy_from_logits(logits: Tensor, mask: Tensor) -> Tensor:
+    """Per-token entropy of the categorical distribution, (B, T, V) -> (B, T), 0 on padding."""
+    logits = logits.float()
+    logp = torch.log_softmax(logits, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return torch.where(mask > 0, ent, 0.0)
+
+
+# ---------------------------------------------------------------- KL to the reference policy
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str, mask: Tensor | None = None) -> Tensor:
+    """Per-token estimate of KL(policy || reference) from tokens sampled by the policy.
+
+    Schulman's estimators with log r = ref - policy: k1 = -log r (unbiased, can be negative),
+    k2 = (log r)^2 / 2 (biased, >= 0), k3 = (r - 1) - log r (unbiased, >= 0).
+    """
+    log_ratio = logprobs.float() - ref_logprobs.float()
+    if kind == "k1":
+        kl = log_ratio
+    elif kind == "k2":
+        kl = 0.5 * log_ratio**2
+    elif kind == "k3":
+        neg = (-log_ratio).clamp(-20.0, 20.0)  # exp of a large ratio would overflow to inf
+        kl = neg.exp() - 1.0 - neg
+    else:
+        raise ValueError(f"unknown KL estimator {kind!r}; expected k1, k2 or k3")
+    return kl if mask is None else torch.where(mask > 0, kl, 0.0)
+
+
+def token_rewards(scores: Tensor, kl: Tensor, kl_coef: float, mask: Tensor) -> Tensor:
+    """Per-token reward (B, T): -kl_coef * KL on every response token, plus the sequence score (B,)
+    on the last response token. Rows with no response token get nothing."""
+    rewards = torch.where(mask > 0, -kl_coef * kl, 0.0)
+    last = last_token_index(mask)
+    has_token = mask.sum(-1) > 0
+    return rewards.scatter_add(1, last.unsqueeze(1), torch.where(has_token, scores, 0.0).unsqueeze(1).to(rewards))
+
+
+def last_token_index(mask: Tensor) -> Tensor:
+    """Index of the last unmasked position per row (B,); 0 for an all-padding row."""
+    T = mask.shape[-1]
+    return (T - 1 - (mask > 0).flip(-1).int().argmax(-1)).where(mask.sum(-1) > 0, 0)
+
+
+# ---------------------------------------------------------------- advantage estimators
+
+
+def compute_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the unmasked tokens of each row.
+
+    Padding anywhere (left, right, holes) is skipped: a token's successor is the next unmasked token,
+    and the value after the last one is 0 (the episode ends). Returns (advantages, returns), 0 on padding.
+    """
+    B, T = rewards.shape
+    rewards = torch.where(mask > 0, rewards.float(), 0.0)
+    values = torch.where(mask > 0, values.float(), 0.0)
+    m = (mask > 0).float()
+    advantages = torch.zeros_like(rewards)
+    next_value = rewards.new_zeros(B)
+    running = rewards.new_zeros(B)
+    for t in reversed(range(T)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        gae = delta + gamma * lam * running
+        running = m[:, t] * gae + (1 - m[:, t]) * running
+        next_value = m[:, t] * values[:, t] + (1 - m[:, t]) * next_value
+        advantages[:, t] = m[:, t] * running
+    return advantages, (advantages + values) * m
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Reward-to-go sum_{k>=t} gamma^(k-t) r_k over unmasked tokens, 0 on padding (B, T)."""
+    returns, _ = compute_gae(rewards, torch.zeros_like(rewards, dtype=torch.float), mask, gamma, 1.0)
+    return returns
+
+
+def _groups(scores: Tensor, group_size: int) -> Tensor:
+    if group_size < 1 or scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
+    return scores.float().view(-1, group_size)
+
+
+def grpo_advantages(scores: Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """GRPO (Shao et al. 2024): each score minus its group's mean, over the group's std (unbiased).
+
+    scores (B,) hold the samples of one prompt contiguously, B = prompts * group_size.
+    A group whose scores are all equal gets 0 advantage (nothing to learn from it).
+    """
+    g = _groups(scores, group_size)
+    centred = g - g.mean(-1, keepdim=True)
+    if scale_by_std:
+        std = g.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(centred[:, :1])
+        centred = centred / (std + eps)
+    return centred.view(-1)
+
+
+def rloo_advantages(scores: Tensor, group_size: int) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): score minus the mean of the group's others."""
+    if group_size < 2:
+        raise ValueError("RLOO needs at least 2 samples per prompt")
+    g = _groups(scores, group_size)
+    others_mean = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
+    return (g - others_mean).view(-1)
+
+
+def reinforce_baseline_advantages(scores: Tensor, group_size: int = 1, baseline: Tensor | None = None) -> Tensor:
+    """REINFORCE with a baseline: score minus `baseline` (a scalar or one per sample).
+
+    Without one, the baseline is the batch mean. `group_size` is accepted for the shared estimator
+    signature; this estimator does not look at groups.
+    """
+    scores = scores.float()
+    return scores - (scores.mean() if baseline is None else baseline.float())
+
+
+# Outcome-reward estimators: (scores (B,), group_size) -> advantages (B,).
+OUTCOME_ESTIMATORS = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_baseline": reinforce_baseline_advantages,
+}
+
+
+# ---------------------------------------------------------------- losses
+
+
+def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean") -> Tensor:
+    """token_mean: every response token weighs the same; seq_mean: per-sequence mean, then mean."""
+    if mode == "token_mean":
+        return masked_mean(loss, mask)
+    if mode == "seq_mean":
+        has_token = (mask.sum(-1) > 0).float()
+        return masked_mean(masked_mean(loss, mask, dim=-1), has_token)
+    raise ValueError(f"unknown loss aggregation {mode!r}; expected token_mean or seq_mean")
+
+
+def ppo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None = None,
+    aggregation: str = "token_mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped surrogate (Schulman et al. 2017), negated to be minimised.
+
+    `advantages` is per token (B, T); broadcast an outcome advantage with `adv[:, None] * mask`.
+    clip_eps_high (DAPO's clip-higher) defaults to clip_eps.
+    """
+    log_ratio = torch.where(mask > 0, logprobs.float() - old_logprobs.float(), 0.0)
+    ratio = log_ratio.exp()
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": masked_mean((clipped > unclipped).float(), mask),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),  # k3 estimate of KL(old || new)
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
+def ppo_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_eps: float | None,
+    aggregation: str = "token_mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Half squared error to the returns; with clip_eps, the pessimistic max of the plain and the
+    clipped-around-old-values error (PPO2's value clipping)."""
+    values, returns = values.float(), returns.float()
+    err = (values - returns) ** 2
+    if clip_eps is None:
+        loss_tok, clip_frac = err, torch.zeros((), device=values.device)
+    else:
+        clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
+        err_clipped = (clipped - returns) ** 2
+        loss_tok = torch.maximum(err, err_clipped)
+        clip_frac = masked_mean((err_clipped > err).float(), mask)
+    return 0.5 * aggregate(loss_tok, mask, aggregation), {"vf_clip_frac": clip_frac.detach()}
+
+
+# ---------------------------------------------------------------- KL coefficient controllers
+
+
+class FixedKLController:
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController:
+    """Ziegler et al. 2019: move the coefficient towards `target` KL, proportionally, error clipped
+    to +-20%, at a rate of n_steps / horizon per update. Its value is checkpointed with the run."""
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: int):
+        self.value, self.target, self.horizon = float(init_kl_coef), float(target), int(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if not math.isfinite(current_kl):
+            return  # a broken measurement must not wreck the coefficient
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value, self.target, self.horizon = float(state["value"]), float(state["target"]), int(state["horizon"])

@@ -1,0 +1,174 @@
+"""Load the config tree from a YAML file plus `key=value` overrides, and validate it once.
+
+Every failure is one `ConfigError` line naming the key and where its value came from
+(file and line, or the command line), before Ray or any model starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from orchestrator.config import TrainConfig
+from orchestrator.validate import validate
+
+
+class ConfigError(ValueError):
+    """A config problem, reported as one line: `<where>: <key>: <what is wrong>`."""
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    path = Path(path)
+    text = _read(path)
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    _check_duplicates(path, yaml.compose(text))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top, got {type(data).__name__}")
+
+    def in_file(key: str) -> str:
+        return _where_in_file(path, text, key)
+
+    _check_tree(data, TrainConfig, "", in_file)
+    cfg = _merge(OmegaConf.structured(TrainConfig), OmegaConf.create(data), in_file)
+    from_cli: dict[str, str] = {}
+    for item in overrides:
+        key, eq, value = (part.strip() for part in item.partition("="))
+        where = f"command line {item!r}"
+        if not eq or not key:
+            raise ConfigError(f"{where}: overrides are key=value")
+        _check_path(key, lambda _k, where=where: where)
+        from_cli[key] = item
+        try:
+            OmegaConf.update(cfg, key, yaml.safe_load(value) if value else "", merge=True)
+        except (OmegaConfBaseException, yaml.YAMLError) as e:
+            raise ConfigError(f"{where}: {key}: {_first_line(e)}") from None
+    try:
+        tree = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{path}: {e.full_key}: required, but no value was given") from None
+
+    for key, problem in validate(tree):
+        where = f"command line {from_cli[key]!r}" if key in from_cli else in_file(key)
+        raise ConfigError(f"{where}: {key}: {problem}")
+    return tree
+
+
+def to_yaml(tree: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(tree))
+
+
+def to_dict(tree: TrainConfig) -> dict:
+    """Plain containers (enums as strings): for wandb, checkpoints and the run directory."""
+    return OmegaConf.to_container(OmegaConf.structured(tree), enum_to_str=True)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+
+
+def _unknown(key: str, name: str, known: list[str], where) -> ConfigError:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+    return ConfigError(f"{where(key)}: {key}: unknown key; {hint}")
+
+
+def _list_item_type(typ):
+    """The dataclass held by a `list[SomeDataclass]` field, else None."""
+    args = typing.get_args(typ)
+    return args[0] if args and dataclasses.is_dataclass(args[0]) else None
+
+
+def _check_tree(node, cls, prefix: str, where) -> None:
+    """Unknown keys anywhere in the tree, and types inside lists of sections (which a merge
+    would report without their path)."""
+    if not isinstance(node, dict):
+        return
+    hints = typing.get_type_hints(cls)
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        if k not in hints:
+            raise _unknown(key, str(k), list(hints), where)
+        item_cls = _list_item_type(hints[k])
+        if dataclasses.is_dataclass(hints[k]):
+            _check_tree(v, hints[k], f"{key}.", where)
+        elif item_cls and isinstance(v, list):
+            for i, item in enumerate(v):
+                _check_tree(item, item_cls, f"{key}.{i}.", where)
+                _merge(OmegaConf.structured(item_cls), OmegaConf.create(item or {}), where, prefix=f"{key}.{i}.")
+
+
+def _check_path(key: str, where) -> None:
+    """A dotted override key must name a field (list elements by index)."""
+    cls, done = TrainConfig, []
+    for part in key.split("."):
+        if cls is None:
+            break
+        if isinstance(cls, list):  # inside a list of sections: expect an index
+            if not part.isdigit():
+                raise ConfigError(f"{where(key)}: {key}: {'.'.join(done)} is a list; index it by number")
+            cls = cls[0]
+        else:
+            hints = typing.get_type_hints(cls)
+            if part not in hints:
+                raise _unknown(key, part, list(hints), where)
+            typ = hints[part]
+            cls = typ if dataclasses.is_dataclass(typ) else ([_list_item_type(typ)] if _list_item_type(typ) else None)
+        done.append(part)
+
+
+def _merge(base: DictConfig, extra: DictConfig, where, prefix: str = "") -> DictConfig:
+    """Merge; type and enum errors become one line naming the key."""
+    try:
+        return OmegaConf.merge(base, extra)
+    except OmegaConfBaseException as e:
+        key = prefix + (e.full_key or "?").replace("[", ".").replace("]", "")
+        raise ConfigError(f"{where(key)}: {key}: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (getattr(e, "msg", None) or str(e)).splitlines()[0]
+
+
+def _check_duplicates(path: Path, node, prefix: str = "") -> None:
+    """YAML keeps the last of two equal keys without a word; a config must not."""
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for k, v in node.value:
+            line = k.start_mark.line + 1
+            if k.value in first:
+                raise ConfigError(f"{path}:{line}: {prefix}{k.value}: duplicate key (first at line {first[k.value]})")
+            first[k.value] = line
+            _check_duplicates(path, v, f"{prefix}{k.value}.")
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _check_duplicates(path, v, f"{prefix}{i}.")
+
+
+def _where_in_file(path: Path, text: str, key: str) -> str:
+    """`file:line` of `key` (dotted, list indices as numbers) in the YAML text, or just the file."""
+    node, line = yaml.compose(text), None
+    for part in key.split("."):
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == part]
+            if not match:
+                break
+            line, node = match[0][0].start_mark.line + 1, match[0][1]
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return f"{path}:{line}" if line else str(path)

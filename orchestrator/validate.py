@@ -1,0 +1,124 @@
+"""Checks across the whole tree that types alone cannot express. Each yields (key, problem)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from learner.config import CriticInit, Estimator, KLControllerKind, ValueHead
+from reward_service.config import SourceKind
+
+CRITIC_FREE = {Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline}
+GROUPED = {Estimator.grpo, Estimator.rloo}
+
+
+def validate(cfg) -> Iterator[tuple[str, str]]:
+    yield from _sampling(cfg)
+    yield from _algorithm(cfg)
+    yield from _batches(cfg)
+    yield from _learner(cfg)
+    yield from _rewards(cfg)
+    yield from _cluster(cfg)
+
+
+def _sampling(cfg):
+    s = cfg.rollout.sampling
+    if s.temperature < 0:
+        yield "rollout.sampling.temperature", f"must be >= 0, got {s.temperature}"
+    if not 0 < s.top_p <= 1:
+        yield "rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"
+    if s.top_k == 0 or s.top_k < -1:
+        yield "rollout.sampling.top_k", f"must be -1 (off) or >= 1, got {s.top_k}"
+    if s.repetition_penalty <= 0:
+        yield "rollout.sampling.repetition_penalty", f"must be > 0, got {s.repetition_penalty}"
+    if s.max_new_tokens < 1:
+        yield "rollout.sampling.max_new_tokens", f"must be >= 1, got {s.max_new_tokens}"
+    if s.n_samples_per_prompt < 1:
+        yield "rollout.sampling.n_samples_per_prompt", f"must be >= 1, got {s.n_samples_per_prompt}"
+    r = cfg.rollout
+    if r.max_prompt_tokens + s.max_new_tokens > r.max_model_len:
+        yield "rollout.max_model_len", (
+            f"{r.max_model_len} < max_prompt_tokens ({r.max_prompt_tokens}) + max_new_tokens ({s.max_new_tokens})")
+
+
+def _batches(cfg):
+    a, n = cfg.algorithm, cfg.rollout.sampling.n_samples_per_prompt
+    samples = cfg.data.rollout_batch_size * n
+    ranks = cfg.cluster.learner_ranks
+    if cfg.data.rollout_batch_size < 1:
+        yield "data.rollout_batch_size", "must be >= 1"
+    if a.mini_batch_size < 1 or samples % a.mini_batch_size:
+        yield "algorithm.mini_batch_size", (
+            f"{a.mini_batch_size} must divide the samples per step: data.rollout_batch_size "
+            f"({cfg.data.rollout_batch_size}) x rollout.sampling.n_samples_per_prompt ({n}) = {samples}")
+    elif a.micro_batch_size < 1 or a.mini_batch_size % (a.micro_batch_size * ranks):
+        yield "algorithm.micro_batch_size", (
+            f"micro_batch_size ({a.micro_batch_size}) x cluster.learner_ranks ({ranks}) must divide "
+            f"algorithm.mini_batch_size ({a.mini_batch_size})")
+
+
+def _algorithm(cfg):
+    a, n = cfg.algorithm, cfg.rollout.sampling.n_samples_per_prompt
+    if a.estimator in GROUPED and n < 2:
+        yield "rollout.sampling.n_samples_per_prompt", (
+            f"{a.estimator.value} compares samples of one prompt: needs >= 2, got {n}")
+    for key in ("gamma", "lam"):
+        if not 0 <= getattr(a, key) <= 1:
+            yield f"algorithm.{key}", f"must be in [0, 1], got {getattr(a, key)}"
+    if a.clip_eps <= 0:
+        yield "algorithm.clip_eps", f"must be > 0, got {a.clip_eps}"
+    if a.ppo_epochs < 1:
+        yield "algorithm.ppo_epochs", f"must be >= 1, got {a.ppo_epochs}"
+    if a.init_kl_coef < 0:
+        yield "algorithm.init_kl_coef", f"must be >= 0, got {a.init_kl_coef}"
+    if a.kl_controller == KLControllerKind.adaptive:
+        if a.target_kl <= 0:
+            yield "algorithm.target_kl", f"the adaptive controller needs a target > 0, got {a.target_kl}"
+        if a.kl_horizon < 1:
+            yield "algorithm.kl_horizon", f"must be >= 1, got {a.kl_horizon}"
+        if a.init_kl_coef == 0:
+            yield "algorithm.init_kl_coef", "an adaptive controller cannot move a coefficient of 0"
+
+
+def _learner(cfg):
+    lr = cfg.learner
+    if lr.zero_stage not in (0, 1, 2, 3):
+        yield "learner.zero_stage", f"must be 0, 1, 2 or 3, got {lr.zero_stage}"
+    if lr.lr <= 0:
+        yield "learner.lr", f"must be > 0, got {lr.lr}"
+    if len(lr.betas) != 2 or not all(0 <= b < 1 for b in lr.betas):
+        yield "learner.betas", f"must be two numbers in [0, 1), got {list(lr.betas)}"
+    if lr.lora.rank < 0:
+        yield "learner.lora.rank", f"must be >= 0, got {lr.lora.rank}"
+    needs_critic = cfg.algorithm.estimator not in CRITIC_FREE
+    if needs_critic and lr.value_head == ValueHead.separate and lr.critic_init == CriticInit.reward_model \
+            and not lr.critic_model_path:
+        yield "learner.critic_model_path", "critic_init is reward_model: give the reward model's folder"
+    if needs_critic and lr.value_head == ValueHead.shared and lr.lora.rank > 0:
+        yield "learner.value_head", "a shared value head with LoRA trains the head on a frozen trunk; use separate"
+
+
+def _rewards(cfg):
+    if not cfg.reward.sources:
+        yield "reward.sources", "at least one reward source is needed"
+    needs = {SourceKind.function: "function", SourceKind.reward_model: "model_path",
+             SourceKind.remote: "url", SourceKind.format: "pattern", SourceKind.length_penalty: "target_length"}
+    for i, src in enumerate(cfg.reward.sources):
+        field = needs.get(src.kind)
+        if field and not getattr(src, field):
+            yield f"reward.sources.{i}.{field}", f"a {src.kind.value} source needs {field}"
+        if src.kind == SourceKind.function and field and ":" not in src.function:
+            yield f"reward.sources.{i}.function", f"expected 'module.path:function', got {src.function!r}"
+        if src.kind == SourceKind.remote and src.timeout_s <= 0:
+            yield f"reward.sources.{i}.timeout_s", "a remote reward needs a deadline > 0"
+    if cfg.reward.clip < 0:
+        yield "reward.clip", f"must be >= 0 (0 = off), got {cfg.reward.clip}"
+
+
+def _cluster(cfg):
+    c = cfg.cluster
+    for key in ("rollout_workers", "learner_ranks"):
+        if getattr(c, key) < 1:
+            yield f"cluster.{key}", f"must be >= 1, got {getattr(c, key)}"
+    if not cfg.data.train_files and not cfg.data.task:
+        yield "data.train_files", "give prompt files (JSONL/Parquet) or data.task (a reasoning-gym task)"
+    if cfg.data.train_files and cfg.data.task:
+        yield "data.task", "give either data.train_files or data.task, not both"

@@ -1,0 +1,1 @@
+"""relay reward_service package."""

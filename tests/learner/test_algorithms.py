@@ -1,0 +1,266 @@
+"""The math core against small examples computed by hand (worked out in the comments)."""
+import math
+
+import pytest
+import torch
+
+from learner import algorithms as A
+
+t = torch.tensor
+
+
+def close(x, y, tol=1e-5):
+    return torch.allclose(torch.as_tensor(x).float(), torch.as_tensor(y).float(), atol=tol, rtol=0)
+
+
+# ---------------------------------------------------------------- masked statistics
+
+
+def test_masked_mean_ignores_padding_even_when_it_is_nan():
+    x = t([[1.0, 2.0, float("nan")], [3.0, float("inf"), 5.0]])
+    mask = t([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    assert close(A.masked_mean(x, mask), (1 + 2 + 3 + 5) / 4)
+    assert close(A.masked_mean(x, mask, dim=-1), [1.5, 4.0])
+
+
+def test_masked_whiten_hand_example():
+    # mean 2, unbiased var ((1)^2 + 0 + 1^2) / 2 = 1 -> [-1, 0, 1]; padding comes out 0
+    x, mask = t([1.0, 2.0, 3.0, 100.0]), t([1.0, 1.0, 1.0, 0.0])
+    assert close(A.masked_whiten(x, mask), [-1.0, 0.0, 1.0, 0.0])
+    # shift_mean=False keeps the mean: [1, 2, 3]
+    assert close(A.masked_whiten(x, mask, shift_mean=False), [1.0, 2.0, 3.0, 0.0])
+
+
+def test_explained_variance():
+    ret, mask = t([[1.0, 2.0, 3.0]]), t([[1.0, 1.0, 1.0]])
+    assert close(A.explained_variance(ret, ret, mask), 1.0)
+    # values = mean of returns: no better than a constant -> 0
+    assert close(A.explained_variance(t([[2.0, 2.0, 2.0]]), ret, mask), 0.0)
+
+
+# ---------------------------------------------------------------- logprobs and entropy
+
+
+def test_logprobs_and_entropy_hand_example():
+    # uniform over 4 symbols: log p = -log 4, entropy = log 4
+    logits = torch.zeros(1, 2, 4)
+    lp = A.logprobs_from_logits(logits, t([[0, 3]]))
+    assert close(lp, [[-math.log(4), -math.log(4)]])
+    assert close(A.entropy_from_logits(logits, t([[1.0, 0.0]])), [[math.log(4), 0.0]])
+    # logits [log 1, log 3]: p = [1/4, 3/4]; H = -(1/4 ln 1/4 + 3/4 ln 3/4) = 0.562335
+    two = torch.log(t([[[1.0, 3.0]]]))
+    assert close(A.logprobs_from_logits(two, t([[1]])), [[math.log(0.75)]])
+    assert close(A.entropy_from_logits(two, t([[1.0]])), [[0.562335]])
+
+
+# ---------------------------------------------------------------- KL
+
+
+def test_kl_estimators_hand_example():
+    # log_ratio = policy - ref = 1: k1 = 1, k2 = 1/2, k3 = e^-1 - 1 + 1 = 0.367879
+    lp, ref = t([[-1.0]]), t([[-2.0]])
+    assert close(A.kl_penalty(lp, ref, "k1"), [[1.0]])
+    assert close(A.kl_penalty(lp, ref, "k2"), [[0.5]])
+    assert close(A.kl_penalty(lp, ref, "k3"), [[math.exp(-1)]])
+    # log_ratio = -0.5: k1 = -0.5 (may be negative), k3 = e^0.5 - 1 - 0.5 = 0.148721
+    assert close(A.kl_penalty(t([-1.5]), t([-1.0]), "k1"), [-0.5])
+    assert close(A.kl_penalty(t([-1.5]), t([-1.0]), "k3"), [0.148721])
+    with pytest.raises(ValueError, match="k4"):
+        A.kl_penalty(lp, ref, "k4")
+
+
+def test_k3_is_nonnegative_and_finite_and_masked():
+    g = torch.Generator().manual_seed(0)
+    lp, ref = torch.randn(64, 16, generator=g) * 10, torch.randn(64, 16, generator=g) * 10
+    kl = A.kl_penalty(lp, ref, "k3")
+    assert (kl >= 0).all() and torch.isfinite(kl).all()
+    mask = (torch.rand(64, 16, generator=g) > 0.5).float()
+    assert (A.kl_penalty(lp, ref, "k3", mask)[mask == 0] == 0).all()
+
+
+def test_token_rewards_hand_example():
+    # row 0: -0.1*[0.1, 0.2, 0.3] with the score 1 on the last token -> [-0.01, -0.02, 0.97]
+    # row 1: last response token is index 1 -> [-0.05, -0.05 + 2, 0]; row 2 has no tokens -> zeros
+    kl = t([[0.1, 0.2, 0.3], [0.5, 0.5, 9.0], [1.0, 1.0, 1.0]])
+    mask = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    r = A.token_rewards(t([1.0, 2.0, 3.0]), kl, 0.1, mask)
+    assert close(r, [[-0.01, -0.02, 0.97], [-0.05, 1.95, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_last_token_index_with_left_and_right_padding():
+    mask = t([[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    assert A.last_token_index(mask).tolist() == [2, 0, 3]
+
+
+# ---------------------------------------------------------------- GAE
+
+
+def test_gae_hand_example():
+    # gamma .9, lam .8, V = [.5, .4, .3], r = [0, 0, 1], V after the end = 0
+    # t2: d = 1 - .3 = .7                 A2 = .7
+    # t1: d = .9*.3 - .4 = -.13           A1 = -.13 + .72*.7 = .374
+    # t0: d = .9*.4 - .5 = -.14           A0 = -.14 + .72*.374 = .12928
+    adv, ret = A.compute_gae(t([[0.0, 0.0, 1.0]]), t([[0.5, 0.4, 0.3]]), torch.ones(1, 3), 0.9, 0.8)
+    assert close(adv, [[0.12928, 0.374, 0.7]])
+    assert close(ret, [[0.62928, 0.774, 1.0]])
+
+
+def test_gae_lambda_one_gamma_one_is_reward_to_go_minus_value():
+    g = torch.Generator().manual_seed(1)
+    r, v = torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
+    mask = torch.ones(4, 7)
+    adv, ret = A.compute_gae(r, v, mask, 1.0, 1.0)
+    to_go = r.flip(-1).cumsum(-1).flip(-1)
+    assert close(adv, to_go - v)
+    assert close(ret, to_go)
+    assert close(A.discounted_returns(r, mask, 1.0), to_go)
+
+
+def test_discounted_returns_hand_example():
+    # gamma .5, r = [1, 2, 4]: [1 + .5*2 + .25*4, 2 + .5*4, 4] = [3, 4, 4]
+    assert close(A.discounted_returns(t([[1.0, 2.0, 4.0]]), torch.ones(1, 3), 0.5), [[3.0, 4.0, 4.0]])
+
+
+def test_gae_padding_never_changes_the_result():
+    g = torch.Generator().manual_seed(2)
+    r, v = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    adv, ret = A.compute_gae(r, v, torch.ones(3, 5), 0.97, 0.9)
+    # the same tokens with 2 garbage columns on the left, 1 in a hole after token 2, 3 on the right
+    pos = [2, 3, 5, 6, 7]
+    big_r, big_v = torch.randn(3, 11, generator=g) * 100, torch.randn(3, 11, generator=g) * 100
+    big_r[:, pos], big_v[:, pos] = r, v
+    mask = torch.zeros(3, 11)
+    mask[:, pos] = 1.0
+    big_adv, big_ret = A.compute_gae(big_r, big_v, mask, 0.97, 0.9)
+    assert close(big_adv[:, pos], adv) and close(big_ret[:, pos], ret)
+    assert (big_adv[mask == 0] == 0).all() and (big_ret[mask == 0] == 0).all()
+
+
+# ---------------------------------------------------------------- outcome estimators
+
+
+def test_grpo_hand_example():
+    # group [1, 0, 0, 1]: mean .5, unbiased std sqrt(1/3) = .57735 -> +-.5/.57735 = +-.866025
+    # group [2, 2, 2, 2]: all equal -> 0
+    adv = A.grpo_advantages(t([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0]), 4)
+    assert close(adv, [0.866025, -0.866025, -0.866025, 0.866025, 0, 0, 0, 0])
+    assert close(A.grpo_advantages(t([1.0, 0.0, 3.0, 1.0]), 2, scale_by_std=False), [0.5, -0.5, 1.0, -1.0])
+
+
+def test_grpo_groups_sum_to_zero():
+    scores = torch.randn(6 * 5, generator=torch.Generator().manual_seed(3))
+    assert close(A.grpo_advantages(scores, 5).view(6, 5).sum(-1), torch.zeros(6), tol=1e-4)
+    with pytest.raises(ValueError, match="groups of 4"):
+        A.grpo_advantages(torch.zeros(6), 4)
+
+
+def test_rloo_hand_example():
+    # [1, 0, 0, 1]: for a 1 the others average 1/3 -> 2/3; for a 0 they average 2/3 -> -2/3
+    assert close(A.rloo_advantages(t([1.0, 0.0, 0.0, 1.0]), 4), [2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    # [3, 1]: 3 - 1 = 2, 1 - 3 = -2
+    assert close(A.rloo_advantages(t([3.0, 1.0]), 2), [2.0, -2.0])
+    with pytest.raises(ValueError):
+        A.rloo_advantages(t([1.0]), 1)
+
+
+def test_reinforce_baseline_hand_example():
+    assert close(A.reinforce_baseline_advantages(t([1.0, 2.0, 3.0])), [-1.0, 0.0, 1.0])
+    assert close(A.reinforce_baseline_advantages(t([1.0, 2.0]), baseline=t([0.5, 3.0])), [0.5, -1.0])
+
+
+def test_outcome_estimators_share_one_signature():
+    scores = t([1.0, 0.0, 0.0, 1.0])
+    for name, fn in A.OUTCOME_ESTIMATORS.items():
+        assert fn(scores, 2).shape == (4,), name
+
+
+# ---------------------------------------------------------------- losses
+
+
+def test_ppo_loss_with_ratio_one_is_minus_mean_advantage():
+    adv = t([[1.0, -2.0, 4.0], [0.5, 0.5, 99.0]])
+    mask = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    lp = torch.randn(2, 3)
+    loss, m = A.ppo_policy_loss(lp, lp.clone(), adv, mask, 0.2)
+    assert close(loss, -(1 - 2 + 4 + 0.5 + 0.5) / 5)
+    assert close(m["clip_frac"], 0.0) and close(m["approx_kl"], 0.0)
+
+
+def test_ppo_loss_clipping_hand_example():
+    # ratio 1.5 on both tokens. A=+1: unclipped -1.5, clipped -1.2, max -1.2 (clipped).
+    # A=-1: unclipped 1.5, clipped 1.2, max 1.5 (not clipped). mean (-1.2 + 1.5)/2 = .15
+    lp, old = torch.full((1, 2), math.log(1.5)), torch.zeros(1, 2)
+    loss, m = A.ppo_policy_loss(lp, old, t([[1.0, -1.0]]), torch.ones(1, 2), 0.2)
+    assert close(loss, 0.15) and close(m["clip_frac"], 0.5)
+    # approx KL (k3 of old||new): 1.5 - 1 - ln 1.5 = 0.094535
+    assert close(m["approx_kl"], 0.094535)
+    # clip-higher 0.6: A=+1 is no longer clipped -> (-1.5 + 1.5)/2 = 0
+    loss_hi, _ = A.ppo_policy_loss(lp, old, t([[1.0, -1.0]]), torch.ones(1, 2), 0.2, clip_eps_high=0.6)
+    assert close(loss_hi, 0.0)
+
+
+def test_ppo_loss_seq_mean_aggregation():
+    # seq 0: tokens -1, -3 -> mean -2; seq 1: token -4 -> -4; seq_mean = -3, token_mean = -8/3
+    lp = torch.zeros(2, 2)
+    adv, mask = t([[1.0, 3.0], [4.0, 7.0]]), t([[1.0, 1.0], [1.0, 0.0]])
+    assert close(A.ppo_policy_loss(lp, lp, adv, mask, 0.2, aggregation="seq_mean")[0], -3.0)
+    assert close(A.ppo_policy_loss(lp, lp, adv, mask, 0.2)[0], -8 / 3)
+
+
+def test_ppo_policy_loss_padding_never_changes_the_result():
+    g = torch.Generator().manual_seed(4)
+    lp, old, adv = (torch.randn(2, 4, generator=g) for _ in range(3))
+    mask = torch.ones(2, 4)
+    loss, _ = A.ppo_policy_loss(lp, old, adv, mask, 0.2)
+    def pad(x, fill):
+        return torch.cat([x, torch.full((2, 3), fill)], -1)
+
+    loss_p, _ = A.ppo_policy_loss(pad(lp, 1e6), pad(old, -1e6), pad(adv, 1e6), pad(mask, 0.0), 0.2)
+    assert close(loss, loss_p)
+
+
+def test_value_loss_hand_example():
+    # v = 1, old = 0, R = 2, eps .2: err 1, clipped value .2 -> err 3.24; max 3.24; half -> 1.62
+    loss, m = A.ppo_value_loss(t([[1.0]]), t([[0.0]]), t([[2.0]]), t([[1.0]]), 0.2)
+    assert close(loss, 1.62) and close(m["vf_clip_frac"], 1.0)
+    loss, _ = A.ppo_value_loss(t([[1.0]]), t([[0.0]]), t([[2.0]]), t([[1.0]]), None)
+    assert close(loss, 0.5)
+    # padding: a masked token with a huge error changes nothing
+    loss_p, _ = A.ppo_value_loss(t([[1.0, 50.0]]), t([[0.0, 0.0]]), t([[2.0, -50.0]]), t([[1.0, 0.0]]), 0.2)
+    assert close(loss_p, 1.62)
+
+
+# ---------------------------------------------------------------- KL controllers
+
+
+def test_fixed_controller_never_moves():
+    c = A.FixedKLController(0.05)
+    c.update(100.0, 1000)
+    assert c.value == 0.05 and c.state_dict() == {"value": 0.05}
+
+
+def test_adaptive_controller_hand_example():
+    # KL 9 vs target 6: error .5 clipped to .2; x(1 + .2 * 256/10000) = x1.00512 -> .201024
+    c = A.AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    c.update(9.0, 256)
+    assert close(c.value, 0.201024, tol=1e-9)
+    # KL 3 vs 6: error -.5 -> -.2; x(1 - .2 * 256/10000) = x0.99488
+    c.update(3.0, 256)
+    assert close(c.value, 0.201024 * 0.99488, tol=1e-9)
+    # small error is proportional: KL 6.6 -> error .1 -> x1.00256
+    c2 = A.AdaptiveKLController(0.1, 6.0, 10000)
+    c2.update(6.6, 256)
+    assert close(c2.value, 0.100256, tol=1e-9)
+
+
+def test_adaptive_controller_state_survives_resume():
+    c = A.AdaptiveKLController(0.1, target=1.0, horizon=100)
+    for kl in (3.0, 2.0, 0.1, 5.0):
+        c.update(kl, 10)
+    resumed = A.AdaptiveKLController(0.1, target=1.0, horizon=100)
+    resumed.load_state_dict(c.state_dict())
+    assert resumed.value == c.value != 0.1
+    c.update(2.0, 10), resumed.update(2.0, 10)
+    assert resumed.value == c.value
+    c.update(float("nan"), 10)
+    assert resumed.value == c.value  # a NaN measurement leaves the coefficient alone

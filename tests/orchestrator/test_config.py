@@ -1,0 +1,112 @@
+"""The typed config tree: loading, overrides and one-line errors that name key and source."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from learner.config import Estimator, KLControllerKind
+from orchestrator.load_config import ConfigError, load_config, to_dict
+from reward_service.config import SourceKind
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+
+
+def test_sections_are_typed_dataclasses_with_enums():
+    cfg = load_config(REPO / "configs" / "ppo_tiny_cpu.yaml", ["algorithm.clip_eps=0.1", "rollout.sampling.top_k=5"])
+    assert cfg.algorithm.clip_eps == 0.1 and isinstance(cfg.algorithm.clip_eps, float)
+    assert cfg.rollout.sampling.top_k == 5
+    assert cfg.algorithm.estimator is Estimator.gae
+    assert cfg.algorithm.kl_controller is KLControllerKind.adaptive
+    assert cfg.reward.sources[0].kind is SourceKind.math_answer
+    assert to_dict(cfg)["algorithm"]["estimator"] == "gae"
+
+
+def test_list_elements_can_be_overridden_by_index():
+    cfg = load_config(DEFAULT, ["reward.sources.0.weight=2.5"])
+    assert cfg.reward.sources[0].weight == 2.5
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+BASE = "data:\n  task: t\nlearner:\n  model_path: m\n"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.clip_epss=0.1"], "command line 'algorithm.clip_epss=0.1': algorithm.clip_epss: unknown key; did you mean 'clip_eps'?"),
+    (["algorithm.clip_eps=abc"], "algorithm.clip_eps: Value 'abc' of type 'str' could not be converted to Float"),
+    (["algorithm.estimator=ppo2"], "algorithm.estimator: Invalid value 'ppo2', expected one of [gae, grpo, rloo, reinforce_baseline]"),
+    (["rollout.sampling.n_samples_per_prompt=1"], "grpo compares samples of one prompt: needs >= 2, got 1"),
+    (["algorithm.mini_batch_size=100"], "algorithm.mini_batch_size: 100 must divide the samples per step"),
+    (["algorithm.micro_batch_size=48"], "algorithm.micro_batch_size: micro_batch_size (48) x cluster.learner_ranks (1) must divide"),
+    (["reward.sources.0.kindd=remote"], "reward.sources.0.kindd: unknown key; did you mean 'kind'?"),
+    (["reward.sources.x.kind=remote"], "reward.sources is a list; index it by number"),
+    (["reward.sources.0.kind=function"], "reward.sources.0.function: a function source needs function"),
+    (["algorithm.kl_controller=adaptive", "algorithm.target_kl=0"], "command line 'algorithm.target_kl=0': algorithm.target_kl"),
+    (["novalue"], "overrides are key=value"),
+])
+def test_bad_overrides_fail_with_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(DEFAULT, overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("algorithm:\n  lrr: 3\n", "c.yaml:2: algorithm.lrr: unknown key"),
+    ("learner:\n  model_path: m\n  lrr: 3\n", "c.yaml:3: learner.lrr: unknown key; did you mean 'lr'?"),
+    (BASE + "reward:\n  sources:\n    - kind: math_answer\n    - kind: remote\n      weight: abc\n",
+     "c.yaml:9: reward.sources.1.weight: Value 'abc'"),
+    (BASE + "reward:\n  sources:\n    - kind: remote\n      bogus: 1\n", "c.yaml:8: reward.sources.0.bogus: unknown key"),
+    (BASE + "algorithm:\n  estimator: grpoo\n", "c.yaml:6: algorithm.estimator: Invalid value 'grpoo'"),
+    ("data:\n  task: t\n", "c.yaml: learner.model_path: required, but no value was given"),
+    (BASE + "rollout:\n  sampling:\n    top_p: 1.5\n", "c.yaml:7: rollout.sampling.top_p: must be in (0, 1]"),
+    ("learner:\n  model_path: m\n", "data.train_files: give prompt files"),
+    ("a: [\n", "c.yaml:2: not valid YAML"),
+    (BASE + "learner:\n  zero_stage: 4\n", "c.yaml:5: learner: duplicate key (first at line 3)"),
+    ("learner:\n  model_path: m\n  model_path: n\n", "c.yaml:3: learner.model_path: duplicate key (first at line 2)"),
+])
+def test_bad_files_fail_with_one_line_naming_file_line_and_key(tmp_path, text, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml: cannot read config"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def relay(*args):
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_cli_config_show_prints_the_resolved_tree():
+    out = relay("config", "show", "configs/grpo_tiny_cpu.yaml", "algorithm.clip_eps=0.1")
+    assert out.returncode == 0, out.stderr
+    assert "clip_eps: 0.1\n" in out.stdout and "estimator: grpo\n" in out.stdout
+
+
+def test_cli_config_typo_is_one_line_with_a_suggestion():
+    out = relay("config", "show", "configs/grpo_tiny_cpu.yaml", "algorithm.clip_epss=0.1")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0
+    assert "algorithm.clip_epss" in out.stderr and "did you mean 'clip_eps'?" in out.stderr
+
+
+def test_cli_help_lists_the_commands():
+    out = relay("--help")
+    assert out.returncode == 0
+    for cmd in ("train", "config", "sft", "rm", "eval", "serve-reward"):
+        assert cmd in out.stdout
