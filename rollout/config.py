@@ -32,4 +32,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5  # GPU only
     tensor_parallel_size: int = 1
     kv_cache_space_gb: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    cpu_threads: int = 0  # CPU only: threads per engine; 0 = the machine's cores split among the workers
+    cpu_plain_linear: bool = True  # CPU only: keep plain F.linear so reloaded weights take effect (see vllm_ext)
+    sync_bucket_mb: int = 64  # weight-sync bucket size
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

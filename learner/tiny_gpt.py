@@ -1,0 +1,44 @@
+"""A tiny GPT-2 with a character tokenizer, saved as a plain Hugging Face folder.
+
+relay trains these itself (SFT from scratch) for its fast end-to-end tests and the default CPU demo:
+they load in transformers and vLLM like any other checkpoint, and no hub download is involved.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+# Chat messages are rendered as their contents, one per line: a tiny model has no roles to learn.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+DEFAULT_ALPHABET = "0123456789+-*=?.,:#()[] abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+
+
+def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """One token per character (ids 0-2 are pad, eos, unk); decoding concatenates."""
+    chars = list(dict.fromkeys(alphabet))  # unique, order kept
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *chars])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))  # no merges = characters
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+                                        bos_token=EOS, clean_up_tokenization_spaces=False)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def init_tiny_gpt(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET, n_layer: int = 2, n_embd: int = 128,
+                  n_head: int = 4, n_positions: int = 128, seed: int = 0) -> Path:
+    """Write a randomly initialised tiny GPT-2 and its tokenizer to `out_dir`; return the path."""
+    out = Path(out_dir)
+    tokenizer = char_tokenizer(alphabet)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
+                        n_head=n_head, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

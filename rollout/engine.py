@@ -1,0 +1,76 @@
+"""Building a vLLM engine and its sampling parameters from the rollout config section."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from rollout.config import RolloutConfig, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+
+def on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def engine_env(cfg: RolloutConfig, threads: int) -> dict[str, str]:
+    """Environment a worker process needs before vLLM is imported."""
+    env = {
+        # Run the engine core inside the worker's own process: the Ray actor is already a process of
+        # its own, and collective_rpc then hands tensors over without serialising them.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_space_gb),
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    }
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def make_engine(cfg: RolloutConfig, model_path: str, seed: int, sleep_mode: bool = False):
+    from vllm import LLM  # imported late: the environment above must be in place first
+
+    if not on_gpu() and cfg.cpu_plain_linear:
+        from rollout.vllm_ext import use_plain_cpu_linear
+
+        use_plain_cpu_linear()
+    extra = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": sleep_mode} if on_gpu() else {}
+    return LLM(
+        model=model_path,
+        dtype=cfg.dtype,
+        enforce_eager=cfg.enforce_eager,
+        max_model_len=cfg.max_model_len,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        seed=seed,
+        worker_extension_cls="rollout.vllm_ext.WorkerExtension",
+        # logprobs of the distribution actually sampled from (after temperature), not the raw one
+        logprobs_mode="processed_logprobs",
+        **extra,
+    )
+
+
+def request_seed(base: int, step: int, prompt_index: int) -> int:
+    """Seed of one prompt's request: a function of the run seed, step and prompt alone, so results
+    do not depend on how prompts were spread over workers (and a resumed run samples the same)."""
+    return (base * 1_000_003 + step * 10_007 + prompt_index) % (2**31 - 1)
+
+
+def sampling_params(s: SamplingConfig, seed: int, greedy: bool = False):
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1 if greedy else s.n_samples_per_prompt,
+        temperature=0.0 if greedy else s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        repetition_penalty=s.repetition_penalty,
+        max_tokens=s.max_new_tokens,
+        stop=list(s.stop) or None,
+        stop_token_ids=list(s.stop_token_ids) or None,
+        seed=None if greedy else seed,
+        logprobs=0,  # the sampled token's own logprob
+        detokenize=True,
+    )

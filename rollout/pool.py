@@ -1,0 +1,81 @@
+"""RolloutPool: N RolloutWorker actors behind one generate() call; scaling is a config number."""
+from __future__ import annotations
+
+import os
+
+import ray
+
+from rollout.config import RolloutConfig, SamplingConfig
+from rollout.engine import engine_env
+from rollout.types import Prompt, RolloutBatch
+from rollout.weight_sync import TensorMeta
+from rollout.worker import RolloutWorker
+
+
+def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) of `parts` contiguous shards of n items, sizes differing by at most one."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class RolloutPool:
+    def __init__(self, cfg: RolloutConfig, model_path: str, num_workers: int, seed: int,
+                 num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 0,
+                 sleep_mode: bool = False, scheduling: list | None = None):
+        """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles)."""
+        self.model_path = model_path
+        threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
+        env = engine_env(cfg, threads)
+        self.workers = []
+        for i in range(num_workers):
+            options = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+                           runtime_env={"env_vars": env}, name=None)
+            if scheduling:
+                options["scheduling_strategy"] = scheduling[i]
+            actor = ray.remote(RolloutWorker).options(**options)
+            self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode))
+        ray.get([w.ready.remote() for w in self.workers])
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def generate(self, prompts: list[Prompt], step: int, greedy: bool = False,
+                 sampling: SamplingConfig | None = None) -> RolloutBatch:
+        """Shard prompts contiguously over the workers, launch all, gather once, in prompt order."""
+        shards = [(w, s, e) for w, (s, e) in zip(self.workers, split_evenly(len(prompts), len(self.workers))) if e > s]
+        futures = [w.generate.remote(prompts[s:e], step, s, greedy, sampling) for w, s, e in shards]
+        return RolloutBatch.concat(ray.get(futures))
+
+    def init_weight_sync(self, host: str, port: int, backend: str, timeout_s: float = 300.0) -> list:
+        """Start every worker's side of the group (ranks 1..N); the sender must join as rank 0 while
+        these are pending. Returns the futures to wait on after the sender has joined."""
+        world = len(self.workers) + 1
+        return [w.init_weight_sync.remote(host, port, i + 1, world, backend, timeout_s) for i, w in enumerate(self.workers)]
+
+    def receive_weights(self, buckets: list[list[TensorMeta]]) -> list:
+        """Start every worker's receive; the sender broadcasts while these are pending."""
+        return [w.receive_weights.remote(buckets) for w in self.workers]
+
+    def load_weights(self, named_tensors) -> list[int]:
+        ref = ray.put(named_tensors)  # one copy in the object store, read by every worker
+        return ray.get([w.load_weights.remote(ref) for w in self.workers])
+
+    def weight_checksums(self) -> list[float]:
+        return ray.get([w.weight_checksum.remote() for w in self.workers])
+
+    def sleep(self) -> None:
+        ray.get([w.sleep.remote() for w in self.workers])
+
+    def wake_up(self) -> None:
+        ray.get([w.wake_up.remote() for w in self.workers])
+
+    def shutdown(self) -> None:
+        ray.get([w.shutdown.remote() for w in self.workers])
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []

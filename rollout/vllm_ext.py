@@ -1,0 +1,56 @@
+"""Code that runs inside the vLLM worker: receiving weights, and a CPU fix so new weights are used.
+
+vLLM mixes `WorkerExtension` into its worker class (`worker_extension_cls`); the orchestrator
+reaches these methods through `LLM.collective_rpc`. Method names carry a `relay_` prefix because
+vLLM refuses extension attributes that collide with its own (e.g. `update_weights`).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rollout.weight_sync import SyncGroup, TensorMeta, receive_weights
+
+log = logging.getLogger(__name__)
+
+
+class WorkerExtension:
+    def relay_init_sync(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        self._relay_group = SyncGroup(host, port, rank, world_size, backend, timeout_s)
+
+    def relay_receive_weights(self, buckets: list[list[TensorMeta]]) -> int:
+        """Receive one full broadcast and load it; returns the number of tensors loaded."""
+        device = str(self.device) if self.device is not None else "cpu"
+        count = 0
+
+        def stream():
+            nonlocal count
+            for name, tensor in receive_weights(self._relay_group, buckets, device):
+                count += 1
+                yield name, tensor
+
+        self.model_runner.reload_weights(weights_iterator=stream())
+        return count
+
+    def relay_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """The in-process path: tensors handed over directly (same process, or CUDA IPC rebuilt)."""
+        self.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+        return len(named_tensors)
+
+    def relay_weight_checksum(self) -> float:
+        """Sum of every parameter, to check two engines hold the same weights."""
+        return float(sum(p.detach().double().sum() for p in self.model_runner.get_model().parameters()))
+
+
+def use_plain_cpu_linear() -> None:
+    """On CPU, vLLM repacks linear and lm_head weights into oneDNN/SGL handles at load time; on some
+    CPUs a later in-place reload then leaves the old packed weights in the matmuls, silently. Keep
+    the plain F.linear path so the parameters a reload writes are the ones every matmul reads.
+    Must run before the engine loads its model (both call sites import the dispatcher lazily)."""
+    from vllm.model_executor.layers import utils as layer_utils
+
+    def plain(layer: torch.nn.Module, remove_weight: bool) -> None:
+        layer.cpu_linear = torch.nn.functional.linear
+
+    layer_utils.dispatch_cpu_unquantized_gemm = plain

@@ -1,0 +1,104 @@
+"""The weight-sync protocol. rollout/ receives, so it defines it; the learner calls `send_weights`.
+
+A `SyncGroup` is a torch.distributed process group of its own (not the default group, which vLLM
+uses inside each engine): rank 0 is the sender (learner rank 0), ranks 1..N the rollout engines.
+Tensors travel in buckets: each bucket is one flat buffer of one dtype, broadcast once, so a sync of
+a model costs a few large collectives instead of one per parameter. NCCL on GPU, gloo on CPU.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str  # Hugging Face parameter name, as the engine's load_weights expects
+    shape: tuple[int, ...]
+    dtype: str  # e.g. "float32"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+
+def tensor_metas(named_tensors) -> list[TensorMeta]:
+    return [TensorMeta(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named_tensors]
+
+
+def plan_buckets(metas: list[TensorMeta], bucket_bytes: int) -> list[list[TensorMeta]]:
+    """Consecutive tensors of one dtype, up to bucket_bytes each (a bigger tensor travels alone)."""
+    buckets: list[list[TensorMeta]] = []
+    size = 0
+    for m in metas:
+        nbytes = m.numel * m.torch_dtype.itemsize
+        if buckets and buckets[-1][0].dtype == m.dtype and size + nbytes <= bucket_bytes:
+            buckets[-1].append(m)
+            size += nbytes
+        else:
+            buckets.append([m])
+            size = nbytes
+    return buckets
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class SyncGroup:
+    """A broadcast group of world_size ranks rendezvousing at host:port. Every rank must construct
+    it at the same time (the constructor blocks until all have joined)."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0):
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        if backend == "gloo":
+            self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        elif backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+        else:
+            raise ValueError(f"unknown sync backend {backend!r}; expected gloo or nccl")
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.pg.broadcast([tensor], opts).wait()
+
+
+def send_weights(group: SyncGroup, buckets: list[list[TensorMeta]], get: Callable[[str], torch.Tensor],
+                 device: str = "cpu") -> int:
+    """Broadcast every bucket from rank 0; `get(name)` returns the full (gathered) tensor. Returns bytes sent."""
+    sent = 0
+    for bucket in buckets:
+        flat = torch.cat([get(m.name).detach().to(device=device, dtype=m.torch_dtype).reshape(-1) for m in bucket])
+        group.broadcast(flat)
+        sent += flat.numel() * flat.element_size()
+    return sent
+
+
+def receive_weights(group: SyncGroup, buckets: list[list[TensorMeta]], device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) as the buckets arrive; lazily, so one bucket is in flight at a time."""
+    for bucket in buckets:
+        flat = torch.empty(sum(m.numel for m in bucket), dtype=bucket[0].torch_dtype, device=device)
+        group.broadcast(flat)
+        offset = 0
+        for m in bucket:
+            yield m.name, flat[offset: offset + m.numel].view(m.shape)
+            offset += m.numel

