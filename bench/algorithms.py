@@ -1,6 +1,6 @@
 """Cost of the math core per training step, on shapes of a real batch.
 
-    .venv/bin/python bench/algorithms.py [--batch 256] [--tokens 512] [--repeats 20]
+    .venv/bin/python -m bench.algorithms [--batch 256] [--tokens 512] [--repeats 20]
 
 Prints medians (ms) and a final JSON line. The GAE scan is a Python loop over tokens; this tells
 whether it matters next to a model forward (it should stay well under one).

@@ -16,7 +16,6 @@ COMING = {
     "rm": "reward-model training (issue 7)",
     "pipeline": "the SFT -> RM -> PPO pipeline (issue 7)",
     "eval": "policy-vs-reference evaluation report (issue 7)",
-    "serve-reward": "serving a reward source over HTTP (issue 4)",
 }
 
 
@@ -46,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     show = config_sub.add_parser("show", help="print the resolved, validated config tree")
     _config_args(show, default=None)
     show.set_defaults(func=_config_show)
+
+    serve = sub.add_parser("serve-reward", help="serve the config's reward sources over HTTP (POST /score)")
+    _config_args(serve, default=None)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(func=_serve_reward)
 
     for name, what in COMING.items():
         stub = sub.add_parser(name, help=f"{what} [not yet implemented]")
@@ -78,6 +83,24 @@ def _train(args) -> int:
     print(to_yaml(cfg), end="")
     print(f"relay train: {path} is valid. The training loop lands with issue 6 (orchestrator); "
           "this command will then run it.")
+    return 0
+
+
+def _serve_reward(args) -> int:
+    from reward_service.remote import serve
+    from reward_service.service import RewardFunction
+
+    path, overrides = _split(args)
+    reward = RewardFunction(load_config(path, overrides, section="reward"))
+    server = serve(reward, args.host, args.port)
+    host, port = server.server_address[:2]
+    print(f"relay serve-reward: {', '.join(reward.names)} on http://{host}:{port}/score", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0
 
 

@@ -15,14 +15,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from orchestrator.config import TrainConfig
-from orchestrator.validate import validate
+from orchestrator.validate import validate, validate_reward
+
+SECTION_CHECKS = {"reward": validate_reward}
 
 
 class ConfigError(ValueError):
     """A config problem, reported as one line: `<where>: <key>: <what is wrong>`."""
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), section: str = ""):
+    """The validated TrainConfig; with `section` (e.g. "reward"), only that section, checked alone,
+    for commands that need nothing else from the file."""
     path = Path(path)
     text = _read(path)
     try:
@@ -53,11 +57,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         except (OmegaConfBaseException, yaml.YAMLError) as e:
             raise ConfigError(f"{where}: {key}: {_first_line(e)}") from None
     try:
-        tree = OmegaConf.to_object(cfg)
+        tree = OmegaConf.to_object(cfg[section] if section else cfg)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{path}: {e.full_key}: required, but no value was given") from None
 
-    for key, problem in validate(tree):
+    for key, problem in (SECTION_CHECKS[section](tree) if section else validate(tree)):
         where = f"command line {from_cli[key]!r}" if key in from_cli else in_file(key)
         raise ConfigError(f"{where}: {key}: {problem}")
     return tree

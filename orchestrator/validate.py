@@ -15,8 +15,13 @@ def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from _algorithm(cfg)
     yield from _batches(cfg)
     yield from _learner(cfg)
-    yield from _rewards(cfg)
+    yield from _rewards(cfg.reward)
     yield from _cluster(cfg)
+
+
+def validate_reward(reward) -> Iterator[tuple[str, str]]:
+    """For commands that use the reward section alone (relay serve-reward)."""
+    yield from _rewards(reward)
 
 
 def _sampling(cfg):
@@ -96,12 +101,12 @@ def _learner(cfg):
         yield "learner.value_head", "a shared value head with LoRA trains the head on a frozen trunk; use separate"
 
 
-def _rewards(cfg):
-    if not cfg.reward.sources:
+def _rewards(reward):
+    if not reward.sources:
         yield "reward.sources", "at least one reward source is needed"
     needs = {SourceKind.function: "function", SourceKind.reward_model: "model_path",
              SourceKind.remote: "url", SourceKind.format: "pattern", SourceKind.length_penalty: "target_length"}
-    for i, src in enumerate(cfg.reward.sources):
+    for i, src in enumerate(reward.sources):
         field = needs.get(src.kind)
         if field and not getattr(src, field):
             yield f"reward.sources.{i}.{field}", f"a {src.kind.value} source needs {field}"
@@ -109,8 +114,8 @@ def _rewards(cfg):
             yield f"reward.sources.{i}.function", f"expected 'module.path:function', got {src.function!r}"
         if src.kind == SourceKind.remote and src.timeout_s <= 0:
             yield f"reward.sources.{i}.timeout_s", "a remote reward needs a deadline > 0"
-    if cfg.reward.clip < 0:
-        yield "reward.clip", f"must be >= 0 (0 = off), got {cfg.reward.clip}"
+    if reward.clip < 0:
+        yield "reward.clip", f"must be >= 0 (0 = off), got {reward.clip}"
 
 
 def _cluster(cfg):

@@ -49,3 +49,29 @@ class RolloutBatch:
             lps[i, : len(lp)] = torch.tensor(lp)
             mask[i, : len(r)] = 1.0
         return ids, lps, mask
+
+
+def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Model inputs for prompt + response, right-padded, for scoring the response tokens.
+
+    Returns input_ids (B, L), attention_mask (B, L), position_ids (B, L) and response_mask (B, L-1),
+    which marks the targets `input_ids[:, 1:]` that are response tokens (so it lines up with the
+    logits `[:, :-1]`). Position ids are given explicitly: a forward pass that derives them from
+    nothing would score left-padded or packed tokens at the wrong positions.
+    """
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    B, L = len(lengths), max(lengths, default=1)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, L, dtype=torch.long)
+    response_mask = torch.zeros(B, max(L - 1, 1))
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r, dtype=torch.long)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) - 1: len(p) - 1 + len(r)] = 1.0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids, response_mask
+
+
+def unpad(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
+    """Rows of `values` where `mask` is set, as ragged lists (e.g. per-token logprobs of responses)."""
+    return [row[m > 0].tolist() for row, m in zip(values, mask)]

@@ -19,8 +19,12 @@ class WorkerExtension:
     def relay_init_sync(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
         self._relay_group = SyncGroup(host, port, rank, world_size, backend, timeout_s)
 
-    def relay_receive_weights(self, buckets: list[list[TensorMeta]]) -> int:
-        """Receive one full broadcast and load it; returns the number of tensors loaded."""
+    def relay_receive_weights(self, buckets: list[list[TensorMeta]], direct: bool) -> int:
+        """Receive one full broadcast and load it; returns the number of tensors loaded.
+
+        direct: copy into the parameters through the model's own load_weights (as vLLM's RLHF
+        examples do); valid when loading transforms nothing afterwards (GPU, or CPU with
+        use_plain_cpu_linear). Otherwise vLLM's in-place reload, which re-runs that processing."""
         device = str(self.device) if self.device is not None else "cpu"
         count = 0
 
@@ -30,13 +34,19 @@ class WorkerExtension:
                 count += 1
                 yield name, tensor
 
-        self.model_runner.reload_weights(weights_iterator=stream())
+        self._relay_load(stream(), direct)
         return count
 
-    def relay_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+    def relay_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], direct: bool) -> int:
         """The in-process path: tensors handed over directly (same process, or CUDA IPC rebuilt)."""
-        self.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+        self._relay_load(iter(named_tensors), direct)
         return len(named_tensors)
+
+    def _relay_load(self, weights, direct: bool) -> None:
+        if direct:
+            self.model_runner.get_model().load_weights(weights)
+        else:
+            self.model_runner.reload_weights(weights_iterator=weights)
 
     def relay_weight_checksum(self) -> float:
         """Sum of every parameter, to check two engines hold the same weights."""

@@ -25,6 +25,8 @@ class RolloutWorker:
         self.llm = make_engine(cfg, model_path, seed, sleep_mode=sleep_mode)
         self.tokenizer = self.llm.get_tokenizer()
         self.asleep = False
+        # see WorkerExtension.relay_receive_weights
+        self.direct_load = on_gpu() or cfg.cpu_plain_linear
 
     def ready(self) -> bool:
         return True
@@ -63,14 +65,14 @@ class RolloutWorker:
         self.llm.collective_rpc("relay_init_sync", args=(host, port, rank, world_size, backend, timeout_s))
 
     def receive_weights(self, buckets: list[list[TensorMeta]]) -> int:
-        loaded = self.llm.collective_rpc("relay_receive_weights", args=(buckets,))[0]
+        loaded = self.llm.collective_rpc("relay_receive_weights", args=(buckets, self.direct_load))[0]
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return loaded
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """In-process / same-node path: tensors arrive through Ray's shared-memory object store
         (CPU), or as CUDA IPC handles rebuilt by the caller (GPU), and load without a collective."""
-        loaded = self.llm.collective_rpc("relay_load_weights", args=(named_tensors,))[0]
+        loaded = self.llm.collective_rpc("relay_load_weights", args=(named_tensors, self.direct_load))[0]
         self.llm.reset_prefix_cache()
         return loaded
 

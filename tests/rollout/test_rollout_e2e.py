@@ -166,3 +166,16 @@ def test_sleep_and_wake_are_safe_on_cpu(pool):
     pool.sleep()
     pool.wake_up()
     assert len(pool.generate(PROMPTS[:1], step=0, greedy=True)) == 1
+
+
+def test_sentinel_weight_sync_through_vllm_reload(ray_cluster, tiny_model, hf):
+    """Without the CPU plain-linear fix, loads go through vLLM's in-place reload (which re-packs)."""
+    cfg = make_cfg()
+    cfg.cpu_plain_linear = False
+    packed = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=1)
+    try:
+        changed = perturbed(hf, seed=3)
+        packed.load_weights(list(changed.state_dict().items()))
+        assert_engines_follow(packed, changed)
+    finally:
+        packed.shutdown()

@@ -1,0 +1,190 @@
+"""Rollout throughput against bare vLLM, and weight-sync time against a raw broadcast.
+
+    .venv/bin/python -m bench.rollout [--prompts 64] [--n 4] [--new-tokens 32] [--repeats 3]
+
+1. Generation: the RolloutPool (1 worker: a RolloutWorker actor, prompt encoding, per-request seeds,
+   logprobs, the RolloutBatch, the CPU plain-linear fix) against a bare `vllm.LLM` in an actor of
+   the same process layout and threads, same model, prompts and sampling; repeats interleaved,
+   medians compared. Also a 2-worker pool.
+2. Weight sync: pool.receive_weights + send_weights (bucketed broadcast, then the engine's reload)
+   for GPT-2 models of ~1M, ~10M and ~100M parameters, against a raw gloo broadcast of the same
+   bytes as one flat tensor to the same number of receivers.
+Prints a table and a final JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from learner.tiny_gpt import init_tiny_gpt
+from rollout.config import RolloutConfig, SamplingConfig
+from rollout.engine import engine_env, request_seed
+from rollout.pool import RolloutPool
+from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
+
+SIZES = {"1M": dict(n_embd=128, n_layer=4, n_head=4), "10M": dict(n_embd=384, n_layer=5, n_head=6),
+         "100M": dict(n_embd=768, n_layer=14, n_head=12)}
+
+
+class BareVLLM:
+    """A plain vllm.LLM as a user would start it, in its own process."""
+
+    def __init__(self, model: str, max_model_len: int):
+        from vllm import LLM
+
+        self.llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=max_model_len, seed=0)
+
+    def generate(self, prompt_ids, n: int, max_tokens: int, seeds: list[int]) -> tuple[int, int, float]:
+        from vllm import SamplingParams
+
+        # the pool's per-request seeds, so both engines sample the same tokens and lengths
+        params = [SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, logprobs=0, seed=s) for s in seeds]
+        start = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        return sum(len(c.token_ids) for o in outs for c in o.outputs), sum(len(o.outputs) for o in outs), elapsed
+
+
+class RawReceiver:
+    def join(self, host: str, port: int, rank: int, world: int) -> None:
+        self.group = SyncGroup(host, port, rank, world, "gloo")
+
+    def receive(self, numel: int) -> None:
+        self.group.broadcast(torch.empty(numel))
+
+
+def make_prompts(n: int, seed: int = 0) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randint(10, 99, (2, n), generator=g)
+    return [f"{x}+{y}=" for x, y in zip(a.tolist(), b.tolist())]
+
+
+def bench_generation(model: str, args) -> dict:
+    cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, cpu_plain_linear=not args.packed_linear,
+                        sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens, temperature=1.0))
+    prompts = make_prompts(args.prompts)
+    pool = RolloutPool(cfg, model, num_workers=1, seed=0, num_cpus=1)
+    # same process layout and threads as a RolloutWorker (engine core in the actor's process), but
+    # plain vLLM: no relay code, no plain-linear CPU fix
+    env = engine_env(cfg, threads=2)
+    bare = ray.remote(BareVLLM).options(num_cpus=1, runtime_env={"env_vars": env}).remote(model, 128)
+    tokenizer_ids = ray.get(pool.workers[0].generate.remote(prompts, 0, 0)).prompt_ids[:: args.n]
+    pool_times, bare_times, pool_tokens, bare_tokens = [], [], 0, 0
+    for rep in range(args.repeats + 1):  # the first round warms both up and is not counted
+        start = time.perf_counter()
+        batch = pool.generate(prompts, step=rep)
+        t_pool = time.perf_counter() - start
+        seeds = [request_seed(cfg.sampling.seed, rep, i) for i in range(len(prompts))]
+        tokens, completions, t_bare = ray.get(bare.generate.remote(tokenizer_ids, args.n, args.new_tokens, seeds))
+        if rep:
+            pool_times.append(t_pool), bare_times.append(t_bare)
+            pool_tokens, bare_tokens = sum(batch.response_lengths), tokens
+    ray.kill(bare)
+    pool.shutdown()
+    pool2 = RolloutPool(cfg, model, num_workers=2, seed=0, num_cpus=1)
+    pool2.generate(prompts, step=0)
+    two_times, two_tokens = [], 0
+    for rep in range(args.repeats):
+        start = time.perf_counter()
+        b2 = pool2.generate(prompts, step=rep + 1)
+        two_times.append(time.perf_counter() - start)
+        two_tokens = sum(b2.response_lengths)
+    pool2.shutdown()
+    completions = args.prompts * args.n
+    res = {
+        "tokens_per_s": pool_tokens / statistics.median(pool_times),
+        "bare_vllm_tokens_per_s": bare_tokens / statistics.median(bare_times),
+        "completions_per_s": completions / statistics.median(pool_times),
+        "bare_vllm_completions_per_s": completions / statistics.median(bare_times),
+        "two_worker_tokens_per_s": two_tokens / statistics.median(two_times),
+    }
+    res["ratio"] = res["tokens_per_s"] / res["bare_vllm_tokens_per_s"]
+    return res
+
+
+def bench_sync(root: Path, size: str, workers: int, repeats: int) -> dict:
+    model = str(init_tiny_gpt(root / f"gpt-{size}", n_positions=128, **SIZES[size]))
+    state = _state(model)
+    params = sum(t.numel() for k, t in state.items() if k != "lm_head.weight")
+    cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16)
+    pool = RolloutPool(cfg, model, num_workers=workers, seed=0, num_cpus=0.5)
+    buckets = plan_buckets(tensor_metas(state.items()), cfg.sync_bucket_mb << 20)
+    port = free_port()
+    joined = pool.init_weight_sync("127.0.0.1", port, "gloo")
+    group = SyncGroup("127.0.0.1", port, 0, workers + 1, "gloo")
+    ray.get(joined)
+    receivers = [ray.remote(RawReceiver).options(num_cpus=0).remote() for _ in range(workers)]
+    raw_port = free_port()
+    joined = [r.join.remote("127.0.0.1", raw_port, i + 1, workers + 1) for i, r in enumerate(receivers)]
+    raw_group = SyncGroup("127.0.0.1", raw_port, 0, workers + 1, "gloo")
+    ray.get(joined)
+    numel = sum(m.numel for b in buckets for m in b)
+    flat = torch.randn(numel)
+    sync_t, raw_t = [], []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        futs = pool.receive_weights(buckets)
+        send_weights(group, buckets, state.__getitem__)
+        ray.get(futs)
+        sync_t.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        futs = [r.receive.remote(numel) for r in receivers]
+        raw_group.broadcast(flat)
+        ray.get(futs)
+        raw_t.append(time.perf_counter() - start)
+    pool.shutdown()
+    for r in receivers:
+        ray.kill(r)
+    sync_s, raw_s = statistics.median(sync_t[1:]), statistics.median(raw_t[1:])
+    return {"params": params, "mbytes": numel * 4 / 2**20, "sync_s": sync_s, "raw_broadcast_s": raw_s,
+            "sync_ratio": sync_s / raw_s}
+
+
+def _state(model: str) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sync-workers", type=int, default=2)
+    p.add_argument("--gen-size", default="10M", choices=list(SIZES))
+    p.add_argument("--packed-linear", action="store_true", help="pool without the CPU plain-linear fix")
+    p.add_argument("--skip-sync", action="store_true")
+    args = p.parse_args()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        gen_model = str(init_tiny_gpt(root / "gen", n_positions=128, **SIZES[args.gen_size]))
+        gen = bench_generation(gen_model, args)
+        print(f"generation ({args.gen_size} GPT-2, {args.prompts} prompts x {args.n} x <= {args.new_tokens} tokens): "
+              f"pool {gen['tokens_per_s']:.0f} tok/s, bare vLLM {gen['bare_vllm_tokens_per_s']:.0f} tok/s, "
+              f"ratio {gen['ratio']:.3f}; 2 workers {gen['two_worker_tokens_per_s']:.0f} tok/s")
+        sync = {}
+        for size in [] if args.skip_sync else SIZES:
+            sync[size] = bench_sync(root, size, args.sync_workers, args.repeats)
+            s = sync[size]
+            print(f"sync {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) to {args.sync_workers} workers: "
+                  f"{s['sync_s'] * 1e3:8.1f} ms vs raw broadcast {s['raw_broadcast_s'] * 1e3:8.1f} ms, ratio {s['sync_ratio']:.2f}")
+    ray.shutdown()
+    out = {k: round(v, 3) for k, v in gen.items()}
+    out["sync"] = {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in sync.items()}
+    if sync:
+        out["sync_ratio"] = round(max(v["sync_ratio"] for v in sync.values()), 3)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Run each reward source with a deadline and failure isolation, then combine them with weights.
+
+A source that raises, or returns the wrong number of scores, is retried one sample at a time so
+only the culpable samples are marked; NaN/inf/None scores mark just that sample; a source that
+misses its deadline marks its samples and is counted under reward/timeouts. Nothing here can hang.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from reward_service.remote import RemoteResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SourceRun:
+    scores: list[float | None]  # None: invalid for this sample
+    timeouts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Deadline(Exception):
+    pass
+
+
+def call_with_deadline(fn, timeout_s: float):
+    """fn() on a helper thread; raise Deadline if it takes longer (the thread is abandoned)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-reward")
+    try:
+        return pool.submit(fn).result(timeout=timeout_s)
+    except FutureTimeout:
+        raise Deadline(f"no result within {timeout_s} s") from None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _clean(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        try:
+            x = float(x)  # numpy / torch scalars
+        except (TypeError, ValueError):
+            return None
+    return float(x) if math.isfinite(x) else None
+
+
+def run_source(source, prompts: list[str], responses: list[str], metadata: list[dict], timeout_s: float) -> SourceRun:
+    n = len(responses)
+    try:
+        out = call_with_deadline(lambda: source.score(prompts, responses, metadata), timeout_s)
+    except Deadline as e:
+        return SourceRun([None] * n, 1, [str(e)])
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    else:
+        if isinstance(out, RemoteResult):
+            return SourceRun([_clean(s) if s is not None else None for s in out.scores], out.timeouts, out.errors)
+        if len(out) == n:
+            return SourceRun([_clean(s) for s in out])
+        error = f"returned {len(out)} scores for {n} samples"
+    return _one_by_one(source, prompts, responses, metadata, timeout_s, error)
+
+
+def _one_by_one(source, prompts, responses, metadata, timeout_s, first_error: str) -> SourceRun:
+    run = SourceRun([], errors=[first_error])
+    for i in range(len(responses)):
+        if run.timeouts:  # a source that hangs once is not given another full deadline per sample
+            run.scores.append(None)
+            continue
+        try:
+            out = call_with_deadline(lambda i=i: source.score(prompts[i:i + 1], responses[i:i + 1], metadata[i:i + 1]), timeout_s)
+            run.scores.append(_clean(out[0]) if len(out) == 1 else None)
+        except Deadline as e:
+            run.timeouts += 1
+            run.errors.append(str(e))
+            run.scores.append(None)
+        except Exception:
+            run.scores.append(None)
+    return run
+
+
+def combine(runs: dict[str, SourceRun], weights: dict[str, float]) -> tuple[list[float], list[bool]]:
+    """Weighted sum per sample; a sample is invalid if any source failed on it."""
+    n = len(next(iter(runs.values())).scores)
+    total, invalid = [0.0] * n, [False] * n
+    for name, run in runs.items():
+        for i, s in enumerate(run.scores):
+            if s is None:
+                invalid[i] = True
+            else:
+                total[i] += weights[name] * s
+    return total, invalid
+
+
+def source_metrics(runs: dict[str, SourceRun]) -> dict[str, float]:
+    m: dict[str, float] = {}
+    for name, run in runs.items():
+        good = [s for s in run.scores if s is not None]
+        m[f"reward/{name}/mean"] = sum(good) / len(good) if good else float("nan")
+        m[f"reward/{name}/invalid_frac"] = 1 - len(good) / max(len(run.scores), 1)
+        bad = len(run.scores) - len(good)
+        if bad or run.errors:
+            log.warning("reward %s: %d of %d samples invalid%s", name, bad, len(run.scores),
+                        f" ({run.errors[0]})" if run.errors else "")
+    m["reward/timeouts"] = float(sum(r.timeouts for r in runs.values()))
+    m["reward/errors"] = float(sum(len(r.errors) for r in runs.values()))
+    return m

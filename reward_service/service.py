@@ -1,0 +1,88 @@
+"""ScoringService: the frozen judge of a rollout batch, as a Ray actor called by method.
+
+    rewards (sources combined, clipped, normalised) + reference logprobs -> ScoredBatch
+"""
+from __future__ import annotations
+
+import logging
+
+from reward_service.combine import combine, run_source, source_metrics
+from reward_service.config import InvalidPolicy, RewardConfig
+from reward_service.reference import ReferenceModel
+from reward_service.shaping import RunningMeanStd, shape
+from reward_service.sources import build_source
+from reward_service.types import ScoredBatch
+from rollout.types import RolloutBatch
+
+log = logging.getLogger(__name__)
+
+
+def source_names(cfg: RewardConfig) -> list[str]:
+    """Metric names: the source's `name`, else its kind; repeats get #2, #3."""
+    names: list[str] = []
+    for s in cfg.sources:
+        base = s.name or s.kind.value
+        names.append(base if base not in names else f"{base}#{sum(n.split('#')[0] == base for n in names) + 1}")
+    return names
+
+
+class RewardFunction:
+    """The configured sources with their weights, without any model of the policy: what
+    `relay serve-reward` serves and what ScoringService uses for rewards."""
+
+    def __init__(self, cfg: RewardConfig):
+        self.cfg = cfg
+        self.names = source_names(cfg)
+        self.sources = {n: build_source(s, cfg.micro_batch_size) for n, s in zip(self.names, cfg.sources)}
+        self.weights = {n: s.weight for n, s in zip(self.names, cfg.sources)}
+        self.timeouts = {n: s.timeout_s for n, s in zip(self.names, cfg.sources)}
+
+    def run(self, prompts: list[str], responses: list[str], metadata: list[dict]):
+        runs = {n: run_source(src, prompts, responses, metadata, self.timeouts[n]) for n, src in self.sources.items()}
+        total, invalid = combine(runs, self.weights)
+        return runs, total, invalid
+
+    def __call__(self, prompts, responses, metadata) -> list[float | None]:
+        _, total, invalid = self.run(prompts, responses, metadata)
+        return [None if bad else t for t, bad in zip(total, invalid)]
+
+
+class ScoringService:
+    def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str = "float32", threads: int = 0):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.cfg = cfg
+        self.reward = RewardFunction(cfg)
+        self.reference = ReferenceModel(cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size)
+        self.running = RunningMeanStd()
+
+    def ready(self) -> bool:
+        return True
+
+    def score(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0) -> ScoredBatch:
+        """`metadata[j]` belongs to prompt j of the step (answer, task entry, ...)."""
+        prompts = self.reference.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
+        per_sample = [metadata[j] for j in batch.prompt_index]
+        runs, total, invalid = self.reward.run(prompts, batch.response_text, per_sample)
+        rewards = shape(total, invalid, self.cfg.clip, self.cfg.normalization, self.running)
+        drop = self.cfg.invalid == InvalidPolicy.drop
+        metrics = source_metrics(runs)
+        good = [t for t, bad in zip(total, invalid) if not bad]
+        metrics["reward/invalid_frac"] = sum(invalid) / max(len(invalid), 1)
+        metrics["reward/raw_mean"] = sum(good) / len(good) if good else float("nan")
+        return ScoredBatch(
+            rewards=rewards,
+            components={n: [float("nan") if s is None else s for s in r.scores] for n, r in runs.items()},
+            valid=[not (drop and bad) for bad in invalid],
+            invalid=invalid,
+            ref_logprobs=self.reference.logprobs(batch, temperature),
+            metrics=metrics,
+        )
+
+    def state_dict(self) -> dict:
+        return {"running": self.running.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.running.load_state_dict(state["running"])

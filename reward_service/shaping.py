@@ -1,0 +1,53 @@
+"""Reward shaping after combination: clipping, then batch or running normalisation.
+
+Normalisation uses valid samples only; invalid ones stay at 0. The running normaliser's state is
+part of the run's checkpoint, so a resumed run normalises exactly as the uninterrupted one would.
+"""
+from __future__ import annotations
+
+import math
+
+from reward_service.config import Normalization
+
+
+class RunningMeanStd:
+    """Mean and variance over every reward seen so far (Chan et al.'s parallel update)."""
+
+    def __init__(self):
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def update(self, values: list[float]) -> None:
+        if not values:
+            return
+        n = len(values)
+        mean = sum(values) / n
+        m2 = sum((v - mean) ** 2 for v in values)
+        delta, total = mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.m2 += m2 + delta**2 * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 1.0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
+
+def shape(rewards: list[float], invalid: list[bool], clip: float, normalization: Normalization,
+          running: RunningMeanStd, eps: float = 1e-8) -> list[float]:
+    """Clip to [-clip, clip] (0 = off), then normalise over the valid samples; invalid -> 0."""
+    out = [min(max(r, -clip), clip) if clip > 0 else r for r in rewards]
+    good = [r for r, bad in zip(out, invalid) if not bad]
+    if normalization == Normalization.batch and good:
+        mean = sum(good) / len(good)
+        std = math.sqrt(sum((r - mean) ** 2 for r in good) / (len(good) - 1)) if len(good) > 1 else 1.0
+        out = [(r - mean) / (std + eps) for r in out]
+    elif normalization == Normalization.running:
+        running.update(good)
+        out = [(r - running.mean) / (running.std + eps) for r in out]
+    return [0.0 if bad else r for r, bad in zip(out, invalid)]

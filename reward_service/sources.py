@@ -1,0 +1,114 @@
+"""Reward sources: each turns (prompts, responses, metadata) into one score per sample.
+
+A score of None, NaN or inf means "could not judge this sample"; the service isolates and counts
+those, and exceptions, so one broken sample or source never stops the run.
+`metadata[i]` carries the data's extra fields for sample i: `answer` (the reference answer) and,
+for reasoning-gym prompts, `entry` (the task's own record).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import torch
+
+from reward_service import rules
+from reward_service.config import RewardSource, SourceKind
+from reward_service.remote import RemoteReward
+
+REWARD_STATS_FILE = "relay_reward_stats.json"  # written next to a reward model by `relay rm`
+
+
+class RuleSource:
+    def __init__(self, cfg: RewardSource):
+        self.cfg = cfg
+
+    def score(self, prompts, responses, metadata) -> list[float | None]:
+        kind = self.cfg.kind
+        if kind == SourceKind.math_answer:
+            return [rules.math_answer(r, m.get("answer")) for r, m in zip(responses, metadata)]
+        if kind == SourceKind.exact_match:
+            return [rules.exact_match(r, m.get("answer")) for r, m in zip(responses, metadata)]
+        if kind == SourceKind.format:
+            return [rules.format_reward(r, self.cfg.pattern) for r in responses]
+        return [rules.length_penalty(r, self.cfg.target_length) for r in responses]
+
+
+class ReasoningGymSource:
+    """A reasoning-gym task's own `score_answer(answer, entry)`; the entry travels in metadata."""
+
+    def score(self, prompts, responses, metadata) -> list[float | None]:
+        import reasoning_gym
+
+        out = []
+        for response, m in zip(responses, metadata):
+            entry = m.get("entry")
+            if not entry:
+                out.append(None)
+                continue
+            name = entry["metadata"]["source_dataset"]
+            out.append(float(reasoning_gym.get_score_answer_fn(name)(rules.extract_answer(response) or response, entry)))
+        return out
+
+
+class FunctionSource:
+    """User code: `module.path:function(prompts, responses, metadata) -> list of floats`."""
+
+    def __init__(self, cfg: RewardSource):
+        module, _, name = cfg.function.partition(":")
+        try:
+            self.fn = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"reward function {cfg.function!r} cannot be loaded: {e}") from None
+
+    def score(self, prompts, responses, metadata):
+        return list(self.fn(prompts, responses, metadata))
+
+
+class RewardModelSource:
+    """A sequence-classification model with one scalar output, scoring prompt + response text with
+    its own tokenizer; normalised by the mean/std stored beside it by `relay rm`, if present."""
+
+    def __init__(self, cfg: RewardSource, micro_batch_size: int):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        self.tokenizer.padding_side = "right"
+        self.model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, num_labels=1).eval()
+        self.model.requires_grad_(False)
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        stats = Path(cfg.model_path) / REWARD_STATS_FILE
+        self.mean, self.std = (json.loads(stats.read_text()).values() if stats.exists() else (0.0, 1.0))
+        self.micro_batch_size = micro_batch_size
+
+    @torch.no_grad()
+    def score(self, prompts, responses, metadata) -> list[float]:
+        texts = [p + r for p, r in zip(prompts, responses)]
+        out = []
+        for i in range(0, len(texts), self.micro_batch_size):
+            enc = self.tokenizer(texts[i: i + self.micro_batch_size], return_tensors="pt", padding=True)
+            out += self.model(**enc).logits[:, 0].float().tolist()
+        return [(r - self.mean) / self.std for r in out]
+
+
+class RemoteSource:
+    def __init__(self, cfg: RewardSource):
+        self.client = RemoteReward(cfg.url, cfg.timeout_s, cfg.max_retries, cfg.max_concurrency)
+
+    def score(self, prompts, responses, metadata):
+        return self.client.score(prompts, responses, metadata)  # a RemoteResult: the service reads its counts
+
+
+def build_source(cfg: RewardSource, micro_batch_size: int = 16):
+    kind = cfg.kind
+    if kind in (SourceKind.math_answer, SourceKind.exact_match, SourceKind.format, SourceKind.length_penalty):
+        return RuleSource(cfg)
+    if kind == SourceKind.reasoning_gym:
+        return ReasoningGymSource()
+    if kind == SourceKind.function:
+        return FunctionSource(cfg)
+    if kind == SourceKind.reward_model:
+        return RewardModelSource(cfg, micro_batch_size)
+    return RemoteSource(cfg)

@@ -1,0 +1,100 @@
+"""The scoring service on real tiny models: reference logprobs, reward models, reasoning-gym, Ray."""
+import json
+
+import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification
+
+from learner.tiny_gpt import char_tokenizer
+from reward_service.combine import run_source
+from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
+from reward_service.reference import ReferenceModel
+from reward_service.service import ScoringService
+from reward_service.sources import REWARD_STATS_FILE, build_source
+from rollout.types import RolloutBatch
+
+tok = char_tokenizer()
+
+
+def batch_of(pairs):
+    """RolloutBatch from (prompt text, response text) pairs, one sample per prompt."""
+    p = [tok(a, add_special_tokens=False).input_ids for a, _ in pairs]
+    r = [tok(b, add_special_tokens=False).input_ids for _, b in pairs]
+    return RolloutBatch(list(range(len(pairs))), p, r, [[0.0] * len(x) for x in r], [b for _, b in pairs],
+                        ["stop"] * len(pairs))
+
+
+PAIRS = [("12+34=", "46"), ("7*8=", "56 is the answer"), ("hello", "x"), ("a much longer prompt here:", "#### 5")]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_reference_logprobs_equal_a_direct_transformers_computation(tiny_model, temperature):
+    ref = ReferenceModel(tiny_model, micro_batch_size=3)  # 4 samples -> micro-batches of 3 and 1
+    batch = batch_of(PAIRS)
+    got = ref.logprobs(batch, temperature)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    for p, r, lp in zip(batch.prompt_ids, batch.response_ids, got):
+        with torch.no_grad():  # one unpadded sequence at a time: nothing to get wrong
+            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1: -1] / temperature
+        want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
+        assert len(lp) == len(r)
+        assert torch.allclose(torch.tensor(lp), want, atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def reward_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rm") / "tiny-rm"
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1, n_head=2, num_labels=1,
+                     pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    GPT2ForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_reward_model_scores_prompt_plus_response(reward_model):
+    source = build_source(RewardSource(kind=SourceKind.reward_model, model_path=str(reward_model)), micro_batch_size=2)
+    prompts, responses = [a for a, _ in PAIRS], [b for _, b in PAIRS]
+    got = source.score(prompts, responses, [{}] * 4)
+    model = GPT2ForSequenceClassification.from_pretrained(reward_model).eval()
+    with torch.no_grad():
+        want = [model(torch.tensor([tok(p + r).input_ids])).logits[0, 0].item() for p, r in zip(prompts, responses)]
+    assert got == pytest.approx(want, abs=1e-5)
+    # with the stats `relay rm` stores beside the model, scores come out normalised
+    (reward_model / REWARD_STATS_FILE).write_text(json.dumps({"mean": 0.5, "std": 2.0}))
+    normed = build_source(RewardSource(kind=SourceKind.reward_model, model_path=str(reward_model))).score(prompts, responses, [{}] * 4)
+    assert normed == pytest.approx([(w - 0.5) / 2.0 for w in want], abs=1e-5)
+    (reward_model / REWARD_STATS_FILE).unlink()
+
+
+def test_reasoning_gym_source_uses_the_task_scorer():
+    import reasoning_gym
+
+    data = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=1)
+    entries = list(data)
+    source = build_source(RewardSource(kind=SourceKind.reasoning_gym))
+    responses = [f"The result is {entries[0]['answer']}", "#### 123456", "#### 1"]
+    run = run_source(source, ["q"] * 3, responses, [{"entry": entries[0]}, {"entry": entries[1]}, {}], 5.0)
+    # the task's own scorer, on the extracted final answer (it gives partial credit when close)
+    assert run.scores == [1.0, data.score_answer("123456", entries[1]), None]
+    assert run.scores[1] < 1.0
+
+
+def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer),
+                                RewardSource(kind=SourceKind.format, pattern="^####", weight=0.5)],
+                       invalid=InvalidPolicy.drop, normalization=Normalization.none, micro_batch_size=2)
+    service = ray.remote(ScoringService).options(num_cpus=1).remote(cfg, tiny_model)
+    batch = batch_of(PAIRS)
+    meta = [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
+    scored = ray.get(service.score.remote(batch, meta, 1.0))
+    # 46: math 1, no #### -> 1; "56 is the answer": last number 56 -> 1; no reference -> invalid; #### 5 -> 1.5
+    assert scored.rewards == [1.0, 1.0, 0.0, 1.5]
+    assert scored.invalid == [False, False, True, False] and scored.valid == [True, True, False, True]
+    assert scored.components["format"] == [0.0, 0.0, 0.0, 1.0]
+    assert [len(x) for x in scored.ref_logprobs] == [len(r) for r in batch.response_ids]
+    assert scored.metrics["reward/invalid_frac"] == 0.25 and scored.metrics["reward/timeouts"] == 0
+    direct = ReferenceModel(tiny_model).logprobs(batch)
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(scored.ref_logprobs, direct))
+    ray.kill(service)
