@@ -109,11 +109,11 @@ def bench_generation(model: str, args) -> dict:
     return res
 
 
-def bench_sync(root: Path, size: str, workers: int, repeats: int) -> dict:
+def bench_sync(root: Path, size: str, workers: int, repeats: int, bucket_mb: int) -> dict:
     model = str(init_tiny_gpt(root / f"gpt-{size}", n_positions=128, **SIZES[size]))
     state = _state(model)
     params = sum(t.numel() for k, t in state.items() if k != "lm_head.weight")
-    cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16)
+    cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, sync_bucket_mb=bucket_mb)
     pool = RolloutPool(cfg, model, num_workers=workers, seed=0, num_cpus=0.5)
     buckets = plan_buckets(tensor_metas(state.items()), cfg.sync_bucket_mb << 20)
     port = free_port()
@@ -163,18 +163,21 @@ def main() -> None:
     p.add_argument("--gen-size", default="10M", choices=list(SIZES))
     p.add_argument("--packed-linear", action="store_true", help="pool without the CPU plain-linear fix")
     p.add_argument("--skip-sync", action="store_true")
+    p.add_argument("--skip-gen", action="store_true")
+    p.add_argument("--bucket-mb", type=int, default=RolloutConfig.sync_bucket_mb)
     args = p.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         gen_model = str(init_tiny_gpt(root / "gen", n_positions=128, **SIZES[args.gen_size]))
-        gen = bench_generation(gen_model, args)
-        print(f"generation ({args.gen_size} GPT-2, {args.prompts} prompts x {args.n} x <= {args.new_tokens} tokens): "
-              f"pool {gen['tokens_per_s']:.0f} tok/s, bare vLLM {gen['bare_vllm_tokens_per_s']:.0f} tok/s, "
-              f"ratio {gen['ratio']:.3f}; 2 workers {gen['two_worker_tokens_per_s']:.0f} tok/s")
+        gen = {} if args.skip_gen else bench_generation(gen_model, args)
+        if gen:
+            print(f"generation ({args.gen_size} GPT-2, {args.prompts} prompts x {args.n} x <= {args.new_tokens} tokens): "
+                  f"pool {gen['tokens_per_s']:.0f} tok/s, bare vLLM {gen['bare_vllm_tokens_per_s']:.0f} tok/s, "
+                  f"ratio {gen['ratio']:.3f}; 2 workers {gen['two_worker_tokens_per_s']:.0f} tok/s")
         sync = {}
         for size in [] if args.skip_sync else SIZES:
-            sync[size] = bench_sync(root, size, args.sync_workers, args.repeats)
+            sync[size] = bench_sync(root, size, args.sync_workers, args.repeats, args.bucket_mb)
             s = sync[size]
             print(f"sync {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) to {args.sync_workers} workers: "
                   f"{s['sync_s'] * 1e3:8.1f} ms vs raw broadcast {s['raw_broadcast_s'] * 1e3:8.1f} ms, ratio {s['sync_ratio']:.2f}")

@@ -34,5 +34,5 @@ class RolloutConfig:
     kv_cache_space_gb: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
     cpu_threads: int = 0  # CPU only: threads per engine; 0 = the machine's cores split among the workers
     cpu_plain_linear: bool = True  # CPU only: keep plain F.linear so reloaded weights take effect (see vllm_ext)
-    sync_bucket_mb: int = 64  # weight-sync bucket size
+    sync_bucket_mb: int = 16  # weight-sync bucket; small enough that loading bucket k overlaps receiving k+1
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

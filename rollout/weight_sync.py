@@ -77,28 +77,50 @@ class SyncGroup:
         self.rank, self.world_size, self.backend = rank, world_size, backend
 
     def broadcast(self, tensor: torch.Tensor) -> None:
+        self.broadcast_async(tensor).wait()
+
+    def broadcast_async(self, tensor: torch.Tensor):
+        """Start a broadcast from rank 0; returns the work handle (call .wait())."""
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
-        self.pg.broadcast([tensor], opts).wait()
+        return self.pg.broadcast([tensor], opts)
 
 
 def send_weights(group: SyncGroup, buckets: list[list[TensorMeta]], get: Callable[[str], torch.Tensor],
                  device: str = "cpu") -> int:
-    """Broadcast every bucket from rank 0; `get(name)` returns the full (gathered) tensor. Returns bytes sent."""
-    sent = 0
+    """Broadcast every bucket from rank 0; `get(name)` returns the full (gathered) tensor. Returns bytes sent.
+
+    Double-buffered: bucket k+1 is gathered and flattened while bucket k is on the wire."""
+    sent, in_flight = 0, None
     for bucket in buckets:
         flat = torch.cat([get(m.name).detach().to(device=device, dtype=m.torch_dtype).reshape(-1) for m in bucket])
-        group.broadcast(flat)
+        work = group.broadcast_async(flat)
+        if in_flight is not None:
+            in_flight.wait()
+        in_flight = work
         sent += flat.numel() * flat.element_size()
+    if in_flight is not None:
+        in_flight.wait()
     return sent
 
 
 def receive_weights(group: SyncGroup, buckets: list[list[TensorMeta]], device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) as the buckets arrive; lazily, so one bucket is in flight at a time."""
+    """Yield (name, tensor) as the buckets arrive. Double-buffered: while the consumer loads bucket
+    k into the engine, bucket k+1 is already being received."""
+    ready = None  # (bucket, flat) received and not yet handed out
     for bucket in buckets:
         flat = torch.empty(sum(m.numel for m in bucket), dtype=bucket[0].torch_dtype, device=device)
-        group.broadcast(flat)
-        offset = 0
-        for m in bucket:
-            yield m.name, flat[offset: offset + m.numel].view(m.shape)
-            offset += m.numel
+        work = group.broadcast_async(flat)
+        if ready is not None:
+            yield from _split(*ready)
+        work.wait()
+        ready = (bucket, flat)
+    if ready is not None:
+        yield from _split(*ready)
+
+
+def _split(bucket: list[TensorMeta], flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    offset = 0
+    for m in bucket:
+        yield m.name, flat[offset: offset + m.numel].view(m.shape)
+        offset += m.numel
