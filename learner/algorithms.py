@@ -186,14 +186,24 @@ OUTCOME_ESTIMATORS = {
 # ---------------------------------------------------------------- losses
 
 
-def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean") -> Tensor:
-    """token_mean: every response token weighs the same; seq_mean: per-sequence mean, then mean."""
+def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean", total: float | None = None) -> Tensor:
+    """token_mean: every response token weighs the same; seq_mean: per-sequence mean, then mean.
+
+    `total` replaces the denominator (tokens for token_mean, sequences for seq_mean) with that of
+    the whole mini-batch, so micro-batch losses on any number of ranks add up to the global one.
+    """
     if mode == "token_mean":
-        return masked_mean(loss, mask)
+        return masked_mean(loss, mask) if total is None else masked_sum(torch.where(mask > 0, loss, 0.0), mask) / total
     if mode == "seq_mean":
         has_token = (mask.sum(-1) > 0).float()
-        return masked_mean(masked_mean(loss, mask, dim=-1), has_token)
+        per_seq = masked_mean(loss, mask, dim=-1)
+        return masked_mean(per_seq, has_token) if total is None else masked_sum(per_seq, has_token) / total
     raise ValueError(f"unknown loss aggregation {mode!r}; expected token_mean or seq_mean")
+
+
+def aggregate_total(mask: Tensor, mode: str) -> float:
+    """The denominator `aggregate` uses for this mask: response tokens, or sequences with any."""
+    return float(mask.sum()) if mode == "token_mean" else float((mask.sum(-1) > 0).sum())
 
 
 def ppo_policy_loss(
@@ -204,6 +214,7 @@ def ppo_policy_loss(
     clip_eps: float,
     clip_eps_high: float | None = None,
     aggregation: str = "token_mean",
+    total: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), negated to be minimised.
 
@@ -215,7 +226,7 @@ def ppo_policy_loss(
     high = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation, total)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean((clipped > unclipped).float(), mask),
@@ -227,7 +238,7 @@ def ppo_policy_loss(
 
 def ppo_value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_eps: float | None,
-    aggregation: str = "token_mean",
+    aggregation: str = "token_mean", total: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Half squared error to the returns; with clip_eps, the pessimistic max of the plain and the
     clipped-around-old-values error (PPO2's value clipping)."""
@@ -240,7 +251,7 @@ def ppo_value_loss(
         err_clipped = (clipped - returns) ** 2
         loss_tok = torch.maximum(err, err_clipped)
         clip_frac = masked_mean((err_clipped > err).float(), mask)
-    return 0.5 * aggregate(loss_tok, mask, aggregation), {"vf_clip_frac": clip_frac.detach()}
+    return 0.5 * aggregate(loss_tok, mask, aggregation, total), {"vf_clip_frac": clip_frac.detach()}
 
 
 # ---------------------------------------------------------------- KL coefficient controllers

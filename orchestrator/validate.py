@@ -93,6 +93,8 @@ def _learner(cfg):
         yield "learner.betas", f"must be two numbers in [0, 1), got {list(lr.betas)}"
     if lr.lora.rank < 0:
         yield "learner.lora.rank", f"must be >= 0, got {lr.lora.rank}"
+    if lr.lora.rank > 0 and lr.zero_stage == 3:
+        yield "learner.lora.rank", "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2"
     needs_critic = cfg.algorithm.estimator not in CRITIC_FREE
     if needs_critic and lr.value_head == ValueHead.separate and lr.critic_init == CriticInit.reward_model \
             and not lr.critic_model_path:

@@ -24,3 +24,26 @@ def ray_cluster():
              runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}})
     yield ray
     ray.shutdown()
+
+
+def make_scored_batch(model_path, n_prompts=4, group=4, seed=0, rewards=None):
+    """A RolloutBatch of random prompts/responses (ragged) and its ScoredBatch with real reference
+    logprobs; rewards random unless given."""
+    import torch
+
+    from reward_service.reference import ReferenceModel
+    from reward_service.types import ScoredBatch
+    from rollout.types import RolloutBatch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses = [], []
+    for _ in range(n_prompts):
+        p = torch.randint(3, 60, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(group):
+            prompts.append(p)
+            responses.append(torch.randint(3, 60, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
+    n = len(prompts)
+    batch = RolloutBatch([i // group for i in range(n)], prompts, responses, [[-1.0] * len(r) for r in responses],
+                         ["x"] * n, ["stop"] * n)
+    scores = rewards if rewards is not None else torch.rand(n, generator=g).tolist()
+    return batch, ScoredBatch(scores, {}, [True] * n, [False] * n, ReferenceModel(model_path).logprobs(batch))

@@ -264,3 +264,22 @@ def test_adaptive_controller_state_survives_resume():
     assert resumed.value == c.value
     c.update(float("nan"), 10)
     assert resumed.value == c.value  # a NaN measurement leaves the coefficient alone
+
+
+def test_micro_batch_losses_with_the_global_total_add_up_to_the_global_loss():
+    g = torch.Generator().manual_seed(5)
+    lp, old, adv = (torch.randn(6, 5, generator=g) for _ in range(3))
+    mask = (torch.rand(6, 5, generator=g) > 0.3).float()
+    mask[:, 0] = 1.0
+    for mode in ("token_mean", "seq_mean"):
+        whole, _ = A.ppo_policy_loss(lp, old, adv, mask, 0.2, aggregation=mode)
+        total = A.aggregate_total(mask, mode)
+        parts = sum(A.ppo_policy_loss(lp[s], old[s], adv[s], mask[s], 0.2, aggregation=mode, total=total)[0]
+                    for s in (slice(0, 1), slice(1, 4), slice(4, 6)))
+        assert close(parts, whole), mode
+    # hand example: tokens [1, 2 | 3] -> token total 3: (1 + 2) / 3 + 3 / 3 = 2 = mean of all
+    x, m = t([[1.0, 2.0], [3.0, 0.0]]), t([[1.0, 1.0], [1.0, 0.0]])
+    assert A.aggregate_total(m, "token_mean") == 3.0 and A.aggregate_total(m, "seq_mean") == 2.0
+    assert close(A.aggregate(x[:1], m[:1], "token_mean", 3.0) + A.aggregate(x[1:], m[1:], "token_mean", 3.0), 2.0)
+    # seq_mean with 2 sequences: 1.5 / 2 + 3 / 2 = 2.25
+    assert close(A.aggregate(x[:1], m[:1], "seq_mean", 2.0) + A.aggregate(x[1:], m[1:], "seq_mean", 2.0), 2.25)

@@ -1,0 +1,85 @@
+"""Save and load the full learner state.
+
+    <dir>/policy/           the policy as a plain Hugging Face folder (safetensors + tokenizer):
+                            loadable by transformers and vLLM as is (LoRA merged in)
+    <dir>/adapter/          the LoRA adapter alone (peft format), when LoRA is on
+    <dir>/value_head.pt     the shared value head, when there is one
+    <dir>/critic/           the separate critic's trunk (HF folder) and critic_head.pt
+    <dir>/deepspeed_*/      DeepSpeed engine state: weights, optimizer, LR scheduler (all ranks)
+    <dir>/rng_rank<r>.pt    RNG states of each rank
+    <dir>/learner.json      KL controller and update count
+
+Every rank writes into the same directory; making it appear atomically (temp dir + rename) is the
+caller's job, once every rank has returned (see LearnerGroup.save).
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+TAG = "state"
+
+
+def _gathered(module, zero3: bool):
+    if zero3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(module.parameters()))
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def save_learner(learner, path: str) -> None:
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    zero3 = learner.cfg.zero_stage == 3
+    state = learner.policy_state()  # every rank: ZeRO-3 gathers are collective
+    if learner.rank == 0:
+        lm = learner.policy.lm
+        base = lm.get_base_model() if hasattr(lm, "peft_config") else lm
+        base.save_pretrained(out / "policy", state_dict=state, safe_serialization=True)
+        learner.tokenizer.save_pretrained(out / "policy")
+        if hasattr(lm, "peft_config"):
+            lm.save_pretrained(out / "adapter")
+    if learner.policy.value_head is not None:
+        with _gathered(learner.policy.value_head, zero3):
+            if learner.rank == 0:
+                torch.save({k: v.detach().cpu() for k, v in learner.policy.value_head.state_dict().items()}, out / "value_head.pt")
+    if learner.critic is not None:
+        with _gathered(learner.critic, zero3):
+            if learner.rank == 0:
+                learner.critic.trunk.save_pretrained(out / "critic", safe_serialization=True)
+                torch.save({k: v.detach().cpu() for k, v in learner.critic.head.state_dict().items()}, out / "critic" / "critic_head.pt")
+    learner.policy_engine.save_checkpoint(str(out / "deepspeed_policy"), tag=TAG)
+    if learner.critic_engine is not None:
+        learner.critic_engine.save_checkpoint(str(out / "deepspeed_critic"), tag=TAG)
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+               out / f"rng_rank{learner.rank}.pt")
+    if learner.rank == 0:
+        (out / "learner.json").write_text(json.dumps({"kl_controller": learner.kl_ctl.state_dict(), "updates": learner.updates}))
+    if learner.world > 1:
+        dist.barrier()
+
+
+def load_learner(learner, path: str) -> None:
+    src = Path(path)
+    _load_engine(learner.policy_engine, src / "deepspeed_policy")
+    if learner.critic_engine is not None:
+        _load_engine(learner.critic_engine, src / "deepspeed_critic")
+    rng = torch.load(src / f"rng_rank{learner.rank}.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"]), random.setstate(rng["python"]), np.random.set_state(rng["numpy"])
+    state = json.loads((src / "learner.json").read_text())
+    learner.kl_ctl.load_state_dict(state["kl_controller"])
+    learner.updates = state["updates"]
+
+
+def _load_engine(engine, path: Path) -> None:
+    loaded, _ = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+    if loaded is None:
+        raise FileNotFoundError(f"{path}: no DeepSpeed state to resume from")

@@ -1,0 +1,78 @@
+"""DeepSpeed engines for the learner: ZeRO 0-3, CPU (gloo) or GPU (NCCL), client or DeepSpeed Adam."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from learner.config import Dtype, LearnerConfig, OptimizerKind
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """AdamW that skips a step whose gradients are not finite (and counts it), so one bad batch
+    cannot poison the weights or the moments. Without ZeRO it also clips (max_norm > 0) and records
+    the pre-clip norm, which DeepSpeed reports; under ZeRO 1-3 DeepSpeed clips and checks first."""
+
+    def __init__(self, params, max_norm: float = 0.0, **kwargs):
+        super().__init__(params, **kwargs)
+        self.max_norm, self.skipped, self._global_grad_norm = max_norm, 0, None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
+            return super().step(closure)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm if self.max_norm > 0 else float("inf"))
+        self._global_grad_norm = float(norm)
+        if not torch.isfinite(norm):
+            self.skipped += 1
+            return None
+        return super().step(closure)
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+    """The learner ranks' own process group (the default group of these processes)."""
+    import deepspeed
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if not torch.cuda.is_available() else str(rank % max(torch.cuda.device_count(), 1)),
+                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", auto_mpi_discovery=False)
+
+
+def warmup_schedule(warmup_steps: int):
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_batch: int, grad_accum: int):
+    import deepspeed
+
+    ds = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        # without ZeRO, GuardedAdamW clips (it sees whole gradients); with ZeRO, DeepSpeed does
+        "gradient_clipping": cfg.grad_clip if cfg.zero_stage > 0 or cfg.optimizer != OptimizerKind.torch_adamw else 0.0,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_allow_untested_optimizer": True,  # GuardedAdamW is torch's AdamW plus a finiteness check
+        "bf16": {"enabled": cfg.dtype == Dtype.bfloat16},
+        "steps_per_print": 2**31,
+        "wall_clock_breakdown": False,
+    }
+    params = [p for p in module.parameters() if p.requires_grad]
+    schedule = warmup_schedule(cfg.warmup_steps)
+    if cfg.optimizer == OptimizerKind.torch_adamw:
+        optimizer = GuardedAdamW(params, max_norm=cfg.grad_clip if cfg.zero_stage == 0 else 0.0, lr=lr,
+                                 betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    else:
+        ds["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "betas": list(cfg.betas), "weight_decay": cfg.weight_decay}}
+        optimizer = None
+        scheduler = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)  # noqa: E731
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=module, model_parameters=params, optimizer=optimizer, lr_scheduler=scheduler, config=ds)
+    return engine
+
+
+def skipped_steps(engine) -> int:
+    """Optimizer steps skipped for non-finite gradients, by DeepSpeed or by GuardedAdamW."""
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    return int(engine.skipped_steps) + int(getattr(inner, "skipped", 0))

@@ -1,0 +1,107 @@
+"""From a scored rollout batch to training tensors: old logprobs and values recomputed by the
+learner, the KL to the reference, and advantages, all through learner/algorithms.py.
+
+Every tensor is (B, L-1), aligned with the logits of the packed prompt+response sequences;
+`mask` marks the response tokens of the samples that train.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from learner import algorithms as A
+from learner.config import AlgorithmConfig, Estimator, KLPlacement
+from reward_service.types import ScoredBatch
+from rollout.types import RolloutBatch, pack
+
+
+@dataclass
+class Experience:
+    input_ids: torch.Tensor  # (B, L)
+    attention_mask: torch.Tensor  # (B, L)
+    position_ids: torch.Tensor  # (B, L)
+    mask: torch.Tensor  # (B, L-1) response tokens of samples that train
+    old_logprobs: torch.Tensor  # (B, L-1) the learner's own, before this update
+    ref_logprobs: torch.Tensor  # (B, L-1)
+    behaviour_logprobs: torch.Tensor  # (B, L-1) the sampler's (for the gap metric)
+    old_values: torch.Tensor | None  # (B, L-1) critic estimates, or None without a critic
+    advantages: torch.Tensor  # (B, L-1)
+    returns: torch.Tensor | None  # (B, L-1) value targets, or None without a critic
+
+    def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: (v[idx] if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+
+
+def ragged_to_dense(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
+    """Scatter per-response-token values into the (B, L-1) positions `mask` marks."""
+    out = torch.zeros_like(mask)
+    for i, row in enumerate(rows):
+        out[i, mask[i] > 0] = torch.tensor(row, dtype=out.dtype)
+    return out
+
+
+def sharded_forward(fn, n: int, micro: int, rank: int, world: int) -> list[torch.Tensor | None]:
+    """Run fn(rows) -> tensors over this rank's rows in micro-batches (no grad), then assemble
+    the full (n, ...) results on every rank with one all-reduce each."""
+    mine = torch.arange(rank, n, world)
+    parts = [fn(mine[i: i + micro]) for i in range(0, len(mine), micro)]
+    outs = []
+    for k in range(len(parts[0]) if parts else 0):
+        if parts[0][k] is None:
+            outs.append(None)
+            continue
+        full = torch.zeros((n, *parts[0][k].shape[1:]), dtype=torch.float32)
+        full[mine] = torch.cat([p[k].float() for p in parts])
+        if world > 1:
+            dist.all_reduce(full)  # rows of other ranks are zero here
+        outs.append(full)
+    return outs
+
+
+def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_coef: float, mask: torch.Tensor,
+               values: torch.Tensor | None, group_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantages, returns) per token. GAE uses token rewards (KL in the reward if so placed);
+    outcome estimators score sequences (minus kl_coef * the sequence's KL if in the reward)."""
+    in_reward = cfg.kl_placement == KLPlacement.reward
+    if cfg.estimator == Estimator.gae:
+        rewards = A.token_rewards(scores, kl, kl_coef if in_reward else 0.0, mask)
+        if cfg.whiten_rewards:
+            rewards = A.masked_whiten(rewards, mask, shift_mean=False)
+        adv, returns = A.compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
+    else:
+        seq_scores = scores - kl_coef * A.masked_sum(kl, mask, dim=-1) if in_reward else scores
+        fn = A.OUTCOME_ESTIMATORS[cfg.estimator.value]
+        kwargs = {"scale_by_std": cfg.grpo_scale_by_std} if cfg.estimator == Estimator.grpo else {}
+        adv = fn(seq_scores, group_size, **kwargs)[:, None] * mask
+        returns = None
+    if cfg.normalize_advantages:
+        adv = A.masked_whiten(adv, mask)
+    return adv, returns
+
+
+def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cfg: AlgorithmConfig, kl_coef: float,
+                    temperature: float, group_size: int, pad_id: int, micro: int, rank: int, world: int) -> Experience:
+    input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, pad_id)
+    valid = torch.tensor(scored.valid, dtype=torch.float32)[:, None]
+    mask = response_mask * valid
+
+    @torch.no_grad()
+    def forward(rows):
+        inputs = (input_ids[rows], attention_mask[rows], position_ids[rows])
+        logits, values = policy(*inputs)
+        logprobs = A.logprobs_from_logits(logits.float() / temperature, input_ids[rows, 1:])
+        if critic is not None:
+            values = critic(*inputs)
+        return logprobs, values
+
+    old_logprobs, old_values = sharded_forward(forward, len(batch), micro, rank, world)
+    old_logprobs = old_logprobs * response_mask
+    ref = ragged_to_dense(scored.ref_logprobs, response_mask)
+    kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)
+    scores = torch.tensor(scored.rewards, dtype=torch.float32)
+    needs_values = cfg.estimator == Estimator.gae
+    adv, returns = advantages(cfg, scores, kl, kl_coef, mask, old_values if needs_values else None, group_size)
+    return Experience(input_ids, attention_mask, position_ids, mask, old_logprobs, ref,
+                      ragged_to_dense(batch.logprobs, response_mask), old_values if needs_values else None, adv, returns)

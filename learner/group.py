@@ -1,0 +1,77 @@
+"""LearnerGroup: the N learner ranks behind one call per phase (launch all, ray.get once)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import ray
+
+from learner.config import AlgorithmConfig, LearnerConfig
+from learner.worker import Learner
+from rollout.weight_sync import free_port
+
+
+class LearnerGroup:
+    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, world_size: int, seed: int, temperature: float,
+                 group_size: int, num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0,
+                 scheduling: list | None = None):
+        port = free_port()
+        threads = threads or cfg.threads or max(1, (os.cpu_count() or 1) // world_size)
+        self.ranks = []
+        for rank in range(world_size):
+            options = dict(num_cpus=num_cpus, num_gpus=num_gpus,
+                           runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
+                                                     "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}})
+            if scheduling:
+                options["scheduling_strategy"] = scheduling[rank]
+            self.ranks.append(ray.remote(Learner).options(**options).remote(
+                cfg, algo, rank, world_size, "127.0.0.1", port, seed, temperature, group_size, threads))
+        ray.get([r.ready.remote() for r in self.ranks])
+
+    def _all(self, method: str, *args):
+        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def update(self, batch, scored, step: int) -> dict[str, float]:
+        return self._all("update", batch, scored, step)[0]
+
+    def update_kl(self, current_kl: float, n_samples: int) -> float:
+        return self._all("update_kl", current_kl, n_samples)[0]
+
+    def weight_buckets(self, bucket_mb: int):
+        return ray.get(self.ranks[0].weight_buckets.remote(bucket_mb))
+
+    def init_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float = 300.0) -> list:
+        """Rank 0 joins the rollout sync group as its rank 0; returns the pending calls."""
+        return [r.init_weight_sync.remote(host, port, world_size, timeout_s) for r in self.ranks]
+
+    def send_weights(self, buckets) -> list:
+        return [r.send_weights.remote(buckets) for r in self.ranks]
+
+    def policy_state(self):
+        return self._all("policy_state")[0]
+
+    def policy_logprobs(self, batch):
+        return self._all("policy_logprobs", batch)[0]
+
+    def describe(self) -> dict:
+        return ray.get(self.ranks[0].describe.remote())
+
+    def save(self, path: str | Path) -> Path:
+        """Write into <path>.tmp on every rank, then rename: a crash mid-save leaves no valid-looking checkpoint."""
+        final = Path(path)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self._all("save", str(tmp))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def load(self, path: str | Path) -> None:
+        self._all("load", str(path))
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            ray.kill(r)
+        self.ranks = []

@@ -1,0 +1,135 @@
+"""The trainable models: the policy (a causal LM, optionally with a value head on its trunk), a
+separate critic, LoRA, and the Hugging Face names the rollout engines load."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from learner.config import CriticInit, LearnerConfig, LoraConfig
+
+VALUE_HEAD_FILE = "value_head.pt"
+
+
+def no_dropout_config(path: str):
+    """The model's config with every dropout set to 0: RL needs the forward that computes the
+    importance ratio to be the same function as the one that computed the old logprobs."""
+    cfg = AutoConfig.from_pretrained(path)
+    for key, value in list(vars(cfg).items()):
+        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+            setattr(cfg, key, 0.0)
+    return cfg
+
+
+def hidden_size(cfg) -> int:
+    return cfg.hidden_size if hasattr(cfg, "hidden_size") else cfg.n_embd
+
+
+class PolicyValue(nn.Module):
+    """forward -> (logits for the next tokens (B, L-1, V), values (B, L-1) or None)."""
+
+    def __init__(self, lm: nn.Module, value_head: bool):
+        super().__init__()
+        self.lm = lm
+        self.value_head = nn.Linear(hidden_size(lm.config), 1) if value_head else None
+        if self.value_head is not None:
+            nn.init.zeros_(self.value_head.weight), nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      output_hidden_states=self.value_head is not None, use_cache=False)
+        values = None
+        if self.value_head is not None:
+            values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
+        return out.logits[:, :-1], values
+
+
+class Critic(nn.Module):
+    """A separate value model: a transformer trunk and a scalar head. forward -> values (B, L-1)."""
+
+    def __init__(self, trunk: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.trunk, self.head = trunk, head
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        h = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).last_hidden_state
+        return self.head(h[:, :-1].float()).squeeze(-1)
+
+
+def build_policy(cfg: LearnerConfig, value_head: bool) -> PolicyValue:
+    dtype = getattr(torch, cfg.dtype.value)
+    lm = AutoModelForCausalLM.from_pretrained(cfg.model_path, config=no_dropout_config(cfg.model_path), dtype=dtype)
+    if cfg.gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora.rank > 0:
+        lm = add_lora(lm, cfg.lora)
+    return PolicyValue(lm, value_head)
+
+
+def add_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
+    from peft import LoraConfig as PeftLora
+    from peft import get_peft_model
+
+    return get_peft_model(lm, PeftLora(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+
+
+def build_critic(cfg: LearnerConfig) -> Critic:
+    """Trunk and head from the policy, a reward model (its scalar `score` head too) or scratch."""
+    path = cfg.critic_model_path if cfg.critic_init == CriticInit.reward_model else cfg.model_path
+    config = no_dropout_config(path)
+    dtype = getattr(torch, cfg.dtype.value)
+    if cfg.critic_init == CriticInit.scratch:
+        trunk = AutoModel.from_config(config, dtype=dtype)
+    else:
+        trunk = AutoModel.from_pretrained(path, config=config, dtype=dtype)
+    if cfg.gradient_checkpointing:
+        trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    head = nn.Linear(hidden_size(config), 1)
+    nn.init.zeros_(head.weight), nn.init.zeros_(head.bias)
+    if cfg.critic_init == CriticInit.reward_model:
+        score = _reward_model_head(path)
+        head.weight.data.copy_(score.reshape(1, -1)), head.bias.data.zero_()
+    return Critic(trunk, head)
+
+
+def _reward_model_head(path: str) -> torch.Tensor:
+    """The (1, hidden) `score` weight of a sequence-classification checkpoint."""
+    from safetensors.torch import load_file
+
+    for file in sorted(Path(path).glob("*.safetensors")):
+        state = load_file(file)
+        for name in ("score.weight", "classifier.weight"):
+            if name in state:
+                return state[name].float()
+    raise ValueError(f"{path}: no score.weight in the reward model's safetensors")
+
+
+def rollout_weights(policy: PolicyValue):
+    """(name, tensor) pairs of the policy as a Hugging Face checkpoint names them: what vLLM loads.
+    With LoRA, the adapters must already be merged (`merged_lora`); their own tensors are skipped."""
+    lm = policy.lm
+    prefix = "base_model.model." if hasattr(lm, "peft_config") else ""
+    for name, param in lm.named_parameters():
+        if "lora_" in name:
+            continue
+        yield name.removeprefix(prefix).replace(".base_layer.", "."), param
+
+
+class merged_lora:
+    """Context: LoRA adapters merged into the base weights, unmerged on exit (no-op without LoRA)."""
+
+    def __init__(self, policy: PolicyValue):
+        self.lm = policy.lm
+        self.active = hasattr(self.lm, "peft_config")
+
+    def __enter__(self):
+        if self.active:
+            self.lm.merge_adapter()
+
+    def __exit__(self, *exc):
+        if self.active:
+            self.lm.unmerge_adapter()

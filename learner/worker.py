@@ -1,0 +1,239 @@
+"""Learner: one data-parallel rank (a Ray actor) holding the policy, the optional critic and their
+DeepSpeed engines. The orchestrator calls every rank with the same arguments; ranks shard the work.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from learner import algorithms as A
+from learner.config import AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, ValueHead
+from learner.engine import init_distributed, make_engine, skipped_steps
+from learner.experience import Experience, make_experience
+from learner.models import build_critic, build_policy, merged_lora, rollout_weights
+from reward_service.types import ScoredBatch
+from rollout.types import RolloutBatch
+from rollout.weight_sync import SyncGroup, TensorMeta, plan_buckets, send_weights
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed), np.random.seed(seed % 2**32), torch.manual_seed(seed)
+
+
+class Learner:
+    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, rank: int, world_size: int, master_addr: str,
+                 master_port: int, seed: int, temperature: float, group_size: int, threads: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        init_distributed(rank, world_size, master_addr, master_port)
+        seed_everything(seed + rank)
+        self.cfg, self.algo, self.rank, self.world = cfg, algo, rank, world_size
+        self.seed, self.temperature, self.group_size = seed, temperature, group_size
+        needs_critic = algo.estimator == Estimator.gae
+        shared = needs_critic and cfg.value_head == ValueHead.shared
+        self.policy = build_policy(cfg, value_head=shared)
+        self.critic = build_critic(cfg) if needs_critic and not shared else None
+        self.grad_accum = algo.mini_batch_size // (algo.micro_batch_size * world_size)
+        self.policy_engine = make_engine(self.policy, cfg, cfg.lr, algo.micro_batch_size, self.grad_accum)
+        self.critic_engine = (make_engine(self.critic, cfg, cfg.critic_lr, algo.micro_batch_size, self.grad_accum)
+                              if self.critic is not None else None)
+        self.kl_ctl = (A.AdaptiveKLController(algo.init_kl_coef, algo.target_kl, algo.kl_horizon)
+                       if algo.kl_controller == KLControllerKind.adaptive else A.FixedKLController(algo.init_kl_coef))
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.sync_group: SyncGroup | None = None
+        self.updates = 0
+
+    def ready(self) -> bool:
+        return True
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic is not None or self.policy.value_head is not None
+
+    # ------------------------------------------------------------------ the update
+    def update(self, batch: RolloutBatch, scored: ScoredBatch, step: int) -> dict[str, float]:
+        """One PPO/GRPO update on a scored batch: recompute, advantages, epochs of mini-batches."""
+        start = time.perf_counter()
+        skipped_before = self._skipped()
+        self.policy_engine.eval()
+        exp = make_experience(self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value,
+                              self.temperature, self.group_size, self.pad_id, self.algo.micro_batch_size,
+                              self.rank, self.world)
+        self.policy_engine.train()
+        sums: dict[str, float] = defaultdict(float)
+        n_mini = 0
+        for epoch in range(self.algo.ppo_epochs):
+            order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step * 101 + epoch))
+            for i in range(0, len(batch), self.algo.mini_batch_size):
+                self._train_mini_batch(exp, order[i: i + self.algo.mini_batch_size], sums)
+                n_mini += 1
+        metrics = self._reduce(sums, n_mini)
+        metrics.update(self._experience_metrics(exp))
+        metrics["learner/skipped_steps"] = float(self._skipped() - skipped_before)
+        if metrics["learner/skipped_steps"]:
+            log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", metrics["learner/skipped_steps"])
+        tokens = float(exp.mask.sum()) * self.algo.ppo_epochs
+        metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start)
+        self.updates += 1
+        return metrics
+
+    def _train_mini_batch(self, exp: Experience, rows: torch.Tensor, sums: dict[str, float]) -> None:
+        agg = self.algo.loss_aggregation.value
+        total = max(A.aggregate_total(exp.mask[rows], agg), 1e-8)
+        mine = rows[self.rank:: self.world]
+        scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
+        for j in range(0, len(mine), self.algo.micro_batch_size):
+            mb = exp.rows(mine[j: j + self.algo.micro_batch_size])
+            policy_loss, values, m = self._policy_loss(mb, total, agg)
+            if self.critic_engine is not None:
+                values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+            if values is not None:
+                vf_loss, vm = A.ppo_value_loss(values, mb["old_values"], mb["returns"], mb["mask"],
+                                               self.algo.value_clip_eps, agg, total)
+                m["loss/value"], m["learner/vf_clip_frac"] = vf_loss.item(), vm["vf_clip_frac"].item() * _share(mb, total, agg)
+                if self.critic_engine is None:
+                    policy_loss = policy_loss + self.algo.vf_coef * vf_loss
+                else:
+                    self.critic_engine.backward(self.algo.vf_coef * vf_loss * scale)
+                    self.critic_engine.step()
+            if not torch.isfinite(policy_loss):
+                m["learner/nonfinite_losses"] = 1.0  # its gradients are non-finite: the step is skipped
+            self.policy_engine.backward(policy_loss * scale)
+            self.policy_engine.step()
+            for k, v in m.items():
+                sums[k] += v
+
+    def _policy_loss(self, mb: dict, total: float, agg: str):
+        logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+        logits = logits.float() / self.temperature
+        logprobs = A.logprobs_from_logits(logits, mb["input_ids"][:, 1:])
+        mask = mb["mask"]
+        pg, pm = A.ppo_policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask, self.algo.clip_eps,
+                                   aggregation=agg, total=total)
+        entropy = A.aggregate(A.entropy_from_logits(logits, mask), mask, agg, total)
+        loss = pg - self.algo.entropy_coef * entropy
+        share = _share(mb, total, agg)
+        m = {"loss/policy": pg.item(), "learner/entropy": entropy.item(),
+             "learner/clip_frac": pm["clip_frac"].item() * share, "learner/approx_kl": pm["approx_kl"].item() * share}
+        if self.algo.kl_placement == KLPlacement.loss:
+            kl = A.aggregate(A.kl_penalty(logprobs, mb["ref_logprobs"], self.algo.kl_estimator.value, mask), mask, agg, total)
+            loss = loss + self.kl_ctl.value * kl
+            m["loss/kl"] = kl.item()
+        return loss, values, m
+
+    def _reduce(self, sums: dict[str, float], n_mini: int) -> dict[str, float]:
+        """Sum each metric over ranks, then average over mini-batches (each is a mini-batch mean)."""
+        keys = sorted(sums)
+        vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        if self.world > 1:
+            dist.all_reduce(vec)
+        out = {k: v / max(n_mini, 1) for k, v in zip(keys, vec.tolist())}
+        out["learner/nonfinite_losses"] = out.get("learner/nonfinite_losses", 0.0) * n_mini
+        out["learner/grad_norm"] = float(self.policy_engine.get_global_grad_norm() or 0.0)
+        return out
+
+    def _experience_metrics(self, exp: Experience) -> dict[str, float]:
+        mask = exp.mask
+        kl = A.masked_mean(A.kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator.value, mask), mask)
+        m = {
+            "kl/ref": float(kl),
+            "kl/coef": self.kl_ctl.value,
+            "rollout/logprob_gap": float(A.masked_mean((exp.old_logprobs - exp.behaviour_logprobs).abs(), mask)),
+            "advantages/mean": float(A.masked_mean(exp.advantages, mask)),
+            "advantages/std": float(A.masked_var(exp.advantages, mask).sqrt()),
+        }
+        if exp.returns is not None:
+            m["returns/mean"] = float(A.masked_mean(exp.returns, mask))
+            m["learner/explained_variance"] = float(A.explained_variance(exp.old_values, exp.returns, mask))
+        return m
+
+    def _skipped(self) -> int:
+        return skipped_steps(self.policy_engine) + (skipped_steps(self.critic_engine) if self.critic_engine else 0)
+
+    # ------------------------------------------------------------------ KL controller
+    def update_kl(self, current_kl: float, n_samples: int) -> float:
+        self.kl_ctl.update(current_kl, n_samples)
+        return self.kl_ctl.value
+
+    # ------------------------------------------------------------------ weights to the rollout engines
+    def weight_buckets(self, bucket_mb: int) -> list[list[TensorMeta]]:
+        metas = [TensorMeta(n, tuple(getattr(p, "ds_shape", p.shape)), str(p.dtype).removeprefix("torch."))
+                 for n, p in rollout_weights(self.policy)]
+        return plan_buckets(metas, bucket_mb << 20)
+
+    def init_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float = 300.0) -> None:
+        if self.rank == 0:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            self.sync_group = SyncGroup(host, port, 0, world_size, backend, timeout_s)
+
+    def send_weights(self, buckets: list[list[TensorMeta]]) -> int:
+        """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 broadcasts."""
+        params = dict(rollout_weights(self.policy))
+        sent = 0
+        with merged_lora(self.policy):
+            if self.cfg.zero_stage == 3:
+                import deepspeed
+
+                for bucket in buckets:
+                    with deepspeed.zero.GatheredParameters([params[m.name] for m in bucket]):
+                        if self.rank == 0:
+                            sent += send_weights(self.sync_group, [bucket], params.__getitem__)
+            elif self.rank == 0:
+                sent = send_weights(self.sync_group, buckets, params.__getitem__)
+        return sent
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """Full policy weights by Hugging Face name, on CPU (for the in-process sync path and tests)."""
+        params = dict(rollout_weights(self.policy))
+        with merged_lora(self.policy):
+            if self.cfg.zero_stage == 3:
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters(list(params.values())):
+                    return {n: p.detach().cpu().clone() for n, p in params.items()}
+            return {n: p.detach().cpu().clone() for n, p in params.items()}
+
+    def describe(self) -> dict:
+        """What this rank built: for logs and tests."""
+        return {"value_head": self.policy.value_head is not None, "critic": self.critic is not None,
+                "trainable": [n for n, p in self.policy.named_parameters() if p.requires_grad],
+                "zero_stage": self.cfg.zero_stage, "world_size": self.world}
+
+    @torch.no_grad()
+    def policy_logprobs(self, batch: RolloutBatch) -> list[list[float]]:
+        """The current policy's logprob of every response token (at the sampling temperature)."""
+        from rollout.types import pack, unpad
+
+        self.policy_engine.eval()
+        inputs = pack(batch.prompt_ids, batch.response_ids, self.pad_id)
+        logits, _ = self.policy_engine(*inputs[:3])
+        logprobs = A.logprobs_from_logits(logits.float() / self.temperature, inputs[0][:, 1:])
+        self.policy_engine.train()
+        return unpad(logprobs, inputs[3])
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str) -> None:
+        from learner.checkpoint import save_learner
+
+        save_learner(self, path)
+
+    def load(self, path: str) -> None:
+        from learner.checkpoint import load_learner
+
+        load_learner(self, path)
+
+
+def _share(mb: dict, total: float, agg: str) -> float:
+    """This micro-batch's share of the mini-batch denominator, to weight mean-type metrics."""
+    return A.aggregate_total(mb["mask"], agg) / total

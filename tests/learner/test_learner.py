@@ -1,0 +1,172 @@
+"""The DeepSpeed learner on a real tiny model, as Ray actors: updates, ZeRO invariance, critics,
+LoRA, non-finite batches, and bit-identical resume."""
+import math
+
+import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import make_scored_batch
+from learner import algorithms as A
+from learner.config import AlgorithmConfig, Estimator, LearnerConfig, LoraConfig, ValueHead
+from learner.group import LearnerGroup
+
+pytestmark = pytest.mark.e2e
+GROUP = 4
+
+
+def algo(**kw):
+    base = dict(estimator=Estimator.grpo, mini_batch_size=8, micro_batch_size=4, ppo_epochs=1, init_kl_coef=0.01)
+    return AlgorithmConfig(**(base | kw))
+
+
+def learners(model, world=1, zero=0, a=None, **cfg_kw):
+    cfg = LearnerConfig(model_path=model, lr=1e-3, zero_stage=zero, **cfg_kw)
+    return LearnerGroup(cfg, a or algo(), world, seed=0, temperature=1.0, group_size=GROUP, num_cpus=0, threads=1)
+
+
+def changed(a: dict, b: dict) -> set[str]:
+    return {k for k in a if not torch.equal(a[k], b[k])}
+
+
+def test_one_update_changes_parameters_and_lowers_the_surrogate_loss(ray_cluster, tiny_model):
+    batch, scored = make_scored_batch(tiny_model, seed=1)
+    group = learners(tiny_model)
+    try:
+        before, lp0 = group.policy_state(), group.policy_logprobs(batch)
+        metrics = group.update(batch, scored, step=0)
+        after, lp1 = group.policy_state(), group.policy_logprobs(batch)
+    finally:
+        group.shutdown()
+    assert changed(before, after)
+    # the PPO surrogate on this batch, before (ratio 1) and after the update
+    old, mask = batch.padded(0)[1] * 0, batch.padded(0)[2]
+    for i, row in enumerate(lp0):
+        old[i, : len(row)] = torch.tensor(row)
+    new = torch.zeros_like(old)
+    for i, row in enumerate(lp1):
+        new[i, : len(row)] = torch.tensor(row)
+    adv = A.masked_whiten(A.grpo_advantages(torch.tensor(scored.rewards), GROUP)[:, None] * mask, mask)
+    loss_before, _ = A.ppo_policy_loss(old, old, adv, mask, 0.2)
+    loss_after, _ = A.ppo_policy_loss(new, old, adv, mask, 0.2)
+    assert loss_after < loss_before - 0.01
+    for key in ("loss/policy", "learner/entropy", "learner/approx_kl", "learner/clip_frac", "learner/grad_norm",
+                "kl/ref", "kl/coef", "advantages/mean", "learner/tokens_per_s"):
+        assert math.isfinite(metrics[key]), key
+    assert metrics["learner/grad_norm"] > 0 and metrics["learner/skipped_steps"] == 0
+
+
+@pytest.fixture(scope="module")
+def zero_batch(tiny_model):
+    return make_scored_batch(tiny_model, seed=2)
+
+
+@pytest.fixture(scope="module")
+def global_result(ray_cluster, tiny_model, zero_batch):
+    group = learners(tiny_model, world=1, zero=0)
+    try:
+        metrics = group.update(*zero_batch, step=0)
+        return group.policy_state(), metrics
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.parametrize("world, zero", [(1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)])
+def test_sharded_update_equals_the_global_one(ray_cluster, tiny_model, zero_batch, global_result, world, zero):
+    """ZeRO stage and rank count change how the work is split, not the result (fp32, stated tolerance)."""
+    want_state, want_metrics = global_result
+    group = learners(tiny_model, world=world, zero=zero)
+    try:
+        metrics = group.update(*zero_batch, step=0)
+        state = group.policy_state()
+    finally:
+        group.shutdown()
+    worst = max(float((state[k] - want_state[k]).abs().max()) for k in want_state)
+    assert worst < 2e-5, f"max |param difference| {worst:.2e}"
+    for key in ("loss/policy", "learner/entropy", "loss/kl"):
+        assert metrics[key] == pytest.approx(want_metrics[key], abs=1e-5), key
+
+
+@pytest.mark.parametrize("value_head", [ValueHead.shared, ValueHead.separate])
+def test_both_critics_train(ray_cluster, tiny_model, value_head):
+    batch, scored = make_scored_batch(tiny_model, seed=3)
+    group = learners(tiny_model, a=algo(estimator=Estimator.gae, value_clip_eps=10.0, vf_coef=1.0), value_head=value_head,
+                     critic_lr=3e-3)
+    try:
+        built = group.describe()
+        losses = [group.update(batch, scored, step=s)["loss/value"] for s in range(6)]
+    finally:
+        group.shutdown()
+    assert built["critic"] == (value_head == ValueHead.separate) and built["value_head"] == (value_head == ValueHead.shared)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_grpo_builds_no_critic(ray_cluster, tiny_model):
+    group = learners(tiny_model)
+    try:
+        built = group.describe()
+    finally:
+        group.shutdown()
+    assert built["critic"] is False and built["value_head"] is False
+    assert not any("value" in n for n in built["trainable"])
+
+
+def test_lora_trains_only_the_adapters(ray_cluster, tiny_model):
+    batch, scored = make_scored_batch(tiny_model, seed=4)
+    group = learners(tiny_model, lora=LoraConfig(rank=4, alpha=8, target_modules=["c_attn"]))
+    try:
+        trainable = group.describe()["trainable"]
+        before = group.policy_state()
+        group.update(batch, scored, step=0)
+        after = group.policy_state()  # adapters merged in
+    finally:
+        group.shutdown()
+    assert trainable and all("lora_" in n for n in trainable)
+    assert changed(before, after) and all("c_attn.weight" in k for k in changed(before, after))
+    assert set(before) == set(AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()) - {"lm_head.weight"}
+
+
+def test_a_nan_batch_is_skipped_and_counted(ray_cluster, tiny_model):
+    batch, scored = make_scored_batch(tiny_model, seed=5)
+    scored.rewards[3] = float("nan")
+    group = learners(tiny_model)
+    try:
+        before = group.policy_state()
+        metrics = group.update(batch, scored, step=0)
+        after = group.policy_state()
+    finally:
+        group.shutdown()
+    assert metrics["learner/skipped_steps"] >= 1 and metrics["learner/nonfinite_losses"] >= 1
+    assert not changed(before, after)
+    assert all(torch.isfinite(t).all() for t in after.values())
+
+
+def test_resume_is_bit_identical(ray_cluster, tiny_model, tmp_path):
+    b1, s1 = make_scored_batch(tiny_model, seed=6)
+    b2, s2 = make_scored_batch(tiny_model, seed=7)
+    a = algo(estimator=Estimator.gae, kl_controller="adaptive", target_kl=0.01, kl_horizon=100)
+    first = learners(tiny_model, a=a, value_head=ValueHead.separate)
+    try:
+        first.update(b1, s1, step=0)
+        first.update_kl(0.5, 16)
+        saved = first.save(tmp_path / "ckpt")
+        after_save = first.policy_state()
+        want = first.update(b2, s2, step=1)
+        want_state = first.policy_state()
+    finally:
+        first.shutdown()
+    second = learners(tiny_model, a=a, value_head=ValueHead.separate)
+    try:
+        second.load(saved)
+        got = second.update(b2, s2, step=1)
+        got_state = second.policy_state()
+    finally:
+        second.shutdown()
+    assert not changed(want_state, got_state)
+    assert {k: v for k, v in got.items() if k != "learner/tokens_per_s"} == {k: v for k, v in want.items() if k != "learner/tokens_per_s"}
+    assert got["kl/coef"] != 0.01  # the adaptive coefficient came back from the checkpoint
+    # the checkpoint's policy is a plain Hugging Face folder with the weights at save time
+    hf = AutoModelForCausalLM.from_pretrained(saved / "policy").state_dict()
+    assert all(torch.equal(hf[k], after_save[k]) for k in after_save)
+    assert not (tmp_path / "ckpt.tmp").exists()
