@@ -79,10 +79,15 @@ def _config_show(args) -> int:
 
 def _train(args) -> int:
     path, overrides = _split(args)
-    cfg = load_config(path, overrides)
-    print(to_yaml(cfg), end="")
-    print(f"relay train: {path} is valid. The training loop lands with issue 6 (orchestrator); "
-          "this command will then run it.")
+    cfg = load_config(path, overrides)  # every config error surfaces here, before Ray starts
+    print(to_yaml(cfg), end="", flush=True)
+    from orchestrator.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
     return 0
 
 

@@ -1,0 +1,72 @@
+"""Supervised fine-tuning of a small model in one process: next-token loss on the response only.
+
+Used to build relay's tiny starting policies (a GPT trained from scratch on a task to partial
+accuracy) for the default demo and the end-to-end tests.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from learner import algorithms as A
+
+
+def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids (N, L), loss_mask (N, L-1)): prompt + response + EOS, right-padded; the mask
+    covers the response and EOS targets only."""
+    seqs, starts = [], []
+    for prompt, response in pairs:
+        p = tokenizer(prompt, add_special_tokens=False).input_ids
+        r = tokenizer(response, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        seqs.append(p + r)
+        starts.append(len(p))
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), L - 1)
+    for i, (s, start) in enumerate(zip(seqs, starts)):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, start - 1: len(s) - 1] = 1.0
+    return ids, mask
+
+
+def sft(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int = 64, lr: float = 3e-3,
+        seed: int = 0, log_every: int = 0) -> list[float]:
+    """Train in place with AdamW and a linear decay; return the loss of every step."""
+    ids, mask = encode_pairs(tokenizer, pairs)
+    attention = (ids != tokenizer.pad_token_id).long()
+    attention[:, 0] = 1
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(steps, 1))
+    model.train()
+    losses, start = [], time.time()
+    for step in range(steps):
+        rows = torch.randint(0, len(ids), (batch_size,), generator=g)
+        logits = model(input_ids=ids[rows], attention_mask=attention[rows]).logits[:, :-1]
+        loss = -A.masked_mean(A.logprobs_from_logits(logits, ids[rows, 1:]), mask[rows])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if log_every and (step + 1) % log_every == 0:
+            print(f"sft step {step + 1}/{steps}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, examples: list[dict], max_new_tokens: int = 6) -> float:
+    """Share of examples whose greedy completion's number equals the answer."""
+    from reward_service.rules import math_answer
+
+    tokenizer.padding_side = "left"
+    enc = tokenizer([e["prompt"] for e in examples], return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    tokenizer.padding_side = "right"
+    return sum(math_answer(t, e["answer"]) or 0.0 for t, e in zip(texts, examples)) / len(examples)

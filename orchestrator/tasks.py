@@ -1,0 +1,35 @@
+"""Built-in prompt sources: relay's tiny arithmetic tasks and any reasoning-gym task, by name.
+
+Each example is {"prompt": str, "answer": str, "metadata": {...}}, the same shape the JSONL/Parquet
+loader produces, so rewards see one format whatever the source.
+"""
+from __future__ import annotations
+
+import random
+
+TINY_TASKS = {"addition_2digit": (10, 99), "addition_3digit": (100, 999)}
+
+
+def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
+    low, high = TINY_TASKS[name]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        out.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "metadata": {}})
+    return out
+
+
+def reasoning_gym_task(name: str, n: int, seed: int) -> list[dict]:
+    import reasoning_gym
+
+    try:
+        data = reasoning_gym.create_dataset(name, size=n, seed=seed)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"data.task: unknown task {name!r} (relay: {', '.join(TINY_TASKS)}; or a reasoning-gym "
+                         f"task): {e}") from None
+    return [{"prompt": e["question"], "answer": str(e["answer"]), "metadata": {"entry": e}} for e in data]
+
+
+def make_task(name: str, n: int, seed: int) -> list[dict]:
+    return tiny_arithmetic(name, n, seed) if name in TINY_TASKS else reasoning_gym_task(name, n, seed)

@@ -1,0 +1,54 @@
+"""Where metrics go: a JSONL file in the run directory (always), wandb (offline by default), and
+one console line per step with the numbers a practitioner watches."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from orchestrator.config import LoggingConfig, WandbMode
+
+
+class Tracker:
+    def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed: bool):
+        self.cfg, self.path = cfg, run_dir / "metrics.jsonl"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("a" if resumed else "w")
+        self.wandb = None
+        if cfg.wandb.mode != WandbMode.disabled:
+            import wandb
+
+            self.wandb = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity or None, name=name,
+                                    config=config, mode=cfg.wandb.mode.value, dir=str(run_dir), resume="allow",
+                                    id=name.replace("/", "_"))
+        self.start = time.time()
+
+    def log(self, step: int, metrics: dict[str, float], total_steps: int) -> None:
+        row = {"step": step, **{k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+        if self.cfg.progress_bar and step % self.cfg.log_every == 0:
+            print(self.line(step, metrics, total_steps), flush=True)
+
+    def line(self, step: int, m: dict[str, float], total_steps: int) -> str:
+        def f(key, fmt):
+            return format(m[key], fmt) if key in m and m[key] is not None else "-"
+
+        done = int(20 * step / max(total_steps, 1))
+        return (f"[{'#' * done}{'.' * (20 - done)}] step {step}/{total_steps}  reward {f('reward/mean', '.3f')}  "
+                f"acc {f('reward/accuracy', '.2f')}  kl {f('kl/ref', '.4f')}  entropy {f('learner/entropy', '.3f')}  "
+                f"len {f('response/length_mean', '.1f')}  {f('timing/total', '.1f')}s/step")
+
+    def log_table(self, name: str, rows: list[dict]) -> None:
+        if self.wandb is not None and rows:
+            import wandb
+
+            self.wandb.log({name: wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])})
+
+    def close(self) -> None:
+        self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()

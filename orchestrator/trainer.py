@@ -1,0 +1,236 @@
+"""The training loop: generate -> score -> update -> sync, one named, timed call per phase."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import ray
+
+from learner.group import LearnerGroup
+from orchestrator.config import TrainConfig
+from orchestrator.data import PromptSampler, load_split
+from orchestrator.load_config import to_dict
+from orchestrator.phases import batch_metrics, offset, timed
+from orchestrator.tiny_policy import resolve_model_path
+from orchestrator.tracking import Tracker
+from reward_service.service import ScoringService
+from rollout.pool import RolloutPool
+from rollout.types import RolloutBatch
+from rollout.weight_sync import free_port
+
+log = logging.getLogger(__name__)
+HOST = "127.0.0.1"
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_root) / cfg.name
+        self.model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
+        self.train, self.held_out, self.skipped_lines = load_split(cfg.data, cfg.seed)
+        self.sampler = PromptSampler(len(self.train), cfg.seed, cfg.data.shuffle)
+        self.step = 0
+        self.counters = {"restarts/rollout": 0, "restarts/scoring": 0, "data/skipped_lines": self.skipped_lines}
+        if not ray.is_initialized():
+            ray.init(address=cfg.cluster.address or None, include_dashboard=False, log_to_driver=False)
+        self._start_roles()
+        resume_from = self._resume_path()
+        if resume_from:
+            self._load(resume_from)
+        self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed=resume_from is not None)
+
+    # ------------------------------------------------------------------ setup
+    def _start_roles(self) -> None:
+        c, cpus = self.cfg.cluster, (0 if self.cfg.cluster.colocate else 1)
+        temperature = self.cfg.rollout.sampling.temperature
+        self.rollout = RolloutPool(self.cfg.rollout, self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
+                                   num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts)
+        self.scoring = ray.remote(ScoringService).options(
+            num_cpus=cpus, max_restarts=c.max_restarts, max_task_retries=c.max_restarts).remote(self.cfg.reward, self.model_path)
+        learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path)
+        self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, c.learner_ranks, self.cfg.seed, temperature,
+                                    self.cfg.rollout.sampling.n_samples_per_prompt, num_cpus=cpus, num_gpus=c.gpus_per_learner)
+        ray.get(self.scoring.ready.remote())
+        self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
+        self._connect_weight_sync()
+
+    def _connect_weight_sync(self) -> None:
+        """(Re)build the broadcast group: learner rank 0 + every rollout engine, on a fresh port."""
+        port, backend = free_port(), "nccl" if self.cfg.cluster.gpus_per_rollout_worker else "gloo"
+        pending = self.rollout.init_weight_sync(HOST, port, backend, timeout_s=120)
+        ray.get(self.learner.init_weight_sync(HOST, port, len(self.rollout) + 1, 120) + pending)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict:
+        if self.step == 0:
+            self.before = self.evaluate()
+            self._write_json("eval_before.json", self.before)
+        else:
+            self.before = json.loads((self.run_dir / "eval_before.json").read_text())
+        while self.step < self.cfg.total_steps:
+            metrics = self.train_step()
+            self.step += 1
+            if self.cfg.eval.every_n_steps and self.step % self.cfg.eval.every_n_steps == 0 and self.step < self.cfg.total_steps:
+                metrics.update(self.evaluate())
+            self.tracker.log(self.step, metrics, self.cfg.total_steps)
+            every = self.cfg.checkpoint.every_n_steps
+            if (every and self.step % every == 0) or self.step == self.cfg.total_steps:
+                self.save()
+        after = self.evaluate()
+        self.tracker.log(self.step, after, self.cfg.total_steps)
+        self.tracker.log_table("eval/samples", self.samples)
+        self._write_json("eval_after.json", after)
+        print(summary_table(self.before, after), flush=True)
+        self.tracker.close()
+        return after
+
+    def train_step(self) -> dict[str, float]:
+        t: dict[str, float] = {}
+        with timed(t, "total"):
+            with timed(t, "generate"):
+                batch, examples = self.generate()
+            with timed(t, "score"):
+                scored = ray.get(self.scoring.score.remote(batch, [self._meta(e) for e in examples], self._temperature))
+            with timed(t, "update"):
+                stats = self.learner.update(batch, scored, self.step)
+            with timed(t, "sync"):
+                self.sync_weights()
+            kl_coef = self.learner.update_kl(stats["kl/ref"], len(batch))
+        tokens = sum(batch.response_lengths)
+        return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
+                "throughput/tokens_per_s": tokens / t["timing/total"], "throughput/samples_per_s": len(batch) / t["timing/total"]}
+
+    @property
+    def _temperature(self) -> float:
+        return self.cfg.rollout.sampling.temperature
+
+    def generate(self) -> tuple[RolloutBatch, list[dict]]:
+        """rollout_batch_size prompts' samples; prompts the engine skips are replaced (topped up),
+        so every step trains on the configured batch shape."""
+        want, parts, examples = self.cfg.data.rollout_batch_size, [], []
+        for _ in range(5):
+            need = want - sum(len(set(p.prompt_index)) for p in parts)
+            if need == 0:
+                break
+            new = [self.train[i] for i in self.sampler.next(need)]
+            part = offset(self._with_restarts(lambda: self.rollout.generate([e["prompt"] for e in new], self.step)), len(examples))
+            parts.append(part)
+            examples += new
+        batch = RolloutBatch.concat(parts)
+        if len(set(batch.prompt_index)) != want:
+            raise RuntimeError(f"step {self.step}: could not fill a batch of {want} usable prompts; see the skipped-prompt log")
+        return batch, examples
+
+    def _with_restarts(self, call):
+        """Run a rollout call; if a worker died, wait for Ray to restart it, push the current
+        weights to the pool again, and retry once."""
+        try:
+            return call()
+        except ray.exceptions.RayActorError as e:
+            self.counters["restarts/rollout"] += 1
+            log.warning("rollout worker died (%s); waiting for its restart and retrying the step", type(e).__name__)
+            self._await_rollout_workers()
+            self._connect_weight_sync()
+            self.sync_weights()
+            return call()
+
+    def _await_rollout_workers(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for w in self.rollout.workers:
+            while True:
+                try:
+                    ray.get(w.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1.0)
+
+    def sync_weights(self) -> None:
+        ray.get(self.rollout.receive_weights(self.buckets) + self.learner.send_weights(self.buckets))
+
+    def _meta(self, example: dict) -> dict:
+        return {"answer": example["answer"], **example["metadata"]}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, float]:
+        """Held-out prompts: greedy (accuracy) and sampled (reward, KL to the reference)."""
+        prompts = [e["prompt"] for e in self.held_out]
+        meta = [self._meta(e) for e in self.held_out]
+        greedy = self.rollout.generate(prompts, step=0, greedy=True)
+        g = ray.get(self.scoring.score.remote(greedy, meta, 1.0))
+        sampled = self.rollout.generate(prompts, step=0)
+        s = ray.get(self.scoring.score.remote(sampled, meta, self._temperature))
+        kl = [b - r for lp, ref in zip(sampled.logprobs, s.ref_logprobs) for b, r in zip(lp, ref)]
+        out = {k: v for k, v in batch_metrics(greedy, g, "eval/greedy/").items() if k.startswith("eval/greedy/reward")}
+        out.update({k: v for k, v in batch_metrics(sampled, s, "eval/sampled/").items()
+                    if k.startswith(("eval/sampled/reward/mean", "eval/sampled/reward/accuracy", "eval/sampled/response"))})
+        out["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)
+        self.samples = [{"prompt": str(p)[:60], "greedy": greedy.response_text[i], "reward": g.rewards[i]}
+                        for i, p in enumerate(prompts[: self.cfg.eval.num_samples_to_log])]
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        """runs/<name>/checkpoints/step_N, written as step_N.tmp then renamed."""
+        root = self.run_dir / "checkpoints"
+        final, tmp = root / f"step_{self.step}", root / f"step_{self.step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.learner.save(tmp / "learner")
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "counters": self.counters,
+                 "scoring": ray.get(self.scoring.state_dict.remote()), "config": to_dict(self.cfg)}
+        (tmp / "orchestrator.json").write_text(json.dumps(state))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in sorted(self._checkpoints())[: -self.cfg.checkpoint.keep_last]:
+            shutil.rmtree(old[1])
+        return final
+
+    def _checkpoints(self) -> list[tuple[int, Path]]:
+        root = self.run_dir / "checkpoints"
+        return sorted((int(p.name.split("_")[1]), p) for p in root.glob("step_*")
+                      if not p.name.endswith(".tmp") and (p / "orchestrator.json").exists()) if root.exists() else []
+
+    def _resume_path(self) -> Path | None:
+        resume = self.cfg.checkpoint.resume
+        if resume == "never":
+            return None
+        if resume == "auto":
+            found = self._checkpoints()
+            return found[-1][1] if found else None
+        return Path(resume)
+
+    def _load(self, path: Path) -> None:
+        state = json.loads((path / "orchestrator.json").read_text())
+        self.learner.load(path / "learner")
+        ray.get(self.scoring.load_state_dict.remote(state["scoring"]))
+        self.sampler.load_state_dict(state["sampler"])
+        self.step, self.counters = state["step"], state["counters"]
+        self.sync_weights()  # the engines start from the initial model: give them the restored one
+        print(f"relay: resumed from {path} at step {self.step}", flush=True)
+
+    def _write_json(self, name: str, data: dict) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / name).write_text(json.dumps(data, indent=1))
+
+    def shutdown(self) -> None:
+        self.rollout.shutdown()
+        self.learner.shutdown()
+        ray.kill(self.scoring)
+
+
+def summary_table(before: dict, after: dict) -> str:
+    rows = [("greedy accuracy", "eval/greedy/reward/accuracy"), ("greedy reward", "eval/greedy/reward/mean"),
+            ("sampled reward", "eval/sampled/reward/mean"), ("KL to reference (per token)", "eval/sampled/kl_ref"),
+            ("response length", "eval/sampled/response/length_mean")]
+    lines = ["", f"{'held-out':30s} {'before':>10s} {'after':>10s}", "-" * 52]
+    for label, key in rows:
+        if key in before or key in after:
+            lines.append(f"{label:30s} {before.get(key, float('nan')):10.3f} {after.get(key, float('nan')):10.3f}")
+    return "\n".join(lines)
