@@ -32,8 +32,9 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
 
 
 def sft(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int = 64, lr: float = 3e-3,
-        seed: int = 0, log_every: int = 0) -> list[float]:
-    """Train in place with AdamW and a linear decay; return the loss of every step."""
+        seed: int = 0, log_every: int = 0, stop=None, check_every: int = 100) -> list[float]:
+    """Train in place with AdamW and a linear decay; return the loss of every step.
+    `stop()`, asked every `check_every` steps, ends training early when it returns True."""
     ids, mask = encode_pairs(tokenizer, pairs)
     attention = (ids != tokenizer.pad_token_id).long()
     attention[:, 0] = 1
@@ -54,6 +55,12 @@ def sft(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: 
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
             print(f"sft step {step + 1}/{steps}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
+        if stop is not None and (step + 1) % check_every == 0:
+            model.eval()
+            done = stop()
+            model.train()
+            if done:
+                break
     model.eval()
     return losses
 

@@ -25,10 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 0
+    from orchestrator.data import DataError
+
     try:
         return args.func(args)
     except ConfigError as e:
         print(f"relay: config error: {e}", file=sys.stderr)
+        return 2
+    except DataError as e:
+        print(f"relay: data error: {e}", file=sys.stderr)
         return 2
 
 

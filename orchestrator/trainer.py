@@ -31,8 +31,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.run_dir = Path(cfg.run_root) / cfg.name
+        self.train, self.held_out, self.skipped_lines = load_split(cfg.data, cfg.seed)  # bad data fails first
         self.model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
-        self.train, self.held_out, self.skipped_lines = load_split(cfg.data, cfg.seed)
         self.sampler = PromptSampler(len(self.train), cfg.seed, cfg.data.shuffle)
         self.step = 0
         self.counters = {"restarts/rollout": 0, "restarts/scoring": 0, "data/skipped_lines": self.skipped_lines}

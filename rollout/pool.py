@@ -74,8 +74,10 @@ class RolloutPool:
     def wake_up(self) -> None:
         ray.get([w.wake_up.remote() for w in self.workers])
 
-    def shutdown(self) -> None:
-        ray.get([w.shutdown.remote() for w in self.workers])
+    def shutdown(self, timeout_s: float = 20.0) -> None:
+        """Ask each engine to stop, then end the actors whatever they answered: a wedged engine
+        must not hang the run's exit."""
+        ray.wait([w.shutdown.remote() for w in self.workers], num_returns=len(self.workers), timeout=timeout_s)
         for w in self.workers:
             ray.kill(w)
         self.workers = []
