@@ -30,7 +30,7 @@ class Tracker:
         self.file.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
-        if self.cfg.progress_bar and step % self.cfg.log_every == 0:
+        if self.cfg.progress_bar and step % self.cfg.log_every == 0 and "timing/total" in metrics:
             print(self.line(step, metrics, total_steps), flush=True)
 
     def line(self, step: int, m: dict[str, float], total_steps: int) -> str:
