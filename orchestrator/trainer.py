@@ -48,13 +48,17 @@ class Trainer:
     def _start_roles(self) -> None:
         c, cpus = self.cfg.cluster, (0 if self.cfg.cluster.colocate else 1)
         temperature = self.cfg.rollout.sampling.temperature
+        self.pg, place = placement(c)
         self.rollout = RolloutPool(self.cfg.rollout, self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
-                                   num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts)
+                                   num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
+                                   scheduling=place[: c.rollout_workers] if place else None)
         self.scoring = ray.remote(ScoringService).options(
-            num_cpus=cpus, max_restarts=c.max_restarts, max_task_retries=c.max_restarts).remote(self.cfg.reward, self.model_path)
+            num_cpus=cpus, max_restarts=c.max_restarts, max_task_retries=c.max_restarts,
+            **({"scheduling_strategy": place[-1]} if place else {})).remote(self.cfg.reward, self.model_path)
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path)
         self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, c.learner_ranks, self.cfg.seed, temperature,
-                                    self.cfg.rollout.sampling.n_samples_per_prompt, num_cpus=cpus, num_gpus=c.gpus_per_learner)
+                                    self.cfg.rollout.sampling.n_samples_per_prompt, num_cpus=cpus, num_gpus=c.gpus_per_learner,
+                                    scheduling=place[c.rollout_workers: -1] if place else None)
         ray.get(self.scoring.ready.remote())
         self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
         self._connect_weight_sync()
@@ -118,7 +122,8 @@ class Trainer:
             if need == 0:
                 break
             new = [self.train[i] for i in self.sampler.next(need)]
-            part = offset(self._with_restarts(lambda: self.rollout.generate([e["prompt"] for e in new], self.step)), len(examples))
+            prompts = [self._prompt(e) for e in new]
+            part = offset(self._with_restarts(lambda: self.rollout.generate(prompts, self.step)), len(examples))
             parts.append(part)
             examples += new
         batch = RolloutBatch.concat(parts)
@@ -154,13 +159,18 @@ class Trainer:
     def sync_weights(self) -> None:
         ray.get(self.rollout.receive_weights(self.buckets) + self.learner.send_weights(self.buckets))
 
+    def _prompt(self, example: dict):
+        """Text as is, or as one user message when the config asks for the chat template."""
+        p = example["prompt"]
+        return [{"role": "user", "content": p}] if self.cfg.data.apply_chat_template and isinstance(p, str) else p
+
     def _meta(self, example: dict) -> dict:
         return {"answer": example["answer"], **example["metadata"]}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts: greedy (accuracy) and sampled (reward, KL to the reference)."""
-        prompts = [e["prompt"] for e in self.held_out]
+        prompts = [self._prompt(e) for e in self.held_out]
         meta = [self._meta(e) for e in self.held_out]
         greedy = self.rollout.generate(prompts, step=0, greedy=True)
         g = ray.get(self.scoring.score.remote(greedy, meta, 1.0))
@@ -223,6 +233,28 @@ class Trainer:
         self.rollout.shutdown()
         self.learner.shutdown()
         ray.kill(self.scoring)
+        if self.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.pg)
+
+
+def placement(c):
+    """colocate: false -> one placement group with a bundle per actor (rollout workers, learner
+    ranks, then the scoring service), so each role holds its own CPUs/GPUs on any number of nodes.
+    colocate: true -> no group: actors reserve nothing and take turns on the same devices.
+    Returns (the group or None, a scheduling strategy per bundle or None)."""
+    if c.colocate:
+        return None, None
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundles = ([{"CPU": 1, "GPU": c.gpus_per_rollout_worker}] * c.rollout_workers
+               + [{"CPU": 1, "GPU": c.gpus_per_learner}] * c.learner_ranks + [{"CPU": 1}])
+    bundles = [{k: v for k, v in b.items() if v} for b in bundles]
+    pg = placement_group(bundles, strategy="PACK")
+    ray.get(pg.ready(), timeout=600)
+    return pg, [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(bundles))]
 
 
 def summary_table(before: dict, after: dict) -> str:

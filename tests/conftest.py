@@ -17,6 +17,14 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def policy(tmp_path_factory):
+    """relay's tiny starting policy: a GPT trained from scratch on 2-digit addition to ~50-75%."""
+    from orchestrator.tiny_policy import build_tiny_policy
+
+    return str(build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny"))
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     import ray
 

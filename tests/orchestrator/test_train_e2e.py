@@ -11,16 +11,10 @@ import pytest
 import ray
 
 from orchestrator.load_config import load_config
-from orchestrator.tiny_policy import build_tiny_policy
 from orchestrator.trainer import Trainer
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory):
-    return str(build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny"))
 
 
 def config(policy, root, preset="grpo_tiny_cpu", **over):
@@ -119,3 +113,10 @@ def test_a_malformed_data_line_is_reported_with_its_line_number(ray_cluster, tmp
     out = relay("train", "configs/grpo_tiny_cpu.yaml", "data.task=", f"data.train_files=[{data}]",
                 f"run_root={tmp_path}", "logging.wandb.mode=disabled")
     assert out.returncode == 2 and f"{data}:2: not valid JSON" in out.stderr
+
+
+def test_separate_placement_runs(ray_cluster, policy, tmp_path):
+    """colocate: false puts each actor in its own placement-group bundle (1 CPU each here)."""
+    train(config(policy, tmp_path, name="separate", total_steps=2, **{"cluster.colocate": "false"}))
+    rows = [r for r in metrics(tmp_path / "separate") if "timing/total" in r]
+    assert len(rows) == 2 and rows[-1]["rollout/logprob_gap"] < 1e-3
