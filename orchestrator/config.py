@@ -39,6 +39,8 @@ class DataConfig:
     eval_size: int = 64
     shuffle: bool = True
     on_bad_line: BadLinePolicy = BadLinePolicy.error
+    dynamic_sampling: bool = False  # GRPO/RLOO (DAPO): drop groups whose rewards are all equal, top up
+    dynamic_sampling_rounds: int = 4  # extra generate+score rounds per step before keeping some equal groups
 
 
 class WandbMode(str, Enum):

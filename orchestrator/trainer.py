@@ -99,7 +99,10 @@ class Trainer:
             with timed(t, "generate"):
                 batch, examples = self.generate()
             with timed(t, "score"):
-                scored = ray.get(self.scoring.score.remote(batch, [self._meta(e) for e in examples], self._temperature))
+                scored = self.score(batch, examples)
+            if self.cfg.data.dynamic_sampling:
+                with timed(t, "dynamic_sampling"):
+                    batch, examples, scored = self.keep_informative(batch, examples, scored)
             with timed(t, "update"):
                 stats = self.learner.update(batch, scored, self.step)
             with timed(t, "sync"):
@@ -113,10 +116,37 @@ class Trainer:
     def _temperature(self) -> float:
         return self.cfg.rollout.sampling.temperature
 
-    def generate(self) -> tuple[RolloutBatch, list[dict]]:
-        """rollout_batch_size prompts' samples; prompts the engine skips are replaced (topped up),
-        so every step trains on the configured batch shape."""
-        want, parts, examples = self.cfg.data.rollout_batch_size, [], []
+    def score(self, batch: RolloutBatch, examples: list[dict]):
+        return ray.get(self.scoring.score.remote(batch, [self._meta(e) for e in examples], self._temperature))
+
+    def keep_informative(self, batch: RolloutBatch, examples: list[dict], scored):
+        """Dynamic sampling (DAPO): groups whose rewards are all equal teach GRPO nothing; replace
+        them with fresh prompts, for up to dynamic_sampling_rounds extra rounds. If still short,
+        equal groups fill the rest, so the batch keeps its shape."""
+        want, kept, spare, skipped = self.cfg.data.rollout_batch_size, [], [], list(batch.skipped)
+        for round_ in range(self.cfg.data.dynamic_sampling_rounds + 1):
+            for j, example in enumerate(examples):
+                rows = [i for i, p in enumerate(batch.prompt_index) if p == j]
+                if rows:
+                    part = (batch.select(rows), scored.select(rows), example)
+                    (kept if len({scored.rewards[i] for i in rows}) > 1 else spare).append(part)
+            if len(kept) >= want or round_ == self.cfg.data.dynamic_sampling_rounds:
+                break
+            batch, examples = self.generate(want - len(kept))
+            scored = self.score(batch, examples)
+            skipped += batch.skipped
+        self.counters["rollout/dropped_groups"] = self.counters.get("rollout/dropped_groups", 0) + len(spare)
+        chosen = (kept + spare)[:want]
+        for j, (b, _, _) in enumerate(chosen):
+            b.prompt_index = [j] * len(b)
+        merged = RolloutBatch.concat([b for b, _, _ in chosen])
+        merged.skipped = skipped
+        return merged, [e for _, _, e in chosen], type(scored).concat([s for _, s, _ in chosen])
+
+    def generate(self, want: int | None = None) -> tuple[RolloutBatch, list[dict]]:
+        """`want` (default rollout_batch_size) prompts' samples; prompts the engine skips are
+        replaced (topped up), so every step trains on the configured batch shape."""
+        want, parts, examples = want or self.cfg.data.rollout_batch_size, [], []
         for _ in range(5):
             need = want - sum(len(set(p.prompt_index)) for p in parts)
             if need == 0:

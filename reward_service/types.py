@@ -14,3 +14,21 @@ class ScoredBatch:
     invalid: list[bool]  # (B,) some source could not score the sample
     ref_logprobs: list[list[float]]  # (B, ragged) reference-policy logprob of each response token
     metrics: dict[str, float] = field(default_factory=dict)  # reward/*: means, invalid_frac, timeouts
+
+    def select(self, rows: list[int]) -> ScoredBatch:
+        pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+        return ScoredBatch(pick(self.rewards), {k: pick(v) for k, v in self.components.items()}, pick(self.valid),
+                           pick(self.invalid), pick(self.ref_logprobs), dict(self.metrics))
+
+    @staticmethod
+    def concat(parts: list[ScoredBatch]) -> ScoredBatch:
+        """Join in order; metrics are those of the first part."""
+        out = ScoredBatch([], {k: [] for k in parts[0].components}, [], [], [], dict(parts[0].metrics))
+        for p in parts:
+            out.rewards += p.rewards
+            out.valid += p.valid
+            out.invalid += p.invalid
+            out.ref_logprobs += p.ref_logprobs
+            for k, v in p.components.items():
+                out.components[k] += v
+        return out

@@ -38,6 +38,12 @@ class RolloutBatch:
                 getattr(out, name).extend(getattr(b, name))
         return out
 
+    def select(self, rows: list[int]) -> RolloutBatch:
+        """The samples at `rows`, in that order (the skipped-prompt list is not carried over)."""
+        pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+        return RolloutBatch(pick(self.prompt_index), pick(self.prompt_ids), pick(self.response_ids), pick(self.logprobs),
+                            pick(self.response_text), pick(self.finish_reason))
+
     def padded(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Right-padded (response_ids (B, T) long, logprobs (B, T) float, mask (B, T) float)."""
         T = max(self.response_lengths, default=0)

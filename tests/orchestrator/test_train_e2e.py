@@ -12,6 +12,7 @@ import ray
 
 from orchestrator.load_config import load_config
 from orchestrator.trainer import Trainer
+from reward_service.rules import math_answer
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -120,3 +121,27 @@ def test_separate_placement_runs(ray_cluster, policy, tmp_path):
     train(config(policy, tmp_path, name="separate", total_steps=2, **{"cluster.colocate": "false"}))
     rows = [r for r in metrics(tmp_path / "separate") if "timing/total" in r]
     assert len(rows) == 2 and rows[-1]["rollout/logprob_gap"] < 1e-3
+
+
+def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp_path):
+    # a cool temperature makes all-correct groups common
+    cfg = config(policy, tmp_path, name="dynamic", total_steps=2,
+                 **{"data.dynamic_sampling": "true", "rollout.sampling.temperature": 0.3})
+    trainer = Trainer(cfg)
+    try:
+        batch, examples = trainer.generate()
+        scored = trainer.score(batch, examples)
+        equal = sum(len({r for r, p in zip(scored.rewards, batch.prompt_index) if p == j}) == 1 for j in range(16))
+        assert equal > 0
+        kept, kept_examples, kept_scored = trainer.keep_informative(batch, examples, scored)
+        assert len(kept) == len(batch) and len(kept_examples) == 16 and sorted(set(kept.prompt_index)) == list(range(16))
+        groups = [[r for r, p in zip(kept_scored.rewards, kept.prompt_index) if p == j] for j in range(16)]
+        informative = sum(len(set(g)) > 1 for g in groups)
+        assert informative >= 16 - equal  # at least as informative as before, usually all 16
+        assert trainer.counters["rollout/dropped_groups"] >= equal
+        for j, e in enumerate(kept_examples):  # every kept group still matches its own prompt's answer
+            rows = [i for i, p in enumerate(kept.prompt_index) if p == j]
+            want = [math_answer(kept.response_text[i], e["answer"]) for i in rows]
+            assert [kept_scored.components["math_answer"][i] for i in rows] == want
+    finally:
+        trainer.shutdown()
