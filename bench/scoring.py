@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification
 
+from bench.algorithms import median_ms
 from learner.tiny_gpt import char_tokenizer, init_tiny_gpt
 from reward_service.config import RewardSource, SourceKind
 from reward_service.reference import ReferenceModel
@@ -24,16 +23,6 @@ from reward_service.sources import build_source
 from rollout.types import RolloutBatch
 
 SHAPE = dict(n_embd=384, n_layer=5, n_head=6)
-
-
-def median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -61,9 +50,9 @@ def main() -> None:
         prompt_texts = tok.batch_decode(prompts)
         meta = [{"answer": "42"}] * B
         results = {
-            "reference_samples_per_s": B / median_s(lambda: ref.logprobs(batch), args.repeats),
-            "reward_model_samples_per_s": B / median_s(lambda: rm.score(prompt_texts, texts, meta), args.repeats),
-            "math_rule_samples_per_s": B / median_s(lambda: rule.score(prompt_texts, texts, meta), args.repeats),
+            "reference_samples_per_s": B / (1e-3 * median_ms(lambda: ref.logprobs(batch), args.repeats)),
+            "reward_model_samples_per_s": B / (1e-3 * median_ms(lambda: rm.score(prompt_texts, texts, meta), args.repeats)),
+            "math_rule_samples_per_s": B / (1e-3 * median_ms(lambda: rule.score(prompt_texts, texts, meta), args.repeats)),
         }
     for k, v in results.items():
         print(f"{k:28s} {v:12.1f}")

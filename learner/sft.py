@@ -6,7 +6,6 @@ accuracy) for the default demo and the end-to-end tests.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 

@@ -134,12 +134,12 @@ class Learner:
 
     def _reduce(self, sums: dict[str, float], n_mini: int) -> dict[str, float]:
         """Sum each metric over ranks, then average over mini-batches (each is a mini-batch mean)."""
+        sums.setdefault("learner/nonfinite_losses", 0.0)
         keys = sorted(sums)
         vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
         if self.world > 1:
             dist.all_reduce(vec)
-        out = {k: v / max(n_mini, 1) for k, v in zip(keys, vec.tolist())}
-        out["learner/nonfinite_losses"] = out.get("learner/nonfinite_losses", 0.0) * n_mini
+        out = {k: v if k == "learner/nonfinite_losses" else v / max(n_mini, 1) for k, v in zip(keys, vec.tolist())}
         out["learner/grad_norm"] = float(self.policy_engine.get_global_grad_norm() or 0.0)
         return out
 

@@ -153,7 +153,7 @@ class Trainer:
                 break
             new = [self.train[i] for i in self.sampler.next(need)]
             prompts = [self._prompt(e) for e in new]
-            part = offset(self._with_restarts(lambda: self.rollout.generate(prompts, self.step)), len(examples))
+            part = offset(self._with_restarts(lambda prompts=prompts: self.rollout.generate(prompts, self.step)), len(examples))
             parts.append(part)
             examples += new
         batch = RolloutBatch.concat(parts)

@@ -48,7 +48,7 @@ class RemoteReward:
         futures = {pool.submit(self._post, prompts[a:b], responses[a:b], metadata[a:b]): (a, b) for a, b in chunks}
         done, late = wait(futures, timeout=self.deadline_s)
         pool.shutdown(wait=False, cancel_futures=True)
-        for fut in late:
+        for _ in late:
             result.timeouts += 1
             result.errors.append(f"{self.url}: no answer within the {self.deadline_s:.1f} s deadline")
         for fut in done:

@@ -80,7 +80,8 @@ class RewardModelSource:
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         stats = Path(cfg.model_path) / REWARD_STATS_FILE
-        self.mean, self.std = (json.loads(stats.read_text()).values() if stats.exists() else (0.0, 1.0))
+        saved = json.loads(stats.read_text()) if stats.exists() else {"mean": 0.0, "std": 1.0}
+        self.mean, self.std = float(saved["mean"]), float(saved["std"])
         self.micro_batch_size = micro_batch_size
 
     @torch.no_grad()

@@ -3,7 +3,6 @@ LoRA, non-finite batches, and bit-identical resume."""
 import math
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
