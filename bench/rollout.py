@@ -7,8 +7,10 @@
    the same process layout and threads, same model, prompts and sampling; repeats interleaved,
    medians compared. Also a 2-worker pool.
 2. Weight sync: pool.receive_weights + send_weights (bucketed broadcast, then the engine's reload)
-   for GPT-2 models of ~1M, ~10M and ~100M parameters, against a raw gloo broadcast of the same
-   bytes as one flat tensor to the same number of receivers.
+   for models of ~1M, ~10M and ~100M parameters, against a raw gloo broadcast of the same bytes as
+   one flat tensor to the same number of receivers. Two layouts: Llama (what Qwen, Llama and
+   SmolLM2 share; its `"sync_ratio"` is the headline) and GPT-2, whose Conv1D weights vLLM's
+   loader must transpose on every load.
 Prints a table and a final JSON line.
 """
 from __future__ import annotations
@@ -23,12 +25,13 @@ from pathlib import Path
 import ray
 import torch
 
-from learner.tiny_gpt import init_tiny_gpt
+from learner.tiny_gpt import init_tiny_gpt, init_tiny_llama
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env, request_seed
 from rollout.pool import RolloutPool
 from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
 
+ARCHS = {"llama": init_tiny_llama, "gpt2": init_tiny_gpt}
 SIZES = {"1M": dict(n_embd=128, n_layer=4, n_head=4), "10M": dict(n_embd=384, n_layer=5, n_head=6),
          "100M": dict(n_embd=768, n_layer=14, n_head=12)}
 
@@ -109,8 +112,8 @@ def bench_generation(model: str, args) -> dict:
     return res
 
 
-def bench_sync(root: Path, size: str, workers: int, repeats: int, bucket_mb: int) -> dict:
-    model = str(init_tiny_gpt(root / f"gpt-{size}", n_positions=128, **SIZES[size]))
+def bench_sync(root: Path, arch: str, size: str, workers: int, repeats: int, bucket_mb: int) -> dict:
+    model = str(ARCHS[arch](root / f"{arch}-{size}", n_positions=128, **SIZES[size]))
     state = _state(model)
     params = sum(t.numel() for k, t in state.items() if k != "lm_head.weight")
     cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, sync_bucket_mb=bucket_mb)
@@ -176,16 +179,16 @@ def main() -> None:
                   f"pool {gen['tokens_per_s']:.0f} tok/s, bare vLLM {gen['bare_vllm_tokens_per_s']:.0f} tok/s, "
                   f"ratio {gen['ratio']:.3f}; 2 workers {gen['two_worker_tokens_per_s']:.0f} tok/s")
         sync = {}
-        for size in [] if args.skip_sync else SIZES:
-            sync[size] = bench_sync(root, size, args.sync_workers, args.repeats, args.bucket_mb)
-            s = sync[size]
-            print(f"sync {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) to {args.sync_workers} workers: "
+        for arch, size in [] if args.skip_sync else [(a, s) for a in ARCHS for s in SIZES]:
+            s = sync[f"{arch}-{size}"] = bench_sync(root, arch, size, args.sync_workers, args.repeats, args.bucket_mb)
+            print(f"sync {arch:>5} {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) to {args.sync_workers} workers: "
                   f"{s['sync_s'] * 1e3:8.1f} ms vs raw broadcast {s['raw_broadcast_s'] * 1e3:8.1f} ms, ratio {s['sync_ratio']:.2f}")
     ray.shutdown()
     out = {k: round(v, 3) for k, v in gen.items()}
     out["sync"] = {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in sync.items()}
-    if sync:
-        out["sync_ratio"] = round(max(v["sync_ratio"] for v in sync.values()), 3)
+    for arch in ARCHS if sync else []:
+        key = "sync_ratio" if arch == "llama" else f"sync_ratio_{arch}"
+        out[key] = round(max(v["sync_ratio"] for k, v in sync.items() if k.startswith(arch)), 3)
     print(json.dumps(out))
 
 

@@ -1,4 +1,4 @@
-"""A tiny GPT-2 with a character tokenizer, saved as a plain Hugging Face folder.
+"""Tiny GPT-2 and Llama models with a character tokenizer, saved as plain Hugging Face folders.
 
 relay trains these itself (SFT from scratch) for its fast end-to-end tests and the default CPU demo:
 they load in transformers and vLLM like any other checkpoint, and no hub download is involved.
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 # Chat messages are rendered as their contents, one per line: a tiny model has no roles to learn.
@@ -40,5 +40,22 @@ def init_tiny_gpt(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET, n_layer
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config)
     model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def init_tiny_llama(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET, n_layer: int = 2, n_embd: int = 128,
+                    n_head: int = 4, n_positions: int = 128, seed: int = 0) -> Path:
+    """Like init_tiny_gpt, in the Llama layout (RMSNorm, RoPE, SwiGLU; no Conv1D transposes) that
+    Qwen, Llama and SmolLM2 share: the architecture relay's real runs train."""
+    out = Path(out_dir)
+    tokenizer = char_tokenizer(alphabet)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=n_embd, intermediate_size=n_embd * 8 // 3 // 8 * 8,
+                         num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_head,
+                         max_position_embeddings=n_positions, bos_token_id=tokenizer.eos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

@@ -183,3 +183,30 @@ def test_sentinel_weight_sync_through_vllm_reload(ray_cluster, tiny_model, hf):
         assert_engines_follow(packed, changed, checksum=False)
     finally:
         packed.shutdown()
+
+
+def test_sentinel_weight_sync_llama_architecture(ray_cluster, tmp_path):
+    """The layout relay's real runs train (Qwen, Llama, SmolLM2): vLLM stacks q/k/v and gate/up into
+    fused parameters at load, so a bucketed sync must land in the right slices."""
+    from learner.tiny_gpt import init_tiny_llama
+
+    path = str(init_tiny_llama(tmp_path / "tiny-llama", n_layer=2, n_embd=128, n_head=4))  # CPU attention: head_dim >= 32
+    hf_llama = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llama = RolloutPool(make_cfg(), path, num_workers=1, seed=0, num_cpus=1)
+    try:
+        assert_engines_follow(llama, hf_llama)
+        changed = perturbed(hf_llama, seed=4)
+        before = llama.generate(PROMPTS, step=0, greedy=True)
+        assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
+        state = changed.state_dict()
+        buckets = plan_buckets(tensor_metas(state.items()), bucket_bytes=64 * 1024)
+        port = free_port()
+        joined = llama.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
+        group = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=60)
+        ray.get(joined)
+        receiving = llama.receive_weights(buckets)
+        send_weights(group, buckets, state.__getitem__)
+        assert ray.get(receiving) == [len(state)]
+        assert_engines_follow(llama, changed)
+    finally:
+        llama.shutdown()
