@@ -11,6 +11,8 @@
    one flat tensor to the same number of receivers. Two layouts: Llama (what Qwen, Llama and
    SmolLM2 share; its `"sync_ratio"` is the headline) and GPT-2, whose Conv1D weights vLLM's
    loader must transpose on every load.
+3. Start-up: seconds to a ready 1-worker pool with `enforce_eager` true and false (compiled: the
+   first start fills torch.compile's cache), and the tokens/s each then generates.
 Prints a table and a final JSON line.
 """
 from __future__ import annotations
@@ -112,6 +114,26 @@ def bench_generation(model: str, args) -> dict:
     return res
 
 
+def bench_startup(model: str, args) -> dict:
+    res = {}
+    for mode, eager in (("eager", True), ("compiled", False)):
+        cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, enforce_eager=eager,
+                            sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens))
+        start = time.perf_counter()
+        pool = RolloutPool(cfg, model, num_workers=1, seed=0, num_cpus=1)
+        res[f"{mode}_startup_s"] = time.perf_counter() - start
+        prompts = make_prompts(args.prompts)
+        pool.generate(prompts, step=0)  # warm-up
+        times, tokens = [], 0
+        for rep in range(args.repeats):
+            start = time.perf_counter()
+            tokens = sum(pool.generate(prompts, step=rep + 1).response_lengths)
+            times.append(time.perf_counter() - start)
+        res[f"{mode}_tokens_per_s"] = tokens / statistics.median(times)
+        pool.shutdown()
+    return res
+
+
 def bench_sync(root: Path, arch: str, size: str, workers: int, repeats: int, bucket_mb: int) -> dict:
     model = str(ARCHS[arch](root / f"{arch}-{size}", n_positions=128, **SIZES[size]))
     state = _state(model)
@@ -167,6 +189,7 @@ def main() -> None:
     p.add_argument("--packed-linear", action="store_true", help="pool without the CPU plain-linear fix")
     p.add_argument("--skip-sync", action="store_true")
     p.add_argument("--skip-gen", action="store_true")
+    p.add_argument("--skip-startup", action="store_true")
     p.add_argument("--bucket-mb", type=int, default=RolloutConfig.sync_bucket_mb)
     args = p.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -178,13 +201,17 @@ def main() -> None:
             print(f"generation ({args.gen_size} GPT-2, {args.prompts} prompts x {args.n} x <= {args.new_tokens} tokens): "
                   f"pool {gen['tokens_per_s']:.0f} tok/s, bare vLLM {gen['bare_vllm_tokens_per_s']:.0f} tok/s, "
                   f"ratio {gen['ratio']:.3f}; 2 workers {gen['two_worker_tokens_per_s']:.0f} tok/s")
+        startup = {} if args.skip_startup else bench_startup(gen_model, args)
+        if startup:
+            print(f"start-up: eager {startup['eager_startup_s']:.1f} s then {startup['eager_tokens_per_s']:.0f} tok/s; "
+                  f"compiled {startup['compiled_startup_s']:.1f} s then {startup['compiled_tokens_per_s']:.0f} tok/s")
         sync = {}
         for arch, size in [] if args.skip_sync else [(a, s) for a in ARCHS for s in SIZES]:
             s = sync[f"{arch}-{size}"] = bench_sync(root, arch, size, args.sync_workers, args.repeats, args.bucket_mb)
             print(f"sync {arch:>5} {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) to {args.sync_workers} workers: "
                   f"{s['sync_s'] * 1e3:8.1f} ms vs raw broadcast {s['raw_broadcast_s'] * 1e3:8.1f} ms, ratio {s['sync_ratio']:.2f}")
     ray.shutdown()
-    out = {k: round(v, 3) for k, v in gen.items()}
+    out = {k: round(v, 3) for k, v in gen.items() | startup.items()}
     out["sync"] = {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in sync.items()}
     for arch in ARCHS if sync else []:
         key = "sync_ratio" if arch == "llama" else f"sync_ratio_{arch}"

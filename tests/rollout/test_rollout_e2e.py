@@ -210,3 +210,18 @@ def test_sentinel_weight_sync_llama_architecture(ray_cluster, tmp_path):
         assert_engines_follow(llama, changed)
     finally:
         llama.shutdown()
+
+
+def test_sentinel_weight_sync_in_compiled_mode(ray_cluster, tiny_model, hf):
+    """enforce_eager=false: torch.compile'd graphs must read the parameters a sync writes."""
+    cfg = make_cfg()
+    cfg.enforce_eager = False
+    compiled = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=1)
+    try:
+        changed = perturbed(hf, seed=5)
+        before = compiled.generate(PROMPTS, step=0, greedy=True)
+        assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
+        compiled.load_weights(list(changed.state_dict().items()))
+        assert_engines_follow(compiled, changed)
+    finally:
+        compiled.shutdown()
