@@ -42,7 +42,10 @@ class Tracker:
                 f"acc {f('reward/accuracy', '.2f')}  kl {f('kl/ref', '.4f')}  entropy {f('learner/entropy', '.3f')}  "
                 f"len {f('response/length_mean', '.1f')}  {f('timing/total', '.1f')}s/step")
 
-    def log_table(self, name: str, rows: list[dict]) -> None:
+    def log_table(self, name: str, step: int, rows: list[dict]) -> None:
+        """To samples.jsonl in the run directory (a line per table), and to wandb as a Table."""
+        with (self.path.parent / "samples.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "table": name, "rows": rows}) + "\n")
         if self.wandb is not None and rows:
             import wandb
 

@@ -53,13 +53,13 @@ class Trainer:
                                    num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
                                    scheduling=place[: c.rollout_workers] if place else None)
         self.scoring = ray.remote(ScoringService).options(
-            num_cpus=cpus, max_restarts=c.max_restarts, max_task_retries=c.max_restarts,
+            num_cpus=cpus, max_restarts=c.max_restarts,  # retried by _score, which restores its state
             **({"scheduling_strategy": place[-1]} if place else {})).remote(self.cfg.reward, self.model_path)
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path)
         self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, c.learner_ranks, self.cfg.seed, temperature,
                                     self.cfg.rollout.sampling.n_samples_per_prompt, num_cpus=cpus, num_gpus=c.gpus_per_learner,
                                     scheduling=place[c.rollout_workers: -1] if place else None)
-        ray.get(self.scoring.ready.remote())
+        self._scoring_state = ray.get(self.scoring.state_dict.remote())
         self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
         self._connect_weight_sync()
 
@@ -74,22 +74,26 @@ class Trainer:
         if self.step == 0:
             self.before = self.evaluate()
             self._write_json("eval_before.json", self.before)
+            self.tracker.log_table("eval/samples", 0, self.samples)
         else:
             self.before = json.loads((self.run_dir / "eval_before.json").read_text())
+            self.reference_samples = json.loads((self.run_dir / "eval_reference_samples.json").read_text())
         while self.step < self.cfg.total_steps:
             metrics = self.train_step()
             self.step += 1
             if self.cfg.eval.every_n_steps and self.step % self.cfg.eval.every_n_steps == 0 and self.step < self.cfg.total_steps:
                 metrics.update(self.evaluate())
+                self.tracker.log_table("eval/samples", self.step, self.samples)
             self.tracker.log(self.step, metrics, self.cfg.total_steps)
             every = self.cfg.checkpoint.every_n_steps
             if (every and self.step % every == 0) or self.step == self.cfg.total_steps:
                 self.save()
         after = self.evaluate()
         self.tracker.log(self.step, after, self.cfg.total_steps)
-        self.tracker.log_table("eval/samples", self.samples)
+        self.tracker.log_table("eval/samples", self.step, self.samples)
         self._write_json("eval_after.json", after)
         print(summary_table(self.before, after), flush=True)
+        print(samples_table(self.samples), flush=True)
         self.tracker.close()
         return after
 
@@ -117,7 +121,23 @@ class Trainer:
         return self.cfg.rollout.sampling.temperature
 
     def score(self, batch: RolloutBatch, examples: list[dict]):
-        return ray.get(self.scoring.score.remote(batch, [self._meta(e) for e in examples], self._temperature))
+        return self._score(batch, [self._meta(e) for e in examples], self._temperature)
+
+    def _score(self, batch: RolloutBatch, meta: list[dict], temperature: float):
+        """Score on the service, keeping a copy of its state (the reward normaliser). If the actor
+        died, Ray restarts it (max_restarts): give it back that state and retry once."""
+        try:
+            scored, self._scoring_state = ray.get([self.scoring.score.remote(batch, meta, temperature),
+                                                   self.scoring.state_dict.remote()])
+            return scored
+        except ray.exceptions.RayActorError as e:
+            self.counters["restarts/scoring"] += 1
+            log.warning("scoring service died (%s); waiting for its restart and retrying", type(e).__name__)
+            _await_ready([self.scoring])
+            ray.get(self.scoring.load_state_dict.remote(self._scoring_state))
+            scored, self._scoring_state = ray.get([self.scoring.score.remote(batch, meta, temperature),
+                                                   self.scoring.state_dict.remote()])
+            return scored
 
     def keep_informative(self, batch: RolloutBatch, examples: list[dict], scored):
         """Dynamic sampling (DAPO): groups whose rewards are all equal teach GRPO nothing; replace
@@ -169,22 +189,10 @@ class Trainer:
         except ray.exceptions.RayActorError as e:
             self.counters["restarts/rollout"] += 1
             log.warning("rollout worker died (%s); waiting for its restart and retrying the step", type(e).__name__)
-            self._await_rollout_workers()
+            _await_ready(self.rollout.workers)
             self._connect_weight_sync()
             self.sync_weights()
             return call()
-
-    def _await_rollout_workers(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        for w in self.rollout.workers:
-            while True:
-                try:
-                    ray.get(w.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                    break
-                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(1.0)
 
     def sync_weights(self) -> None:
         ray.get(self.rollout.receive_weights(self.buckets) + self.learner.send_weights(self.buckets))
@@ -203,17 +211,30 @@ class Trainer:
         prompts = [self._prompt(e) for e in self.held_out]
         meta = [self._meta(e) for e in self.held_out]
         greedy = self.rollout.generate(prompts, step=0, greedy=True)
-        g = ray.get(self.scoring.score.remote(greedy, meta, 1.0))
+        g = self._score(greedy, meta, 1.0)
         sampled = self.rollout.generate(prompts, step=0)
-        s = ray.get(self.scoring.score.remote(sampled, meta, self._temperature))
+        s = self._score(sampled, meta, self._temperature)
         kl = [b - r for lp, ref in zip(sampled.logprobs, s.ref_logprobs) for b, r in zip(lp, ref)]
         out = {k: v for k, v in batch_metrics(greedy, g, "eval/greedy/").items() if k.startswith("eval/greedy/reward")}
         out.update({k: v for k, v in batch_metrics(sampled, s, "eval/sampled/").items()
                     if k.startswith(("eval/sampled/reward/mean", "eval/sampled/reward/accuracy", "eval/sampled/response"))})
         out["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)
-        self.samples = [{"prompt": str(p)[:60], "greedy": greedy.response_text[i], "reward": g.rewards[i]}
-                        for i, p in enumerate(prompts[: self.cfg.eval.num_samples_to_log])]
+        self.samples = self._sample_table(prompts, greedy, g)
         return out
+
+    def _sample_table(self, prompts: list, greedy: RolloutBatch, scored) -> list[dict]:
+        """The first held-out prompts, the current policy's greedy answer beside the reference
+        policy's. The reference answer is the step-0 one: at step 0 the policy is the reference
+        (unless reward.reference_model_path names another model)."""
+        rows = [{"prompt": str(prompts[j])[:60], "reference": None, "reference_reward": None,
+                 "policy": greedy.response_text[i], "reward": scored.rewards[i]}
+                for i, j in enumerate(greedy.prompt_index[: self.cfg.eval.num_samples_to_log])]
+        if self.step == 0:
+            self.reference_samples = {r["prompt"]: (r["policy"], r["reward"]) for r in rows}
+            self._write_json("eval_reference_samples.json", self.reference_samples)
+        for r in rows:
+            r["reference"], r["reference_reward"] = self.reference_samples.get(r["prompt"], (None, None))
+        return rows
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -250,6 +271,7 @@ class Trainer:
         state = json.loads((path / "orchestrator.json").read_text())
         self.learner.load(path / "learner")
         ray.get(self.scoring.load_state_dict.remote(state["scoring"]))
+        self._scoring_state = state["scoring"]
         self.sampler.load_state_dict(state["sampler"])
         self.step, self.counters = state["step"], state["counters"]
         self.sync_weights()  # the engines start from the initial model: give them the restored one
@@ -267,6 +289,20 @@ class Trainer:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.pg)
+
+
+def _await_ready(actors: list, timeout_s: float = 300.0) -> None:
+    """Wait until every actor answers (Ray is restarting the dead ones)."""
+    deadline = time.monotonic() + timeout_s
+    for actor in actors:
+        while True:
+            try:
+                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
 
 def placement(c):
@@ -295,4 +331,15 @@ def summary_table(before: dict, after: dict) -> str:
     for label, key in rows:
         if key in before or key in after:
             lines.append(f"{label:30s} {before.get(key, float('nan')):10.3f} {after.get(key, float('nan')):10.3f}")
+    return "\n".join(lines)
+
+
+def samples_table(rows: list[dict]) -> str:
+    """Held-out prompts with the reference policy's greedy answer and the trained policy's."""
+    def cell(text) -> str:
+        return repr(text if len(text) <= 24 else text[:21] + "...") if text is not None else "-"
+
+    lines = ["", f"{'prompt':26s} {'reference':28s} {'policy':28s}", "-" * 84]
+    for r in rows:
+        lines.append(f"{cell(r['prompt']):26s} {cell(r['reference']):28s} {cell(r['policy']):28s}")
     return "\n".join(lines)

@@ -25,15 +25,15 @@ def config(policy, root, preset="grpo_tiny_cpu", **over):
     return load_config(REPO / "configs" / f"{preset}.yaml", [f"{k}={v}" for k, v in (base | over).items()])
 
 
-def train(cfg, kill_worker_before_step=None):
+def train(cfg, kill_before_step=None, kill="rollout"):
     trainer = Trainer(cfg)
     try:
-        if kill_worker_before_step is None:
+        if kill_before_step is None:
             return trainer.run()
         trainer.before = trainer.evaluate()
         while trainer.step < cfg.total_steps:
-            if trainer.step == kill_worker_before_step:
-                ray.kill(trainer.rollout.workers[0], no_restart=False)  # Ray restarts it (max_restarts)
+            if trainer.step == kill_before_step:  # Ray restarts it (max_restarts)
+                ray.kill(trainer.rollout.workers[0] if kill == "rollout" else trainer.scoring, no_restart=False)
             trainer.tracker.log(trainer.step + 1, trainer.train_step(), cfg.total_steps)
             trainer.step += 1
         return trainer.counters
@@ -68,6 +68,12 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
         assert rows[-1]["loss/value"] is not None and rows[-1]["learner/explained_variance"] is not None
         assert rows[-1]["kl/coef"] != rows[0]["kl/coef"]  # the adaptive controller moved
     assert (tmp_path / preset / "checkpoints" / "step_6" / "learner" / "policy" / "model.safetensors").exists()
+    # sample tables: the reference policy's answer (step 0) beside the policy's, before and after
+    tables = [json.loads(line) for line in (tmp_path / preset / "samples.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in tables] == [0, 6]
+    first, last = tables[0]["rows"], tables[-1]["rows"]
+    assert len(last) == cfg.eval.num_samples_to_log and all(r["reference"] == r["policy"] for r in first)
+    assert [r["reference"] for r in last] == [r["policy"] for r in first]
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, tmp_path):
@@ -90,10 +96,23 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, t
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_run_completes(ray_cluster, policy, tmp_path):
-    counters = train(config(policy, tmp_path, name="restart", total_steps=3), kill_worker_before_step=1)
+    counters = train(config(policy, tmp_path, name="restart", total_steps=3), kill_before_step=1)
     assert counters["restarts/rollout"] == 1
     rows = [r for r in metrics(tmp_path / "restart") if "timing/total" in r]
     assert len(rows) == 3 and rows[-1]["rollout/logprob_gap"] < 1e-3  # the restarted engine got the weights
+
+
+def test_a_killed_scoring_service_is_restarted_with_its_state(ray_cluster, policy, tmp_path):
+    cfg = config(policy, tmp_path, name="restart_scoring", total_steps=3, **{"reward.normalization": "running"})
+    counters = train(cfg, kill_before_step=2, kill="scoring")
+    assert counters["restarts/scoring"] == 1 and counters["restarts/rollout"] == 0
+    rows = [r for r in metrics(tmp_path / "restart_scoring") if "timing/total" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["restarts/scoring"] == 1
+    # the running reward normaliser came back: after a fresh start it would have seen one batch, not three
+    uninterrupted = config(policy, tmp_path, name="no_restart", total_steps=3, **{"reward.normalization": "running"})
+    train(uninterrupted, kill_before_step=99)
+    want = [r for r in metrics(tmp_path / "no_restart") if "timing/total" in r]
+    assert rows[-1]["reward/mean"] == pytest.approx(want[-1]["reward/mean"], abs=1e-6)
 
 
 def relay(*args, timeout=120):
