@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import random
 
-TINY_TASKS = {"addition_2digit": (10, 99), "addition_3digit": (100, 999)}
+TINY_TASKS = {"addition_2digit": (10, 99), "addition_3digit": (100, 999),
+              # the same sums asked in words, for instruction-tuned models (SmolLM2-135M: ~12% greedy)
+              "chat_addition_2digit": (10, 99)}
 
 
 def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
@@ -16,7 +18,8 @@ def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
     out = []
     for _ in range(n):
         a, b = rng.randint(low, high), rng.randint(low, high)
-        out.append({"prompt": f"{a}+{b}=", "answer": str(a + b), "metadata": {}})
+        prompt = f"What is {a} + {b}? Answer with just the number." if name.startswith("chat_") else f"{a}+{b}="
+        out.append({"prompt": prompt, "answer": str(a + b), "metadata": {}})
     return out
 
 

@@ -16,7 +16,7 @@ from orchestrator.config import TrainConfig
 from orchestrator.data import PromptSampler, load_split
 from orchestrator.load_config import to_dict
 from orchestrator.phases import batch_metrics, offset, timed
-from orchestrator.tiny_policy import resolve_model_path
+from orchestrator.builtin_models import resolve_model_path
 from orchestrator.tracking import Tracker
 from reward_service.service import ScoringService
 from rollout.pool import RolloutPool
@@ -226,7 +226,7 @@ class Trainer:
         """The first held-out prompts, the current policy's greedy answer beside the reference
         policy's. The reference answer is the step-0 one: at step 0 the policy is the reference
         (unless reward.reference_model_path names another model)."""
-        rows = [{"prompt": str(prompts[j])[:60], "reference": None, "reference_reward": None,
+        rows = [{"prompt": _text(prompts[j])[:60], "reference": None, "reference_reward": None,
                  "policy": greedy.response_text[i], "reward": scored.rewards[i]}
                 for i, j in enumerate(greedy.prompt_index[: self.cfg.eval.num_samples_to_log])]
         if self.step == 0:
@@ -291,6 +291,11 @@ class Trainer:
             remove_placement_group(self.pg)
 
 
+def _text(prompt) -> str:
+    """A prompt for display: chat messages as their last message's content."""
+    return prompt[-1]["content"] if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else str(prompt)
+
+
 def _await_ready(actors: list, timeout_s: float = 300.0) -> None:
     """Wait until every actor answers (Ray is restarting the dead ones)."""
     deadline = time.monotonic() + timeout_s
@@ -339,7 +344,11 @@ def samples_table(rows: list[dict]) -> str:
     def cell(text) -> str:
         return repr(text if len(text) <= 24 else text[:21] + "...") if text is not None else "-"
 
-    lines = ["", f"{'prompt':26s} {'reference':28s} {'policy':28s}", "-" * 84]
+    def reward(value) -> str:
+        return f"{value:6.2f}" if value is not None else "     -"
+
+    lines = ["", f"{'prompt':26s} {'reference':28s} {'reward':>6s}  {'policy':28s} {'reward':>6s}", "-" * 100]
     for r in rows:
-        lines.append(f"{cell(r['prompt']):26s} {cell(r['reference']):28s} {cell(r['policy']):28s}")
+        lines.append(f"{cell(r['prompt']):26s} {cell(r['reference']):28s} {reward(r['reference_reward'])}  "
+                     f"{cell(r['policy']):28s} {reward(r['reward'])}")
     return "\n".join(lines)

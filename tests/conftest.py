@@ -19,7 +19,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def policy(tmp_path_factory):
     """relay's tiny starting policy: a GPT trained from scratch on 2-digit addition to ~50-75%."""
-    from orchestrator.tiny_policy import build_tiny_policy
+    from orchestrator.builtin_models import build_tiny_policy
 
     return str(build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny"))
 

