@@ -143,7 +143,7 @@ def bench_sync(root: Path, arch: str, size: str, workers: int, repeats: int, buc
     buckets = plan_buckets(tensor_metas(state.items()), cfg.sync_bucket_mb << 20)
     port = free_port()
     joined = pool.init_weight_sync("127.0.0.1", port, "gloo")
-    group = SyncGroup("127.0.0.1", port, 0, workers + 1, "gloo")
+    group = SyncGroup("127.0.0.1", port, 0, pool.sync_world_size, "gloo")
     ray.get(joined)
     receivers = [ray.remote(RawReceiver).options(num_cpus=0).remote() for _ in range(workers)]
     raw_port = free_port()

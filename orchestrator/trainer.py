@@ -67,7 +67,7 @@ class Trainer:
         """(Re)build the broadcast group: learner rank 0 + every rollout engine, on a fresh port."""
         port, backend = free_port(), "nccl" if self.cfg.cluster.gpus_per_rollout_worker else "gloo"
         pending = self.rollout.init_weight_sync(HOST, port, backend, timeout_s=120)
-        ray.get(self.learner.init_weight_sync(HOST, port, len(self.rollout) + 1, 120) + pending)
+        ray.get(self.learner.init_weight_sync(HOST, port, self.rollout.sync_world_size, 120) + pending)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:

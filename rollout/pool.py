@@ -12,6 +12,13 @@ from rollout.weight_sync import TensorMeta
 from rollout.worker import RolloutWorker
 
 
+def sync_ranks(num_workers: int, tensor_parallel_size: int) -> tuple[int, list[int]]:
+    """Weight-sync group layout: rank 0 is the sender; engine i's TP workers hold ranks
+    first_rank[i] .. first_rank[i] + tp - 1, since every TP worker receives the full tensors and
+    loads its own shard. Returns (world size, first rank of each engine)."""
+    return 1 + num_workers * tensor_parallel_size, [1 + i * tensor_parallel_size for i in range(num_workers)]
+
+
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     """[start, end) of `parts` contiguous shards of n items, sizes differing by at most one."""
     base, extra = divmod(n, parts)
@@ -29,6 +36,7 @@ class RolloutPool:
                  sleep_mode: bool = False, scheduling: list | None = None):
         """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles)."""
         self.model_path = model_path
+        self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
         env = engine_env(cfg, threads)
         self.workers = []
@@ -51,11 +59,15 @@ class RolloutPool:
         futures = [w.generate.remote(prompts[s:e], step, s, greedy, sampling) for w, s, e in shards]
         return RolloutBatch.concat(ray.get(futures))
 
+    @property
+    def sync_world_size(self) -> int:
+        return sync_ranks(len(self.workers), self.tensor_parallel_size)[0]
+
     def init_weight_sync(self, host: str, port: int, backend: str, timeout_s: float = 300.0) -> list:
-        """Start every worker's side of the group (ranks 1..N); the sender must join as rank 0 while
-        these are pending. Returns the futures to wait on after the sender has joined."""
-        world = len(self.workers) + 1
-        return [w.init_weight_sync.remote(host, port, i + 1, world, backend, timeout_s) for i, w in enumerate(self.workers)]
+        """Start every engine's side of the group (ranks 1..sync_world_size-1); the sender must join
+        as rank 0 while these are pending. Returns the futures to wait on after the sender has joined."""
+        world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
+        return [w.init_weight_sync.remote(host, port, r, world, backend, timeout_s) for w, r in zip(self.workers, first)]
 
     def receive_weights(self, buckets: list[list[TensorMeta]]) -> list:
         """Start every worker's receive; the sender broadcasts while these are pending."""

@@ -16,8 +16,9 @@ log = logging.getLogger(__name__)
 
 
 class WorkerExtension:
-    def relay_init_sync(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-        self._relay_group = SyncGroup(host, port, rank, world_size, backend, timeout_s)
+    def relay_init_sync(self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        # self.rank: this worker's rank inside its engine (0..TP*PP-1)
+        self._relay_group = SyncGroup(host, port, first_rank + self.rank, world_size, backend, timeout_s)
 
     def relay_receive_weights(self, buckets: list[list[TensorMeta]], direct: bool) -> int:
         """Receive one full broadcast and load it; returns the number of tensors loaded.

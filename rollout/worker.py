@@ -61,8 +61,10 @@ class RolloutWorker:
         return batch
 
     # ---- weights: see rollout/weight_sync.py for the protocol
-    def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
-        self.llm.collective_rpc("relay_init_sync", args=(host, port, rank, world_size, backend, timeout_s))
+    def init_weight_sync(self, host: str, port: int, first_rank: int, world_size: int, backend: str,
+                         timeout_s: float = 300.0) -> None:
+        """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
+        self.llm.collective_rpc("relay_init_sync", args=(host, port, first_rank, world_size, backend, timeout_s))
 
     def receive_weights(self, buckets: list[list[TensorMeta]]) -> int:
         loaded = self.llm.collective_rpc("relay_receive_weights", args=(buckets, self.direct_load))[0]

@@ -41,7 +41,7 @@ def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero):
         assert len(buckets) > 1
         port = free_port()
         joining = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
-        ray.get(group.init_weight_sync("127.0.0.1", port, len(pool) + 1, 60) + joining)
+        ray.get(group.init_weight_sync("127.0.0.1", port, pool.sync_world_size, 60) + joining)
         receiving = pool.receive_weights(buckets)
         ray.get(group.send_weights(buckets) + receiving)
         after = pool.generate(PROMPTS, step=0, greedy=True)

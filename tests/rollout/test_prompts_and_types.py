@@ -6,7 +6,7 @@ import torch
 
 from learner.tiny_gpt import char_tokenizer
 from rollout.config import PromptOverflow
-from rollout.pool import split_evenly
+from rollout.pool import split_evenly, sync_ranks
 from rollout.prompts import PromptError, encode_prompt
 from rollout.types import RolloutBatch
 from rollout.weight_sync import SyncGroup, TensorMeta, free_port, plan_buckets, receive_weights, send_weights, tensor_metas
@@ -59,6 +59,14 @@ def test_batch_concat_and_padding():
     assert ids.tolist() == [[5, 6, 0], [7, 0, 0], [8, 9, 10]]
     assert mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
     assert torch.allclose(lps, torch.tensor([[-0.1, -0.2, 0], [-0.3, 0, 0], [-1.0, -2.0, -3.0]]))
+
+
+def test_sync_ranks_give_every_tensor_parallel_worker_its_own_rank():
+    assert sync_ranks(2, 1) == (3, [1, 2])
+    # 3 engines of TP 4: sender 0, then engine i's workers at 1+4i .. 4+4i; no rank shared or skipped
+    world, first = sync_ranks(3, 4)
+    assert world == 13 and first == [1, 5, 9]
+    assert sorted(f + tp for f in first for tp in range(4)) == list(range(1, world))
 
 
 def test_split_evenly():

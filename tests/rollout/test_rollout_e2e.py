@@ -150,7 +150,7 @@ def test_sentinel_weight_sync_over_a_process_group(pool, hf):
     assert len(buckets) > 2
     port = free_port()
     joined = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
-    group = SyncGroup("127.0.0.1", port, 0, len(pool) + 1, "gloo", timeout_s=60)
+    group = SyncGroup("127.0.0.1", port, 0, pool.sync_world_size, "gloo", timeout_s=60)
     ray.get(joined)
     receiving = pool.receive_weights(buckets)
     send_weights(group, buckets, state.__getitem__)
