@@ -289,3 +289,16 @@ class AdaptiveKLController:
 
     def load_state_dict(self, state: dict) -> None:
         self.value, self.target, self.horizon = float(state["value"]), float(state["target"]), int(state["horizon"])
+
+
+# ----------------------------------------------------------------------------- SFT and reward models
+def sft_loss_sum(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """Summed next-token negative log-likelihood over the masked (response) targets.
+    logits (B, T, V) for input_ids (B, T); loss_mask (B, T-1) marks targets input_ids[:, 1:]."""
+    return -masked_sum(logprobs_from_logits(logits[:, :-1], input_ids[:, 1:]), loss_mask)
+
+
+def bradley_terry_loss(chosen: Tensor, rejected: Tensor, margin: float = 0.0) -> Tensor:
+    """Per-pair reward-model loss -log sigmoid(r_chosen - r_rejected - margin) (Ouyang et al. 2022;
+    the margin as in Llama 2)."""
+    return -torch.nn.functional.logsigmoid(chosen - rejected - margin)

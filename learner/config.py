@@ -102,3 +102,14 @@ class LearnerConfig:
     critic_lr: float = 1e-5
     lora: LoraConfig = field(default_factory=LoraConfig)
     threads: int = 0  # torch threads per rank; 0 = share the machine's cores among overlapping processes
+
+
+@dataclass
+class SupervisedTrainConfig:
+    """How `relay sft` and `relay rm` train (the learner ranks receive this section)."""
+    steps: int = 200  # optimizer steps
+    batch_size: int = 32  # sequences (SFT) or preference pairs (RM) per optimizer step
+    micro_batch_size: int = 32  # per forward/backward on one rank
+    max_length: int = 256  # tokens; longer samples are skipped and counted
+    eval_every: int = 50  # steps between held-out evaluations (and at the end)
+    margin: float = 0.0  # RM only: -log sigmoid(r_chosen - r_rejected - margin)

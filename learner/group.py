@@ -12,22 +12,31 @@ from learner.worker import Learner
 from rollout.weight_sync import free_port
 
 
+def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                threads: int = 0, scheduling: list | None = None) -> list:
+    """One Ray actor per DeepSpeed rank, `actor_cls(*make_args(rank, port, threads))`, all ready."""
+    port = free_port()
+    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    ranks = []
+    for rank in range(world_size):
+        options = {"num_cpus": num_cpus, "num_gpus": num_gpus,
+                   "runtime_env": {"env_vars": {"DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
+                                                "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}}}
+        if scheduling:
+            options["scheduling_strategy"] = scheduling[rank]
+        ranks.append(ray.remote(actor_cls).options(**options).remote(*make_args(rank, port, threads)))
+    ray.get([r.ready.remote() for r in ranks])
+    return ranks
+
+
 class LearnerGroup:
     def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, world_size: int, seed: int, temperature: float,
                  group_size: int, num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0,
                  scheduling: list | None = None):
-        port = free_port()
-        threads = threads or cfg.threads or max(1, (os.cpu_count() or 1) // world_size)
-        self.ranks = []
-        for rank in range(world_size):
-            options = dict(num_cpus=num_cpus, num_gpus=num_gpus,
-                           runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
-                                                     "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}})
-            if scheduling:
-                options["scheduling_strategy"] = scheduling[rank]
-            self.ranks.append(ray.remote(Learner).options(**options).remote(
-                cfg, algo, rank, world_size, "127.0.0.1", port, seed, temperature, group_size, threads))
-        ray.get([r.ready.remote() for r in self.ranks])
+        self.ranks = start_ranks(
+            Learner, world_size,
+            lambda rank, port, threads: (cfg, algo, rank, world_size, "127.0.0.1", port, seed, temperature, group_size, threads),
+            num_cpus, num_gpus, threads or cfg.threads, scheduling)
 
     def _all(self, method: str, *args):
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])

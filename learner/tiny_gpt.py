@@ -29,11 +29,29 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def train_bpe_tokenizer(texts, vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `texts` with `tokenizers` (ids 0-2: pad, eos, unk)."""
+    from tokenizers import pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+                                        bos_token=EOS, clean_up_tokenization_spaces=False)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
 def init_tiny_gpt(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET, n_layer: int = 2, n_embd: int = 128,
-                  n_head: int = 4, n_positions: int = 128, seed: int = 0) -> Path:
-    """Write a randomly initialised tiny GPT-2 and its tokenizer to `out_dir`; return the path."""
+                  n_head: int = 4, n_positions: int = 128, seed: int = 0,
+                  tokenizer: PreTrainedTokenizerFast | None = None) -> Path:
+    """Write a randomly initialised tiny GPT-2 and its tokenizer (default: characters of
+    `alphabet`) to `out_dir`; return the path."""
     out = Path(out_dir)
-    tokenizer = char_tokenizer(alphabet)
+    tokenizer = tokenizer or char_tokenizer(alphabet)
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
                         n_head=n_head, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)

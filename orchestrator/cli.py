@@ -10,13 +10,6 @@ from orchestrator.load_config import ConfigError, load_config, to_yaml
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "grpo_tiny_cpu.yaml"
 
-# Subcommands whose issue has not landed yet: name -> what is coming.
-COMING = {
-    "sft": "supervised fine-tuning (issue 7)",
-    "rm": "reward-model training (issue 7)",
-    "pipeline": "the SFT -> RM -> PPO pipeline (issue 7)",
-    "eval": "policy-vs-reference evaluation report (issue 7)",
-}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,10 +50,35 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve_reward)
 
-    for name, what in COMING.items():
-        stub = sub.add_parser(name, help=f"{what} [not yet implemented]")
-        stub.add_argument("rest", nargs="*")
-        stub.set_defaults(func=lambda a, name=name, what=what: _not_yet(name, what))
+    for name, what in (("sft", "supervised fine-tuning: response-only loss, from scratch or pretrained"),
+                       ("rm", "reward model: Bradley-Terry on preference pairs"),
+                       ("pipeline", "SFT -> RM -> PPO, each stage feeding the next")):
+        stage = sub.add_parser(name, help=what)
+        _config_args(stage, default=None)
+        stage.set_defaults(func=_stage, stage=name)
+
+    ev = sub.add_parser("eval", help="policy vs reference on held-out prompts: report.md, report.json, curves")
+    ev.add_argument("checkpoint", help="a model folder, or a checkpoint directory (runs/<name>/checkpoints/step_N)")
+    ev.add_argument("--reference", required=True, help="the reference policy's model folder")
+    ev.add_argument("--config", default=str(DEFAULT_CONFIG), help="held-out data, rewards and sampling")
+    ev.add_argument("--reward-model", default="", help="for the win rate (default: the config's reward_model source)")
+    ev.add_argument("--run", default="", help="run directory to plot (default: the one holding the checkpoint)")
+    ev.add_argument("--out", default="", help="report directory (default: <checkpoint>/eval)")
+    ev.add_argument("overrides", nargs="*", help="key=value overrides of the config")
+    ev.set_defaults(func=_eval)
+
+    plot = sub.add_parser("plot", help="PNG curves of a run (reward, KL, entropy, length, kl_coef)")
+    plot.add_argument("run_dir")
+    plot.add_argument("--out", default="", help="default: <run_dir>/curves.png")
+    plot.set_defaults(func=_plot)
+
+    data = sub.add_parser("data", help="write demonstrations or preference pairs from a task, as JSONL")
+    data.add_argument("kind", choices=["demos", "prefs"])
+    data.add_argument("--task", required=True, help="addition_2digit, chat_addition_2digit or a reasoning-gym task")
+    data.add_argument("--n", type=int, default=1000)
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--out", required=True)
+    data.set_defaults(func=_data)
     return p
 
 
@@ -114,9 +132,47 @@ def _serve_reward(args) -> int:
     return 0
 
 
-def _not_yet(name: str, what: str) -> int:
-    print(f"relay {name}: not yet implemented — {what}.", file=sys.stderr)
-    return 2
+def _stage(args) -> int:
+    from orchestrator.config import PipelineConfig, StageConfig
+
+    path, overrides = _split(args)
+    if args.stage == "pipeline":
+        cfg = load_config(path, overrides, root=PipelineConfig)
+        print(to_yaml(cfg), end="", flush=True)
+        from orchestrator.pipeline import run_pipeline
+
+        run_pipeline(cfg)
+        return 0
+    cfg = load_config(path, overrides, root=StageConfig)
+    print(to_yaml(cfg), end="", flush=True)
+    from orchestrator.stages import run_stage
+
+    run_stage(cfg, args.stage)
+    return 0
+
+
+def _eval(args) -> int:
+    from orchestrator.evaluate import evaluate_checkpoint
+
+    cfg = load_config(args.config, args.overrides)
+    evaluate_checkpoint(cfg, args.checkpoint, args.reference, args.out or str(Path(args.checkpoint) / "eval"),
+                        args.reward_model, args.run)
+    return 0
+
+
+def _plot(args) -> int:
+    from orchestrator.evaluate import plot_run
+
+    print(plot_run(args.run_dir, args.out or str(Path(args.run_dir) / "curves.png")))
+    return 0
+
+
+def _data(args) -> int:
+    from orchestrator.datagen import demonstrations, preferences, write_jsonl
+
+    rows = (demonstrations if args.kind == "demos" else preferences)(args.task, args.n, args.seed)
+    print(f"relay data: {len(rows)} rows -> {write_jsonl(rows, args.out)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Every field is documented once, here or in the section's own module.
 from dataclasses import dataclass, field
 from enum import Enum
 
-from learner.config import AlgorithmConfig, LearnerConfig
+from learner.config import AlgorithmConfig, LearnerConfig, SupervisedTrainConfig
 from reward_service.config import RewardConfig
 from rollout.config import RolloutConfig
 
@@ -92,3 +92,56 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+@dataclass
+class SupervisedDataConfig:
+    """Demonstrations (prompt, response) for `relay sft`, preference pairs (prompt, chosen, rejected)
+    for `relay rm`: JSONL/Parquet files, or generated from a task (see orchestrator/datagen.py)."""
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)  # empty: hold out eval_size examples of the train set
+    task: str = ""  # generate the set from this task instead of files (written to the run directory)
+    task_size: int = 2000
+    eval_size: int = 200
+    prompt_key: str = "prompt"  # plain text or a list of chat messages
+    response_key: str = "response"
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    apply_chat_template: bool = False
+    on_bad_line: BadLinePolicy = BadLinePolicy.error
+
+
+@dataclass
+class ScratchModelConfig:
+    """The model `relay sft` builds when learner.model_path is empty: a GPT-2 from config alone."""
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    n_positions: int = 256
+    tokenizer: str = "char"  # char (one token per character) or bpe (trained on the training text)
+    vocab_size: int = 512  # bpe only
+
+
+@dataclass
+class StageConfig:
+    """`relay sft CONFIG` and `relay rm CONFIG`."""
+    name: str = "stage"  # run directory: runs/<name>; the model goes to runs/<name>/model
+    seed: int = 0
+    run_root: str = "runs"
+    learner_ranks: int = 1
+    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(model_path="", lr=1e-4))
+    scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
+    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+@dataclass
+class PipelineConfig:
+    """`relay pipeline CONFIG`: SFT -> RM -> PPO. Each stage's output feeds the next by path: the RM
+    starts from the SFT model, PPO's policy is the SFT model, its reward and critic the RM."""
+    name: str = "pipeline"
+    run_root: str = "runs"
+    sft: StageConfig = field(default_factory=StageConfig)
+    rm: StageConfig = field(default_factory=StageConfig)
+    ppo: TrainConfig = field(default_factory=lambda: TrainConfig(learner=LearnerConfig(model_path="")))  # paths: filled in

@@ -18,7 +18,7 @@ class DataError(ValueError):
     """A bad example in a data file, named by file and line."""
 
 
-def _records(path: Path):
+def read_records(path: Path):
     """(line number, record or the parse error) for each non-empty line/row."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -59,7 +59,7 @@ def load_examples(files: list[str], cfg: DataConfig) -> tuple[list[dict], int]:
         path = Path(name)
         if not path.exists():
             raise DataError(f"{path}: no such data file")
-        for line, record in _records(path):
+        for line, record in read_records(path):
             try:
                 examples.append(_example(record, cfg))
             except DataError as e:

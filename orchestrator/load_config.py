@@ -14,19 +14,21 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from orchestrator.config import TrainConfig
-from orchestrator.validate import validate, validate_reward
+from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
+from orchestrator.validate import validate, validate_pipeline, validate_reward, validate_stage
 
 SECTION_CHECKS = {"reward": validate_reward}
+ROOT_CHECKS = {TrainConfig: validate, StageConfig: validate_stage, PipelineConfig: validate_pipeline}
 
 
 class ConfigError(ValueError):
     """A config problem, reported as one line: `<where>: <key>: <what is wrong>`."""
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), section: str = ""):
-    """The validated TrainConfig; with `section` (e.g. "reward"), only that section, checked alone,
-    for commands that need nothing else from the file."""
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), section: str = "", root=TrainConfig):
+    """The validated config tree of type `root` (TrainConfig for `relay train`, StageConfig for
+    sft/rm, PipelineConfig); with `section` (e.g. "reward"), only that section, checked alone, for
+    commands that need nothing else from the file."""
     path = Path(path)
     text = _read(path)
     try:
@@ -42,15 +44,15 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), s
     def in_file(key: str) -> str:
         return _where_in_file(path, text, key)
 
-    _check_tree(data, TrainConfig, "", in_file)
-    cfg = _merge(OmegaConf.structured(TrainConfig), OmegaConf.create(data), in_file)
+    _check_tree(data, root, "", in_file)
+    cfg = _merge(OmegaConf.structured(root), OmegaConf.create(data), in_file)
     from_cli: dict[str, str] = {}
     for item in overrides:
         key, eq, value = (part.strip() for part in item.partition("="))
         where = f"command line {item!r}"
         if not eq or not key:
             raise ConfigError(f"{where}: overrides are key=value")
-        _check_path(key, lambda _k, where=where: where)
+        _check_path(key, lambda _k, where=where: where, root)
         from_cli[key] = item
         try:
             OmegaConf.update(cfg, key, yaml.safe_load(value) if value else "", merge=True)
@@ -61,7 +63,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), s
     except MissingMandatoryValue as e:
         raise ConfigError(f"{path}: {e.full_key}: required, but no value was given") from None
 
-    for key, problem in (SECTION_CHECKS[section](tree) if section else validate(tree)):
+    for key, problem in (SECTION_CHECKS[section](tree) if section else ROOT_CHECKS[root](tree)):
         where = f"command line {from_cli[key]!r}" if key in from_cli else in_file(key)
         raise ConfigError(f"{where}: {key}: {problem}")
     return tree
@@ -114,9 +116,9 @@ def _check_tree(node, cls, prefix: str, where) -> None:
                 _merge(OmegaConf.structured(item_cls), OmegaConf.create(item or {}), where, prefix=f"{key}.{i}.")
 
 
-def _check_path(key: str, where) -> None:
+def _check_path(key: str, where, root=TrainConfig) -> None:
     """A dotted override key must name a field (list elements by index)."""
-    cls, done = TrainConfig, []
+    cls, done = root, []
     for part in key.split("."):
         if cls is None:
             break

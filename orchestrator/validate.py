@@ -19,6 +19,27 @@ def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from _cluster(cfg)
 
 
+def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """relay sft / relay rm."""
+    t, d = cfg.train, cfg.data
+    if not d.task and not d.train_files:
+        yield f"{prefix}data.train_files", "give data files, or data.task to generate the set"
+    if t.batch_size % (t.micro_batch_size * cfg.learner_ranks):
+        yield (f"{prefix}train.batch_size", f"must be a multiple of train.micro_batch_size x learner_ranks "
+               f"({t.micro_batch_size} x {cfg.learner_ranks}), got {t.batch_size}")
+    for key in ("steps", "batch_size", "micro_batch_size", "max_length", "eval_every"):
+        if getattr(t, key) < 1:
+            yield f"{prefix}train.{key}", f"must be >= 1, got {getattr(t, key)}"
+    if cfg.scratch.tokenizer not in ("char", "bpe"):
+        yield f"{prefix}scratch.tokenizer", f"must be char or bpe, got {cfg.scratch.tokenizer!r}"
+
+
+def validate_pipeline(cfg) -> Iterator[tuple[str, str]]:
+    """The stages; the PPO section is checked once the earlier stages have given it its paths."""
+    yield from validate_stage(cfg.sft, "sft.")
+    yield from validate_stage(cfg.rm, "rm.")
+
+
 def validate_reward(reward) -> Iterator[tuple[str, str]]:
     """For commands that use the reward section alone (relay serve-reward)."""
     yield from _rewards(reward)

@@ -283,3 +283,21 @@ def test_micro_batch_losses_with_the_global_total_add_up_to_the_global_loss():
     assert close(A.aggregate(x[:1], m[:1], "token_mean", 3.0) + A.aggregate(x[1:], m[1:], "token_mean", 3.0), 2.0)
     # seq_mean with 2 sequences: 1.5 / 2 + 3 / 2 = 2.25
     assert close(A.aggregate(x[:1], m[:1], "seq_mean", 2.0) + A.aggregate(x[1:], m[1:], "seq_mean", 2.0), 2.25)
+
+
+def test_bradley_terry_hand_example():
+    # r_c - r_r = 1: -log sigmoid(1) = log(1 + e^-1) = 0.31326; equal rewards: log 2 = 0.69315
+    # margin 1 on a gap of 1 is like a gap of 0
+    loss = A.bradley_terry_loss(t([1.0, 0.5, 2.0]), t([0.0, 0.5, 1.0]), margin=0.0)
+    assert close(loss, t([0.31326, 0.69315, 0.31326]))
+    assert close(A.bradley_terry_loss(t([2.0]), t([1.0]), margin=1.0), t([0.69315]))
+
+
+def test_sft_loss_counts_only_the_masked_targets():
+    # uniform logits over 4 tokens: each target costs log 4 = 1.38629; 2 of 3 targets are masked in
+    logits = torch.zeros(1, 4, 4)
+    ids = t([[0, 1, 2, 3]])
+    assert close(A.sft_loss_sum(logits, ids, t([[0.0, 1.0, 1.0]])), t(2 * 1.38629))
+    # making the masked-out (prompt) target likely changes nothing
+    logits[0, 0, 1] = 10.0
+    assert close(A.sft_loss_sum(logits, ids, t([[0.0, 1.0, 1.0]])), t(2 * 1.38629))

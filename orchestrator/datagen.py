@@ -1,0 +1,47 @@
+"""Offline data for the SFT and reward-model stages, built from verifiable tasks (nothing ships a
+preference set here). Written as JSONL in the formats a user's own data uses:
+
+    demonstrations:   {"prompt": ..., "response": ...}
+    preference pairs: {"prompt": ..., "chosen": ..., "rejected": ...}
+
+A pair's chosen response is the task's correct answer, the rejected one a plausible wrong answer
+(the number moved by a small nonzero offset, or one character changed), so a reward model must
+learn the task to rank them.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from orchestrator.tasks import make_task
+
+
+def demonstrations(task: str, n: int, seed: int) -> list[dict]:
+    return [{"prompt": e["prompt"], "response": e["answer"]} for e in make_task(task, n, seed)]
+
+
+def preferences(task: str, n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed * 7919 + 1)
+    return [{"prompt": e["prompt"], "chosen": e["answer"], "rejected": corrupt(e["answer"], rng)}
+            for e in make_task(task, n, seed)]
+
+
+def corrupt(answer: str, rng: random.Random) -> str:
+    """A wrong answer near the right one: an integer moved by 1-10 either way (never onto itself),
+    else one character replaced."""
+    try:
+        value = int(answer)
+    except ValueError:
+        if not answer:
+            return "?"
+        i = rng.randrange(len(answer))
+        return answer[:i] + ("x" if answer[i] != "x" else "y") + answer[i + 1:]
+    return str(value + rng.choice([-1, 1]) * rng.randint(1, 10))
+
+
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

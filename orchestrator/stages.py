@@ -1,0 +1,232 @@
+"""`relay sft` and `relay rm`: supervised stages on the learner's DeepSpeed ranks.
+
+    data (files, or generated from a task) -> tokenised batches -> N optimizer steps, held-out
+    evaluation every eval_every steps -> runs/<name>/model, a plain Hugging Face folder
+
+The SFT model may start from scratch (config-only GPT-2 plus a character or locally trained BPE
+tokenizer). The RM folder also holds relay_reward_stats.json (its reward mean/std on held-out
+data), which the reward service's reward_model source uses to normalise.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from learner.sft import encode_pairs
+from learner.supervised import RM, SFT, SupervisedGroup
+from orchestrator.config import BadLinePolicy, StageConfig
+from orchestrator.data import DataError, read_records
+from orchestrator.datagen import demonstrations, preferences, write_jsonl
+from orchestrator.load_config import to_dict
+from orchestrator.tracking import Tracker
+from reward_service.sources import REWARD_STATS_FILE
+
+log = logging.getLogger(__name__)
+
+
+def run_stage(cfg: StageConfig, kind: str) -> Path:
+    """Train one stage; returns the output model folder."""
+    import ray
+
+    run_dir = Path(cfg.run_root) / cfg.name
+    train_rows, eval_rows, skipped = load_supervised(cfg, kind, run_dir)
+    model_path = cfg.learner.model_path or str(build_scratch_model(cfg, train_rows, run_dir / "init"))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    encode = encode_sft if kind == SFT else encode_rm
+    train_batch, too_long = encode(tokenizer, train_rows, cfg)
+    eval_batch, too_long_eval = encode(tokenizer, eval_rows, cfg)
+    counts = {"data/skipped_lines": skipped, "data/skipped_too_long": too_long + too_long_eval}
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    group = SupervisedGroup(dataclasses.replace(cfg.learner, model_path=model_path), cfg.train, kind,
+                            cfg.learner_ranks, cfg.seed)
+    tracker = Tracker(cfg.logging, run_dir, cfg.name.replace("/", "_"), to_dict(cfg), resumed=False)
+    try:
+        first = evaluation(group, eval_batch, kind)
+        tracker.log(0, {**first, **counts}, cfg.train.steps)
+        last = train_loop(cfg, group, train_batch, eval_batch, kind, tracker, counts)
+        out = run_dir / "model"
+        tmp = run_dir / "model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        group.save(str(tmp))
+        summary = {"stage": kind, "before": first, "after": last, **counts}
+        if kind == RM:  # what the reward service normalises this model's scores with
+            summary.update(mean=last["eval/reward_mean"], std=max(last["eval/reward_std"], 1e-6))
+        (tmp / (REWARD_STATS_FILE if kind == RM else "relay_sft.json")).write_text(json.dumps(summary, indent=1))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        if kind == SFT and cfg.data.task and not cfg.data.apply_chat_template:
+            last["eval/greedy_accuracy"] = task_accuracy(out, eval_rows, cfg)
+            tracker.log(cfg.train.steps, {"eval/greedy_accuracy": last["eval/greedy_accuracy"]}, cfg.train.steps)
+            summary["after"] = last
+            (out / "relay_sft.json").write_text(json.dumps(summary, indent=1))
+    finally:
+        group.shutdown()
+        tracker.close()
+    print(stage_table(kind, first, last), flush=True)
+    print(f"relay {kind}: model written to {out}", flush=True)
+    return out
+
+
+def train_loop(cfg: StageConfig, group: SupervisedGroup, train_batch, eval_batch, kind: str, tracker, counts) -> dict:
+    n = len(next(iter(train_batch.values())))
+    g = torch.Generator().manual_seed(cfg.seed)
+    order, pos, last, start = torch.randperm(n, generator=g), 0, {}, time.time()
+    for step in range(1, cfg.train.steps + 1):
+        if pos + cfg.train.batch_size > n:  # next epoch
+            order, pos = torch.randperm(n, generator=g), 0
+        rows = order[pos: pos + cfg.train.batch_size]
+        pos += cfg.train.batch_size
+        sums = group.train_step({k: v[rows] for k, v in train_batch.items()})
+        metrics = {"train/loss": sums["loss_sum"] / max(sums["count"], 1), "train/grad_norm": sums["grad_norm"]}
+        if kind == RM:
+            metrics["train/pairwise_accuracy"] = sums["correct"] / max(sums["count"], 1)
+        if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+            last = evaluation(group, eval_batch, kind)
+            metrics.update(last)
+            print(f"relay {kind}: step {step}/{cfg.train.steps}  " + "  ".join(
+                f"{k.removeprefix('eval/')} {v:.4f}" for k, v in last.items()) + f"  {time.time() - start:.0f}s", flush=True)
+        tracker.log(step, {**metrics, **counts}, cfg.train.steps)
+    return last
+
+
+def task_accuracy(model_dir: Path, rows: list[dict], cfg: StageConfig) -> float:
+    """Held-out greedy accuracy of a verifiable task (the answer checked as a number)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from learner.sft import greedy_accuracy
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    examples = [{"prompt": r[cfg.data.prompt_key], "answer": r[cfg.data.response_key]} for r in rows]
+    return greedy_accuracy(model, AutoTokenizer.from_pretrained(model_dir), examples)
+
+
+def evaluation(group: SupervisedGroup, batch, kind: str) -> dict[str, float]:
+    sums = group.evaluate(batch)
+    loss = sums["loss_sum"] / max(sums["count"], 1)
+    if kind == SFT:
+        return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
+    rewards = torch.tensor(sums["rewards"])
+    return {"eval/loss": loss, "eval/pairwise_accuracy": sums["correct"] / max(sums["count"], 1),
+            "eval/reward_mean": float(rewards.mean()), "eval/reward_std": float(rewards.std())}
+
+
+def stage_table(kind: str, before: dict, after: dict) -> str:
+    lines = ["", f"{'held-out (' + kind + ')':30s} {'before':>10s} {'after':>10s}", "-" * 52]
+    lines += [f"{k.removeprefix('eval/'):30s} {before.get(k, float('nan')):10.4f} {after[k]:10.4f}" for k in after]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- data
+def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[dict], list[dict], int]:
+    """(train rows, held-out rows, skipped bad lines). A task is generated into the run directory first,
+    so generated and user data go through the same reader."""
+    d = cfg.data
+    train_files, eval_files = list(d.train_files), list(d.eval_files)
+    if d.task:
+        make = demonstrations if kind == SFT else preferences
+        train_files = [str(write_jsonl(make(d.task, d.task_size, cfg.seed), run_dir / "data" / f"{kind}_train.jsonl"))]
+        eval_files = [str(write_jsonl(make(d.task, d.eval_size, cfg.seed + 999_983), run_dir / "data" / f"{kind}_eval.jsonl"))]
+    fields = [d.prompt_key, d.response_key] if kind == SFT else [d.prompt_key, d.chosen_key, d.rejected_key]
+    train, skipped = _read(train_files, fields, d.on_bad_line)
+    if eval_files:
+        held_out, more = _read(eval_files, fields, d.on_bad_line)
+    else:
+        held_out, train, more = train[: d.eval_size], train[d.eval_size:], 0
+    if not train or not held_out:
+        raise DataError(f"{', '.join(train_files)}: too few usable examples for a train and a held-out split")
+    return train, held_out[: d.eval_size], skipped + more
+
+
+def _read(files: list[str], fields: list[str], on_bad_line: BadLinePolicy) -> tuple[list[dict], int]:
+    rows, skipped = [], 0
+    for name in files:
+        path = Path(name)
+        if not path.exists():
+            raise DataError(f"{path}: no such data file")
+        for line, record in read_records(path):
+            problem = _problem(record, fields)
+            if problem is None:
+                rows.append({f: record[f] for f in fields})
+            elif on_bad_line == BadLinePolicy.error:
+                raise DataError(f"{path}:{line}: {problem}")
+            else:
+                skipped += 1
+                log.warning("data: skipping %s:%d: %s", path, line, problem)
+    return rows, skipped
+
+
+def _problem(record, fields: list[str]) -> str | None:
+    if isinstance(record, DataError):
+        return str(record)
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    for f in fields:
+        value = record.get(f)
+        chat = isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)
+        if not (isinstance(value, str) and value) and not (chat and f == fields[0]):
+            return f"field {f!r} must be non-empty text{' or chat messages' if f == fields[0] else ''}, got {str(value)[:40]!r}"
+    return None
+
+
+def _prompt_text(tokenizer, prompt, chat: bool) -> str:
+    if chat or isinstance(prompt, list):
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return prompt
+
+
+def encode_sft(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str, torch.Tensor], int]:
+    """Prompt + response + EOS, right-padded; the loss covers the response and EOS only.
+    Samples over max_length tokens are skipped and counted."""
+    d = cfg.data
+    pairs = [(_prompt_text(tokenizer, r[d.prompt_key], d.apply_chat_template), r[d.response_key]) for r in rows]
+    lengths = [len(tokenizer(p + r, add_special_tokens=False).input_ids) + 1 for p, r in pairs]
+    kept = [pair for pair, n in zip(pairs, lengths) if n <= cfg.train.max_length]
+    ids, mask = encode_pairs(tokenizer, kept)
+    attention = (ids != tokenizer.pad_token_id).long()
+    attention[:, 0] = 1
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask}, len(pairs) - len(kept)
+
+
+def encode_rm(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str, torch.Tensor], int]:
+    """Prompt + response as the reward service will score them (the same text, the same tokenizer
+    call), right-padded, for the chosen and the rejected response of each pair."""
+    d = cfg.data
+    prompts = [_prompt_text(tokenizer, r[d.prompt_key], d.apply_chat_template) for r in rows]
+    chosen = [tokenizer(p + r[d.chosen_key]).input_ids for p, r in zip(prompts, rows)]
+    rejected = [tokenizer(p + r[d.rejected_key]).input_ids for p, r in zip(prompts, rows)]
+    keep = [i for i in range(len(rows)) if max(len(chosen[i]), len(rejected[i])) <= cfg.train.max_length]
+    out = {}
+    for name, seqs in (("chosen", chosen), ("rejected", rejected)):
+        seqs = [seqs[i] for i in keep]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+        out[f"{name}_ids"], out[f"{name}_attention"] = ids, (ids != tokenizer.pad_token_id).long()
+    return out, len(rows) - len(keep)
+
+
+# ---------------------------------------------------------------------------- from scratch
+def build_scratch_model(cfg: StageConfig, rows: list[dict], out: Path) -> Path:
+    """A config-only GPT-2 and its tokenizer: characters, or BPE trained on the training text."""
+    from learner.tiny_gpt import init_tiny_gpt, train_bpe_tokenizer
+
+    s = cfg.scratch
+    tokenizer = None
+    if s.tokenizer == "bpe":
+        texts = [str(r[k]) for r in rows for k in (cfg.data.prompt_key, cfg.data.response_key)]
+        tokenizer = train_bpe_tokenizer(texts, s.vocab_size)
+    shutil.rmtree(out, ignore_errors=True)
+    return init_tiny_gpt(out, n_layer=s.n_layer, n_embd=s.n_embd, n_head=s.n_head, n_positions=s.n_positions,
+                         seed=cfg.seed, tokenizer=tokenizer)

@@ -1,0 +1,85 @@
+"""The SFT/RM data path without Ray: generated sets, the reader's errors, encoding, metrics."""
+import json
+import random
+
+import pytest
+
+from learner.tiny_gpt import char_tokenizer, train_bpe_tokenizer
+from orchestrator.config import BadLinePolicy, StageConfig
+from orchestrator.data import DataError
+from orchestrator.datagen import corrupt, demonstrations, preferences
+from orchestrator.evaluate import distinct_n, win_rate
+from orchestrator.stages import encode_rm, encode_sft, load_supervised
+
+
+def stage(tmp_path, **data) -> StageConfig:
+    cfg = StageConfig(name="s", run_root=str(tmp_path))
+    for k, v in data.items():
+        setattr(cfg.data, k, v)
+    cfg.train.max_length = 16
+    return cfg
+
+
+def test_generated_sets_have_the_user_formats_and_pairs_disagree():
+    demos = demonstrations("addition_2digit", 50, seed=0)
+    a, b = (int(x) for x in demos[0]["prompt"].removesuffix("=").split("+"))
+    assert demos[0] == {"prompt": f"{a}+{b}=", "response": str(a + b)}
+    pairs = preferences("addition_2digit", 200, seed=0)
+    assert all(p["chosen"] != p["rejected"] and abs(int(p["chosen"]) - int(p["rejected"])) <= 10 for p in pairs)
+    rng = random.Random(0)
+    assert all(corrupt(w, rng) != w for w in ["abc", "x", "", "12"])
+
+
+def test_bad_lines_are_named_or_skipped_and_counted(tmp_path):
+    path = tmp_path / "demos.jsonl"
+    path.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2="}\nnot json\n' +
+                    "".join(json.dumps({"prompt": f"{i}+0=", "response": str(i)}) + "\n" for i in range(10)))
+    with pytest.raises(DataError, match=r"demos.jsonl:2: field 'response' must be non-empty text"):
+        load_supervised(stage(tmp_path, train_files=[str(path)], eval_size=2), "sft", tmp_path)
+    train, held_out, skipped = load_supervised(
+        stage(tmp_path, train_files=[str(path)], eval_size=2, on_bad_line=BadLinePolicy.skip), "sft", tmp_path)
+    assert skipped == 2 and len(held_out) == 2 and len(train) == 9
+
+
+def test_sft_encoding_masks_the_prompt_and_skips_overlong_samples(tmp_path):
+    tok = char_tokenizer()
+    rows = [{"prompt": "12+34=", "response": "46"}, {"prompt": "9" * 20, "response": "1"}]
+    batch, too_long = encode_sft(tok, rows, stage(tmp_path))
+    assert too_long == 1 and batch["input_ids"].shape == (1, 9)  # 6 prompt + 2 response + EOS
+    # targets are input_ids[1:]: the mask covers "4", "6" and EOS, not the prompt
+    assert batch["loss_mask"].tolist() == [[0, 0, 0, 0, 0, 1, 1, 1]]
+    assert tok.decode(batch["input_ids"][0, 6:8]) == "46" and batch["input_ids"][0, 8] == tok.eos_token_id
+
+
+def test_rm_encoding_matches_how_the_reward_service_scores(tmp_path):
+    tok = char_tokenizer()
+    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "13"}, {"prompt": "10+1=", "chosen": "11", "rejected": "9"}]
+    batch, _ = encode_rm(tok, rows, stage(tmp_path))
+    # the text the reward service scores is prompt + response, through the same tokenizer call
+    assert batch["chosen_ids"][0].tolist() == tok("1+1=2").input_ids + [tok.pad_token_id] * 2  # right-padded
+    assert batch["rejected_ids"][1].tolist() == tok("10+1=9").input_ids
+    assert batch["chosen_attention"].tolist() == [[1] * 5 + [0] * 2, [1] * 7]
+
+
+def test_bpe_tokenizer_is_trained_locally_and_round_trips():
+    texts = [f"{a}+{b}={a + b}" for a in range(10, 60) for b in range(10, 30)]
+    tok = train_bpe_tokenizer(texts, vocab_size=300)
+    assert 259 < len(tok) <= 300 and tok.pad_token_id == 0 and tok.eos_token_id == 1
+    ids = tok("12+34=46").input_ids
+    assert tok.decode(ids) == "12+34=46" and len(ids) < len("12+34=46")  # merges were learned
+
+
+def test_distinct_n_and_win_rate_hand_examples():
+    # unigrams: 1 2 1 | 3 -> {1,2,3} of 4 = 0.75; bigrams: (1,2) (2,1) -> 2 of 2 = 1.0
+    assert distinct_n([[1, 2, 1], [3]], 1) == 0.75 and distinct_n([[1, 2, 1], [3]], 2) == 1.0
+    assert distinct_n([[5, 5], [5, 5]], 2) == 0.5 and distinct_n([[1]], 2) == 0.0
+    assert win_rate([2.0, 1.0, 0.0], [1.0, 1.0, 3.0]) == pytest.approx(0.5)  # win, tie (half), loss
+
+
+def test_stage_config_errors_name_the_key(tmp_path):
+    from orchestrator.load_config import ConfigError, load_config
+
+    bad = tmp_path / "s.yaml"
+    bad.write_text("train:\n  batch_size: 10\n  micro_batch_size: 4\ndata:\n  task: addition_2digit\n")
+    with pytest.raises(ConfigError, match=r"s.yaml:2: train.batch_size: must be a multiple"):
+        load_config(bad, [], root=StageConfig)
