@@ -65,11 +65,19 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
             generations[role] = (pool.generate(prompts, step=0, greedy=True), pool.generate(prompts, step=0))
         finally:
             pool.shutdown()
-    # raw rewards (no normalisation), reference logprobs from the reference model
-    reward_cfg = dataclasses.replace(cfg.reward, normalization=Normalization.none, reference_model_path=reference)
+    # raw rewards (no normalisation), reference logprobs from the reference model; a reward_model
+    # source left without a path (as in a pipeline config) scores with --reward-model
+    sources = [dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
+               for s in cfg.reward.sources]
+    for i, s in enumerate(sources):
+        if s.kind == SourceKind.reward_model and not s.model_path:
+            raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
+    reward_cfg = dataclasses.replace(cfg.reward, sources=sources, normalization=Normalization.none,
+                                     reference_model_path=reference)
     scoring = ScoringService(reward_cfg, reference)
     temperature = cfg.rollout.sampling.temperature
-    report = {"policy": str(policy), "reference": reference, "prompts": len(prompts), "reward_model": reward_model or None}
+    report = {"policy_path": str(policy), "reference_path": reference, "prompts": len(prompts),
+              "reward_model": reward_model or None}
     scored = {}
     for role, (greedy, sampled) in generations.items():
         g, s = scoring.score(greedy, meta, 1.0), scoring.score(sampled, meta, temperature)
@@ -116,7 +124,7 @@ def _win_rate(reward_model: str, scoring, generations) -> float:
 
 
 def markdown(report: dict, generations, scored, prompts, curves: Path | None, k: int) -> str:
-    lines = [f"# relay eval: `{report['policy']}` vs `{report['reference']}`", "",
+    lines = [f"# relay eval: `{report['policy_path']}` vs `{report['reference_path']}`", "",
              f"{report['prompts']} held-out prompts; sampled metrics over the configured sampling, greedy at T=0.", "",
              "| metric | policy | reference |", "|---|---|---|"]
     for key in report["policy"]:

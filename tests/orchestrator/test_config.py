@@ -16,7 +16,11 @@ DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
-    cfg = load_config(path)
+    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
+
+    # the command decides the tree: relay sft/rm -> StageConfig, relay pipeline -> PipelineConfig
+    root = {"sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}.get(path.stem.split("_")[0], TrainConfig)
+    cfg = load_config(path, root=root)
     assert cfg.name == path.stem
 
 

@@ -83,3 +83,23 @@ def test_stage_config_errors_name_the_key(tmp_path):
     bad.write_text("train:\n  batch_size: 10\n  micro_batch_size: 4\ndata:\n  task: addition_2digit\n")
     with pytest.raises(ConfigError, match=r"s.yaml:2: train.batch_size: must be a multiple"):
         load_config(bad, [], root=StageConfig)
+
+
+def test_cli_data_and_a_bad_sft_file_named_before_any_training(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def relay(*args):
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                              cwd=repo, timeout=120, check=False)
+
+    out = relay("data", "prefs", "--task", "addition_2digit", "--n", "5", "--out", str(tmp_path / "p.jsonl"))
+    assert out.returncode == 0 and len((tmp_path / "p.jsonl").read_text().splitlines()) == 5
+    bad = tmp_path / "demos.jsonl"
+    bad.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "1+2=", "response": 3}\n')
+    out = relay("sft", str(repo / "configs" / "sft_tiny_cpu.yaml"), "data.task=", f"data.train_files=[{bad}]",
+                f"run_root={tmp_path}")
+    assert out.returncode == 2 and f"{bad}:2: field 'response' must be non-empty text" in out.stderr
