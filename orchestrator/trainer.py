@@ -77,7 +77,8 @@ class Trainer:
             self.tracker.log_table("eval/samples", 0, self.samples)
         else:
             self.before = json.loads((self.run_dir / "eval_before.json").read_text())
-            self.reference_samples = json.loads((self.run_dir / "eval_reference_samples.json").read_text())
+            saved = self.run_dir / "eval_reference_samples.json"
+            self.reference_samples = json.loads(saved.read_text()) if saved.exists() else {}  # else: no reference column
         while self.step < self.cfg.total_steps:
             metrics = self.train_step()
             self.step += 1

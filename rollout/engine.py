@@ -27,7 +27,20 @@ def engine_env(cfg: RolloutConfig, threads: int) -> dict[str, str]:
     }
     if threads > 0:
         env["OMP_NUM_THREADS"] = str(threads)
+    if cfg.tensor_parallel_size > 1 and not on_gpu() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(cfg.tensor_parallel_size)
     return env
+
+
+def cpu_bind(tp: int) -> str:
+    """vLLM's CPU backend binds each TP worker's threads to cores and by default wants a NUMA node per
+    worker; on one node, give each worker its own contiguous share of the cores ("0-7|8-15")."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise ValueError(f"rollout.tensor_parallel_size: {tp} CPU workers need at least {tp} cores, have {len(cores)}")
+    share = len(cores) // tp
+    parts = [cores[i * share: (i + 1) * share] for i in range(tp)]
+    return "|".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else str(p[0]) for p in parts)
 
 
 def make_engine(cfg: RolloutConfig, model_path: str, seed: int, sleep_mode: bool = False):

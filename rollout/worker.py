@@ -25,8 +25,9 @@ class RolloutWorker:
         self.llm = make_engine(cfg, model_path, seed, sleep_mode=sleep_mode)
         self.tokenizer = self.llm.get_tokenizer()
         self.asleep = False
-        # see WorkerExtension.relay_receive_weights
-        self.direct_load = on_gpu() or cfg.cpu_plain_linear
+        # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
+        # weight_loader after loading, so those engines take vLLM's reload path.
+        self.direct_load = on_gpu() or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
 
     def ready(self) -> bool:
         return True

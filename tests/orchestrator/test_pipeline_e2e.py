@@ -80,3 +80,23 @@ def test_relay_eval_reports_policy_against_reference(pipeline, tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "| greedy accuracy |" in text and "Win rate under the reward model" in text and "![curves](curves.png)" in text
     assert (tmp_path / "curves.png").stat().st_size > 10_000  # the run's curves, found from the checkpoint's run
+
+
+def test_sft_fine_tunes_a_pretrained_model_through_its_chat_template(ray_cluster, policy, tmp_path):
+    """learner.model_path set: no scratch model; chat-message prompts rendered by the model's template."""
+    from orchestrator.config import StageConfig
+    from orchestrator.stages import run_stage
+
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}*2="}], "response": str(2 * a)}) + "\n"
+                             for a in range(10, 90)))
+    cfg = load_config(REPO / "configs" / "sft_tiny_cpu.yaml", [
+        f"run_root={tmp_path}", "name=ft", "data.task=", f"data.train_files=[{demos}]", "data.eval_size=16",
+        "data.apply_chat_template=true", f"learner.model_path={policy}", "learner.lr=1e-3", "train.steps=30",
+        "train.eval_every=30", "train.batch_size=32", "train.micro_batch_size=32"], root=StageConfig)
+    out = run_stage(cfg, "sft")
+    summary = json.loads((out / "relay_sft.json").read_text())
+    assert summary["after"]["eval/loss"] < 0.7 * summary["before"]["eval/loss"], summary
+    assert not (tmp_path / "ft" / "init").exists()
+    train = (tmp_path / "ft" / "metrics.jsonl").read_text()
+    assert '"data/skipped_too_long": 0' in train

@@ -85,6 +85,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, t
     shutil.copytree(tmp_path / "whole" / "checkpoints" / "step_2", crashed / "checkpoints" / "step_2")
     (crashed / "checkpoints" / "step_4.tmp").mkdir()  # a half-written checkpoint is ignored
     shutil.copy(tmp_path / "whole" / "eval_before.json", crashed)
+    shutil.copy(tmp_path / "whole" / "eval_reference_samples.json", crashed)
     (crashed / "metrics.jsonl").write_text("".join(line + "\n" for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:2]))
     train(config(policy, tmp_path, name="crashed", **{"checkpoint.resume": "auto"}))
     want = [r for r in metrics(tmp_path / "whole") if "timing/total" in r]

@@ -69,6 +69,18 @@ def test_sync_ranks_give_every_tensor_parallel_worker_its_own_rank():
     assert sorted(f + tp for f in first for tp in range(4)) == list(range(1, world))
 
 
+def test_cpu_tensor_parallel_workers_get_disjoint_cores():
+    import os
+
+    from rollout.engine import cpu_bind
+
+    cores = sorted(os.sched_getaffinity(0))
+    parts = cpu_bind(2).split("|")
+    assert len(parts) == 2 and parts[0].split("-")[0] == str(cores[0])
+    with pytest.raises(ValueError, match="tensor_parallel_size: .* CPU workers need at least"):
+        cpu_bind(len(cores) + 1)
+
+
 def test_split_evenly():
     assert split_evenly(5, 2) == [(0, 3), (3, 5)]
     assert split_evenly(2, 3) == [(0, 1), (1, 2), (2, 2)]

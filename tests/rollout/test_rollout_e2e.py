@@ -126,6 +126,18 @@ def perturbed(hf, scale=0.5, seed=1):
     return model.eval()
 
 
+def sync_over_group(pool, state, bucket_bytes):
+    """The learner's side of a sync, from this process: join the group as rank 0 and broadcast."""
+    buckets = plan_buckets(tensor_metas(state.items()), bucket_bytes=bucket_bytes)
+    port = free_port()
+    joined = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
+    group = SyncGroup("127.0.0.1", port, 0, pool.sync_world_size, "gloo", timeout_s=60)
+    ray.get(joined)
+    receiving = pool.receive_weights(buckets)
+    send_weights(group, buckets, state.__getitem__)
+    return buckets, ray.get(receiving)
+
+
 def assert_engines_follow(pool, model, checksum=True):
     greedy = pool.generate(PROMPTS, step=0, greedy=True)
     for p, r, lp in zip(greedy.prompt_ids, greedy.response_ids, greedy.logprobs):
@@ -146,15 +158,9 @@ def test_sentinel_weight_sync_over_a_process_group(pool, hf):
     before = pool.generate(PROMPTS, step=0, greedy=True)
     assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
     state = changed.state_dict()
-    buckets = plan_buckets(tensor_metas(state.items()), bucket_bytes=256 * 1024)  # several buckets
-    assert len(buckets) > 2
-    port = free_port()
-    joined = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
-    group = SyncGroup("127.0.0.1", port, 0, pool.sync_world_size, "gloo", timeout_s=60)
-    ray.get(joined)
-    receiving = pool.receive_weights(buckets)
-    send_weights(group, buckets, state.__getitem__)
-    assert ray.get(receiving) == [len(state)] * len(pool)
+    buckets, loaded = sync_over_group(pool, state, bucket_bytes=256 * 1024)
+    assert len(buckets) > 2  # several buckets
+    assert loaded == [len(state)] * len(pool)
     assert_engines_follow(pool, changed)
 
 
@@ -205,14 +211,7 @@ def test_sentinel_weight_sync_llama_architecture(ray_cluster, tmp_path):
         before = llama.generate(PROMPTS, step=0, greedy=True)
         assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
         state = changed.state_dict()
-        buckets = plan_buckets(tensor_metas(state.items()), bucket_bytes=64 * 1024)
-        port = free_port()
-        joined = llama.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
-        group = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=60)
-        ray.get(joined)
-        receiving = llama.receive_weights(buckets)
-        send_weights(group, buckets, state.__getitem__)
-        assert ray.get(receiving) == [len(state)]
+        assert sync_over_group(llama, state, bucket_bytes=64 * 1024)[1] == [len(state)]
         assert_engines_follow(llama, changed)
     finally:
         llama.shutdown()
@@ -231,3 +230,18 @@ def test_sentinel_weight_sync_in_compiled_mode(ray_cluster, tiny_model, hf):
         assert_engines_follow(compiled, changed)
     finally:
         compiled.shutdown()
+
+
+def test_sentinel_weight_sync_into_a_tensor_parallel_engine(ray_cluster, tiny_model, hf):
+    """tensor_parallel_size=2: both TP workers join the sync group (ranks 1 and 2), each receives the
+    full tensors and loads its own shard."""
+    cfg = make_cfg()
+    cfg.tensor_parallel_size = 2
+    tp = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=1)
+    try:
+        assert tp.sync_world_size == 3
+        changed = perturbed(hf, seed=6)
+        sync_over_group(tp, changed.state_dict(), bucket_bytes=256 * 1024)
+        assert_engines_follow(tp, changed, checksum=False)  # each shard sums a part: generation is the proof
+    finally:
+        tp.shutdown()
