@@ -49,14 +49,14 @@ class SupervisedLearner:
         self.engine.train()
         total = float(batch["loss_mask"].sum()) if self.kind == SFT else float(len(batch["chosen_ids"]))
         scale = self.grad_accum * self.world
-        sums: dict[str, float] = {}
+        parts = []
         for rows in self._micro_batches(batch):
             loss_sum, stats = self._loss(batch, rows)
             self.engine.backward(loss_sum / total * scale)
             self.engine.step()
-            for k, v in stats.items():
-                if k != "rewards":
-                    sums[k] = sums.get(k, 0.0) + v
+            stats.pop("rewards", None)
+            parts.append(stats)
+        sums = _add(parts)
         sums["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0) if self.rank == 0 else 0.0
         return sums
 
@@ -64,15 +64,7 @@ class SupervisedLearner:
     def evaluate(self, batch: dict[str, torch.Tensor]) -> dict:
         """This rank's loss sums on its share of `batch`, and (RM) every reward it computed."""
         self.engine.eval()
-        sums: dict = {"rewards": []}
-        for rows in self._micro_batches(batch):
-            _, stats = self._loss(batch, rows)
-            for k, v in stats.items():
-                if k == "rewards":
-                    sums[k] += v
-                else:
-                    sums[k] = sums.get(k, 0.0) + v
-        return sums
+        return _add([self._loss(batch, rows)[1] for rows in self._micro_batches(batch)])
 
     def _micro_batches(self, batch: dict[str, torch.Tensor]):
         n = len(next(iter(batch.values())))

@@ -37,8 +37,6 @@ def read_records(path: Path):
 
 
 def _example(record, cfg: DataConfig) -> dict:
-    if isinstance(record, DataError):
-        raise record
     if not isinstance(record, dict):
         raise DataError(f"expected a JSON object, got {type(record).__name__}")
     if cfg.prompt_key not in record:
@@ -52,8 +50,9 @@ def _example(record, cfg: DataConfig) -> dict:
     return {"prompt": prompt, "answer": None if answer is None else str(answer), "metadata": metadata}
 
 
-def load_examples(files: list[str], cfg: DataConfig) -> tuple[list[dict], int]:
-    """All examples of `files`, and how many bad lines were skipped."""
+def read_examples(files: list[str], parse, on_bad_line: BadLinePolicy) -> tuple[list, int]:
+    """`parse(record)` of every line of `files` (it raises DataError for a bad one), and how many
+    bad lines were skipped; under on_bad_line=error the first bad line stops, named file:line."""
     examples, skipped = [], 0
     for name in files:
         path = Path(name)
@@ -61,12 +60,20 @@ def load_examples(files: list[str], cfg: DataConfig) -> tuple[list[dict], int]:
             raise DataError(f"{path}: no such data file")
         for line, record in read_records(path):
             try:
-                examples.append(_example(record, cfg))
+                if isinstance(record, DataError):
+                    raise record
+                examples.append(parse(record))
             except DataError as e:
-                if cfg.on_bad_line == BadLinePolicy.error:
+                if on_bad_line == BadLinePolicy.error:
                     raise DataError(f"{path}:{line}: {e}") from None
                 skipped += 1
                 log.warning("data: skipping %s:%d: %s", path, line, e)
+    return examples, skipped
+
+
+def load_examples(files: list[str], cfg: DataConfig) -> tuple[list[dict], int]:
+    """All examples of `files`, and how many bad lines were skipped."""
+    examples, skipped = read_examples(files, lambda record: _example(record, cfg), cfg.on_bad_line)
     if not examples:
         raise DataError(f"{', '.join(files)}: no usable examples")
     return examples, skipped

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from orchestrator.config import TrainConfig
 from orchestrator.data import load_split
+from orchestrator.phases import prompt_text
 from reward_service.config import Normalization, RewardSource, SourceKind
 
 CURVES = [("reward/mean", "reward"), ("kl/ref", "KL to reference"), ("learner/entropy", "entropy"),
@@ -139,9 +140,8 @@ def markdown(report: dict, generations, scored, prompts, curves: Path | None, k:
                                         scored["reference"].rewards)}
     pol = generations["policy"][0]
     for i, text, reward in list(zip(pol.prompt_index, pol.response_text, scored["policy"].rewards))[:k]:
-        p = prompts[i][-1]["content"] if isinstance(prompts[i], list) else str(prompts[i])
         rt, rr = ref.get(i, ("", float("nan")))
-        lines.append(f"| {_cell(p)} | {_cell(rt)} | {rr:.2f} | {_cell(text)} | {reward:.2f} |")
+        lines.append(f"| {_cell(prompt_text(prompts[i]))} | {_cell(rt)} | {rr:.2f} | {_cell(text)} | {reward:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -42,6 +42,11 @@ def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") ->
     return {prefix + k: v for k, v in m.items()}
 
 
+def prompt_text(prompt) -> str:
+    """A prompt for display: chat messages as their last message's content."""
+    return prompt[-1]["content"] if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else str(prompt)
+
+
 def offset(batch: RolloutBatch, by: int) -> RolloutBatch:
     """The same batch with prompt indices shifted (for batches generated in top-up rounds)."""
     batch.prompt_index = [i + by for i in batch.prompt_index]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import shutil
 import time
@@ -21,14 +20,13 @@ import torch
 
 from learner.sft import encode_pairs
 from learner.supervised import RM, SFT, SupervisedGroup
-from orchestrator.config import BadLinePolicy, StageConfig
-from orchestrator.data import DataError, read_records
+from orchestrator.config import StageConfig
+from orchestrator.data import DataError, read_examples
 from orchestrator.datagen import demonstrations, preferences, write_jsonl
 from orchestrator.load_config import to_dict
 from orchestrator.tracking import Tracker
 from reward_service.sources import REWARD_STATS_FILE
 
-log = logging.getLogger(__name__)
 
 
 def run_stage(cfg: StageConfig, kind: str) -> Path:
@@ -58,17 +56,15 @@ def run_stage(cfg: StageConfig, kind: str) -> Path:
         tmp = run_dir / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         group.save(str(tmp))
+        if kind == SFT and cfg.data.task and not cfg.data.apply_chat_template:
+            last["eval/greedy_accuracy"] = task_accuracy(tmp, eval_rows, cfg)
+            tracker.log(cfg.train.steps, {"eval/greedy_accuracy": last["eval/greedy_accuracy"]}, cfg.train.steps)
         summary = {"stage": kind, "before": first, "after": last, **counts}
         if kind == RM:  # what the reward service normalises this model's scores with
             summary.update(mean=last["eval/reward_mean"], std=max(last["eval/reward_std"], 1e-6))
         (tmp / (REWARD_STATS_FILE if kind == RM else "relay_sft.json")).write_text(json.dumps(summary, indent=1))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
-        if kind == SFT and cfg.data.task and not cfg.data.apply_chat_template:
-            last["eval/greedy_accuracy"] = task_accuracy(out, eval_rows, cfg)
-            tracker.log(cfg.train.steps, {"eval/greedy_accuracy": last["eval/greedy_accuracy"]}, cfg.train.steps)
-            summary["after"] = last
-            (out / "relay_sft.json").write_text(json.dumps(summary, indent=1))
     finally:
         group.shutdown()
         tracker.close()
@@ -137,9 +133,15 @@ def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[di
         train_files = [str(write_jsonl(make(d.task, d.task_size, cfg.seed), run_dir / "data" / f"{kind}_train.jsonl"))]
         eval_files = [str(write_jsonl(make(d.task, d.eval_size, cfg.seed + 999_983), run_dir / "data" / f"{kind}_eval.jsonl"))]
     fields = [d.prompt_key, d.response_key] if kind == SFT else [d.prompt_key, d.chosen_key, d.rejected_key]
-    train, skipped = _read(train_files, fields, d.on_bad_line)
+    def parse(record) -> dict:
+        problem = _problem(record, fields)
+        if problem:
+            raise DataError(problem)
+        return {f: record[f] for f in fields}
+
+    train, skipped = read_examples(train_files, parse, d.on_bad_line)
     if eval_files:
-        held_out, more = _read(eval_files, fields, d.on_bad_line)
+        held_out, more = read_examples(eval_files, parse, d.on_bad_line)
     else:
         held_out, train, more = train[: d.eval_size], train[d.eval_size:], 0
     if not train or not held_out:
@@ -147,27 +149,7 @@ def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[di
     return train, held_out[: d.eval_size], skipped + more
 
 
-def _read(files: list[str], fields: list[str], on_bad_line: BadLinePolicy) -> tuple[list[dict], int]:
-    rows, skipped = [], 0
-    for name in files:
-        path = Path(name)
-        if not path.exists():
-            raise DataError(f"{path}: no such data file")
-        for line, record in read_records(path):
-            problem = _problem(record, fields)
-            if problem is None:
-                rows.append({f: record[f] for f in fields})
-            elif on_bad_line == BadLinePolicy.error:
-                raise DataError(f"{path}:{line}: {problem}")
-            else:
-                skipped += 1
-                log.warning("data: skipping %s:%d: %s", path, line, problem)
-    return rows, skipped
-
-
 def _problem(record, fields: list[str]) -> str | None:
-    if isinstance(record, DataError):
-        return str(record)
     if not isinstance(record, dict):
         return f"expected a JSON object, got {type(record).__name__}"
     for f in fields:

@@ -15,7 +15,7 @@ from learner.group import LearnerGroup
 from orchestrator.config import TrainConfig
 from orchestrator.data import PromptSampler, load_split
 from orchestrator.load_config import to_dict
-from orchestrator.phases import batch_metrics, offset, timed
+from orchestrator.phases import batch_metrics, offset, prompt_text, timed
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.tracking import Tracker
 from reward_service.service import ScoringService
@@ -127,18 +127,19 @@ class Trainer:
     def _score(self, batch: RolloutBatch, meta: list[dict], temperature: float):
         """Score on the service, keeping a copy of its state (the reward normaliser). If the actor
         died, Ray restarts it (max_restarts): give it back that state and retry once."""
-        try:
+        def once():
             scored, self._scoring_state = ray.get([self.scoring.score.remote(batch, meta, temperature),
                                                    self.scoring.state_dict.remote()])
             return scored
+
+        try:
+            return once()
         except ray.exceptions.RayActorError as e:
             self.counters["restarts/scoring"] += 1
             log.warning("scoring service died (%s); waiting for its restart and retrying", type(e).__name__)
             _await_ready([self.scoring])
             ray.get(self.scoring.load_state_dict.remote(self._scoring_state))
-            scored, self._scoring_state = ray.get([self.scoring.score.remote(batch, meta, temperature),
-                                                   self.scoring.state_dict.remote()])
-            return scored
+            return once()
 
     def keep_informative(self, batch: RolloutBatch, examples: list[dict], scored):
         """Dynamic sampling (DAPO): groups whose rewards are all equal teach GRPO nothing; replace
@@ -227,7 +228,7 @@ class Trainer:
         """The first held-out prompts, the current policy's greedy answer beside the reference
         policy's. The reference answer is the step-0 one: at step 0 the policy is the reference
         (unless reward.reference_model_path names another model)."""
-        rows = [{"prompt": _text(prompts[j])[:60], "reference": None, "reference_reward": None,
+        rows = [{"prompt": prompt_text(prompts[j])[:60], "reference": None, "reference_reward": None,
                  "policy": greedy.response_text[i], "reward": scored.rewards[i]}
                 for i, j in enumerate(greedy.prompt_index[: self.cfg.eval.num_samples_to_log])]
         if self.step == 0:
@@ -290,11 +291,6 @@ class Trainer:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.pg)
-
-
-def _text(prompt) -> str:
-    """A prompt for display: chat messages as their last message's content."""
-    return prompt[-1]["content"] if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else str(prompt)
 
 
 def _await_ready(actors: list, timeout_s: float = 300.0) -> None:
