@@ -10,12 +10,17 @@ import logging
 
 import torch
 
-from rollout.weight_sync import SyncGroup, TensorMeta, receive_weights
+from rollout.load_routes import Route, candidate_routes, copy_routed, tied_twins, verified_routes
+from rollout.weight_sync import SyncGroup, TensorMeta, receive_weights, tensor_metas
 
 log = logging.getLogger(__name__)
 
 
 class WorkerExtension:
+    _relay_routes: dict[str, Route] = {}  # see rollout/load_routes.py; found for the tensor names in
+    _relay_routes_for: frozenset[str] = frozenset()  # this set, found again if the set changes
+    _relay_twins: frozenset[str] = frozenset()
+
     def relay_init_sync(self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float) -> None:
         # self.rank: this worker's rank inside its engine (0..TP*PP-1)
         self._relay_group = SyncGroup(host, port, first_rank + self.rank, world_size, backend, timeout_s)
@@ -26,28 +31,59 @@ class WorkerExtension:
         direct: copy into the parameters through the model's own load_weights (as vLLM's RLHF
         examples do); valid when loading transforms nothing afterwards (GPU, or CPU with
         use_plain_cpu_linear). Otherwise vLLM's in-place reload, which re-runs that processing."""
-        device = str(self.device) if self.device is not None else "cpu"
+        metas = [m for bucket in buckets for m in bucket]
+        if direct:
+            self._relay_find_routes(metas)
+        # buffers are reused across syncs only if every tensor is copied out by us before the next
+        # arrives; vLLM's loader may keep references (the reload path does, per layer)
+        reuse = direct and all(m.name in self._relay_routes or m.name in self._relay_twins for m in metas)
         count = 0
 
         def stream():
             nonlocal count
-            for name, tensor in receive_weights(self._relay_group, buckets, device):
+            for name, tensor in receive_weights(self._relay_group, buckets, reuse):
                 count += 1
                 yield name, tensor
 
-        self._relay_load(stream(), direct)
+        self._relay_load(stream(), metas, direct)
         return count
 
     def relay_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], direct: bool) -> int:
         """The in-process path: tensors handed over directly (same process, or CUDA IPC rebuilt)."""
-        self._relay_load(iter(named_tensors), direct)
+        self._relay_load(iter(named_tensors), tensor_metas(named_tensors), direct)
         return len(named_tensors)
 
-    def _relay_load(self, weights, direct: bool) -> None:
-        if direct:
-            self.model_runner.get_model().load_weights(weights)
-        else:
+    def relay_routes(self) -> dict[str, tuple[str, int, bool]]:
+        """The tensors that load by direct copy: name -> (engine parameter, first row, transposed)."""
+        return {name: (r.param, r.row, r.transposed) for name, r in self._relay_routes.items()}
+
+    def _relay_load(self, weights, metas: list[TensorMeta], direct: bool) -> None:
+        if not direct:
             self.model_runner.reload_weights(weights_iterator=weights)
+            return
+        self._relay_find_routes(metas)
+        model = self.model_runner.get_model()
+        params = dict(model.named_parameters())
+        model.load_weights(copy_routed(weights, self._relay_routes, params, self._relay_twins))
+
+    def _relay_find_routes(self, metas: list[TensorMeta]) -> None:
+        """Find the direct-copy routes for this set of tensor names, once (probes overwrite weights:
+        only call this right before loading all of them)."""
+        names = frozenset(m.name for m in metas)
+        if names == self._relay_routes_for:
+            return
+        model = self.model_runner.get_model()
+        params = dict(model.named_parameters())
+        # packed_modules_mapping: an optional class attribute of vLLM models (absent: nothing fused)
+        packed = getattr(model, "packed_modules_mapping", {})
+        candidates = candidate_routes(metas, {n: tuple(p.shape) for n, p in params.items()}, packed)
+        self._relay_routes = verified_routes(candidates, metas, params, model.load_weights, self._relay_device())
+        self._relay_twins = tied_twins(self._relay_routes, names, model)
+        self._relay_routes_for = names
+        log.info("weight sync: %d of %d tensors load by direct copy", len(self._relay_routes), len(metas))
+
+    def _relay_device(self) -> str:
+        return str(self.device) if self.device is not None else "cpu"
 
     def relay_weight_checksum(self) -> float:
         """Sum of every parameter, to check two engines hold the same weights."""

@@ -79,6 +79,10 @@ class RolloutWorker:
         self.llm.reset_prefix_cache()
         return loaded
 
+    def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
+        """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""
+        return self.llm.collective_rpc("relay_routes")[0]
+
     def weight_checksum(self) -> float:
         return self.llm.collective_rpc("relay_weight_checksum")[0]
 

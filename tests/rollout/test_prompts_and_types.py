@@ -98,19 +98,26 @@ def test_broadcast_round_trip_over_gloo_in_buckets():
     weights = {"w1": torch.randn(3, 5, generator=g), "b1": torch.randn(5, generator=g),
                "emb": torch.randn(7, 2, generator=g).to(torch.bfloat16)}
     buckets = plan_buckets(tensor_metas(weights.items()), bucket_bytes=64)
-    port, received = free_port(), {}
+    assert len(buckets) == 3
+    port, received, pointers = free_port(), [{}, {}], [set(), set()]
 
     def receiver():
         group = SyncGroup("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
-        for name, t in receive_weights(group, buckets):
-            received[name] = t.clone()
+        for sync in range(2):  # into the group's reusable buffers: two syncs, same memory
+            for name, t in receive_weights(group, buckets, reuse=True):
+                received[sync][name] = t.clone()
+                pointers[sync].add(t.untyped_storage().data_ptr())
 
     th = threading.Thread(target=receiver)
     th.start()
     sender = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
     sent = send_weights(sender, buckets, weights.__getitem__)
+    second = {k: v * 2 for k, v in weights.items()}
+    send_weights(sender, buckets, second.__getitem__)
     th.join(timeout=30)
     assert sent == 15 * 4 + 5 * 4 + 14 * 2
-    assert set(received) == set(weights)
-    for name, t in weights.items():
-        assert received[name].dtype == t.dtype and torch.equal(received[name], t)
+    for sync, expected in enumerate([weights, second]):
+        assert set(received[sync]) == set(expected)
+        for name, t in expected.items():
+            assert received[sync][name].dtype == t.dtype and torch.equal(received[sync][name], t)
+    assert pointers[0] == pointers[1] and len(pointers[0]) == 3  # float32 slots 0 and 1, bfloat16 slot 0

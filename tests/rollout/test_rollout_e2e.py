@@ -126,13 +126,19 @@ def perturbed(hf, scale=0.5, seed=1):
     return model.eval()
 
 
-def sync_over_group(pool, state, bucket_bytes):
-    """The learner's side of a sync, from this process: join the group as rank 0 and broadcast."""
-    buckets = plan_buckets(tensor_metas(state.items()), bucket_bytes=bucket_bytes)
+def connect(pool) -> SyncGroup:
+    """The learner's side of the group, from this process: join as rank 0."""
     port = free_port()
     joined = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
     group = SyncGroup("127.0.0.1", port, 0, pool.sync_world_size, "gloo", timeout_s=60)
     ray.get(joined)
+    return group
+
+
+def sync_over_group(pool, state, bucket_bytes, group=None):
+    """The learner's side of a sync: broadcast `state` in buckets; returns them and what each engine loaded."""
+    group = group or connect(pool)
+    buckets = plan_buckets(tensor_metas(state.items()), bucket_bytes=bucket_bytes)
     receiving = pool.receive_weights(buckets)
     send_weights(group, buckets, state.__getitem__)
     return buckets, ray.get(receiving)
@@ -162,6 +168,11 @@ def test_sentinel_weight_sync_over_a_process_group(pool, hf):
     assert len(buckets) > 2  # several buckets
     assert loaded == [len(state)] * len(pool)
     assert_engines_follow(pool, changed)
+    # GPT-2's Conv1D weights load by a transposed direct copy, found by probing vLLM's loader
+    for routes in ray.get([w.weight_routes.remote() for w in pool.workers]):
+        assert routes["transformer.h.0.attn.c_attn.weight"] == ("transformer.h.0.attn.c_attn.weight", 0, True)
+        assert routes["transformer.h.0.attn.c_proj.weight"][2]  # square: only the probe could tell
+        assert set(routes) == set(state) - {"lm_head.weight"}
 
 
 def test_sentinel_weight_sync_in_process_path(pool, hf):
@@ -210,9 +221,20 @@ def test_sentinel_weight_sync_llama_architecture(ray_cluster, tmp_path):
         changed = perturbed(hf_llama, seed=4)
         before = llama.generate(PROMPTS, step=0, greedy=True)
         assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
-        state = changed.state_dict()
-        assert sync_over_group(llama, state, bucket_bytes=64 * 1024)[1] == [len(state)]
+        state, group = changed.state_dict(), connect(llama)
+        assert sync_over_group(llama, state, 64 * 1024, group)[1] == [len(state)]
         assert_engines_follow(llama, changed)
+        # a second sync over the same group lands too (both ends reuse their bucket buffers)
+        again = perturbed(hf_llama, seed=7)
+        sync_over_group(llama, again.state_dict(), 64 * 1024, group)
+        assert_engines_follow(llama, again)
+        # the sync copied straight into vLLM's fused parameters, at the rows its loader uses
+        routes = ray.get(llama.workers[0].weight_routes.remote())
+        qkv = "model.layers.1.self_attn.qkv_proj.weight"
+        assert routes["model.layers.1.self_attn.k_proj.weight"] == (qkv, 128, False)
+        up = hf_llama.config.intermediate_size  # gate's rows come first
+        assert routes["model.layers.1.mlp.up_proj.weight"] == ("model.layers.1.mlp.gate_up_proj.weight", up, False)
+        assert set(routes) == set(state) - {"lm_head.weight"}  # the tied head: vLLM's loader skips it
     finally:
         llama.shutdown()
 
