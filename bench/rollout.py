@@ -175,12 +175,17 @@ def bench_sync(root: Path, arch: str, size: str, workers: int, repeats: int, buc
         sync_t.append(time.perf_counter() - start)
         raw_t.append(raw(fresh=True))
         floor_t.append(raw(fresh=False))
+    inproc_t = []  # the in-process path: tensors through Ray's object store, no process group
+    for _ in range(min(repeats, 5) + 1):
+        start = time.perf_counter()
+        pool.load_weights(list(state.items()))
+        inproc_t.append(time.perf_counter() - start)
     pool.shutdown()
     for r in receivers:
         ray.kill(r)
-    sync_s, raw_s, floor_s = (statistics.median(t[1:]) for t in (sync_t, raw_t, floor_t))
+    sync_s, raw_s, floor_s, inproc_s = (statistics.median(t[1:]) for t in (sync_t, raw_t, floor_t, inproc_t))
     return {"params": params, "mbytes": numel * 4 / 2**20, "sync_s": sync_s, "raw_broadcast_s": raw_s,
-            "floor_s": floor_s, "sync_ratio": sync_s / raw_s, "floor_ratio": sync_s / floor_s}
+            "floor_s": floor_s, "in_process_s": inproc_s, "sync_ratio": sync_s / raw_s, "floor_ratio": sync_s / floor_s}
 
 
 def _state(model: str) -> dict[str, torch.Tensor]:
@@ -222,7 +227,7 @@ def main() -> None:
             s = sync[f"{arch}-{size}"] = bench_sync(root, arch, size, args.sync_workers, args.sync_repeats, args.bucket_mb)
             print(f"sync {arch:>5} {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) to {args.sync_workers} workers: "
                   f"{s['sync_s'] * 1e3:8.1f} ms vs raw broadcast {s['raw_broadcast_s'] * 1e3:8.1f} ms, ratio {s['sync_ratio']:.2f}; "
-                  f"floor {s['floor_s'] * 1e3:8.1f} ms, ratio {s['floor_ratio']:.2f}")
+                  f"floor {s['floor_s'] * 1e3:8.1f} ms, ratio {s['floor_ratio']:.2f}; in-process {s['in_process_s'] * 1e3:7.1f} ms")
     ray.shutdown()
     out = {k: round(v, 3) for k, v in gen.items() | startup.items()}
     out["sync"] = {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in sync.items()}
