@@ -65,8 +65,9 @@ def candidate_routes(metas: list[TensorMeta], param_shapes: dict[str, tuple[int,
 def verified_routes(candidates: dict[str, Route], metas: list[TensorMeta], params: dict[str, torch.Tensor],
                     load: Callable[[Weights], object], device: str, chunk_bytes: int = 64 << 20) -> dict[str, Route]:
     """The candidates where a random probe, loaded by `load` (the engine's load_weights), lands
-    verbatim; a square matrix may turn out to land transposed instead. Probes go in chunks of chunk_bytes, the most extra memory this takes. They overwrite
-    the weights: call this just before a full load."""
+    verbatim; a square matrix may turn out to land transposed instead. Probes go in chunks of
+    chunk_bytes, the most extra memory this takes. They overwrite the weights: call this just
+    before a full load."""
     g = torch.Generator(device=device).manual_seed(0)
     verified = {}
     for bucket in plan_buckets(metas, chunk_bytes):

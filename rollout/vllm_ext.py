@@ -33,7 +33,7 @@ class WorkerExtension:
         use_plain_cpu_linear). Otherwise vLLM's in-place reload, which re-runs that processing."""
         metas = [m for bucket in buckets for m in bucket]
         if direct:
-            self._relay_find_routes(metas)
+            self._relay_find_routes(metas)  # before receiving: the probes overwrite weights
         # buffers are reused across syncs only if every tensor is copied out by us before the next
         # arrives; vLLM's loader may keep references (the reload path does, per layer)
         reuse = direct and all(m.name in self._relay_routes or m.name in self._relay_twins for m in metas)

@@ -1,6 +1,7 @@
 """The three RLHF stages end to end on the real stack, test-sized: SFT from scratch -> RM -> PPO with
 the RM as reward and critic, then `relay eval` against the SFT reference and `relay plot`."""
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def pipeline(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [
         f"run_root={root}", "name=p", "sft.train.steps=600", "sft.train.eval_every=300", "rm.train.steps=300",
-        "rm.train.eval_every=150", "ppo.total_steps=8", "ppo.data.eval_size=64", "ppo.logging.progress_bar=false"],
+        "rm.train.eval_every=150", "ppo.total_steps=40", "ppo.data.eval_size=64", "ppo.logging.progress_bar=false"],
         root=PipelineConfig)
     run_pipeline(cfg)
     return root / "p"
@@ -60,7 +61,7 @@ def test_ppo_on_the_reward_model_raises_its_reward_with_bounded_kl(pipeline):
     after = json.loads((pipeline / "ppo" / "eval_after.json").read_text())
     assert after["eval/sampled/reward/mean"] > before["eval/sampled/reward/mean"], (before, after)
     steps = [r for r in rows(pipeline / "ppo" / "metrics.jsonl") if "timing/total" in r]
-    assert len(steps) == 8 and all(r["kl/ref"] < 0.5 for r in steps)  # bounded: the adaptive controller holds it
+    assert len(steps) == 40 and all(r["kl/ref"] < 0.5 for r in steps)  # bounded: the adaptive controller holds it
     assert steps[-1]["learner/explained_variance"] is not None  # the critic (from the RM) is trained
 
 
@@ -69,7 +70,7 @@ def test_relay_eval_reports_policy_against_reference(pipeline, tmp_path):
 
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [], root=PipelineConfig).ppo
     cfg.data.eval_size = 32
-    checkpoint = pipeline / "ppo" / "checkpoints" / "step_8"
+    checkpoint = pipeline / "ppo" / "checkpoints" / "step_40"
     report = evaluate_checkpoint(cfg, str(checkpoint), str(pipeline / "sft" / "model"), tmp_path,
                                  reward_model=str(pipeline / "rm" / "model"))
     for role in ("policy", "reference"):
@@ -88,8 +89,10 @@ def test_sft_fine_tunes_a_pretrained_model_through_its_chat_template(ray_cluster
     from orchestrator.stages import run_stage
 
     demos = tmp_path / "demos.jsonl"
+    # shuffled: the first 16 lines are held out, and they must cover the range the rest trains on
+    numbers = random.Random(0).sample(range(10, 90), 80)
     demos.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}*2="}], "response": str(2 * a)}) + "\n"
-                             for a in range(10, 90)))
+                             for a in numbers))
     cfg = load_config(REPO / "configs" / "sft_tiny_cpu.yaml", [
         f"run_root={tmp_path}", "name=ft", "data.task=", f"data.train_files=[{demos}]", "data.eval_size=16",
         "data.apply_chat_template=true", f"learner.model_path={policy}", "learner.lr=1e-3", "train.steps=30",
