@@ -9,9 +9,9 @@
 2. Weight sync: pool.receive_weights + send_weights (bucketed broadcast, loaded into the engines)
    for models of ~1M, ~10M and ~100M parameters, against a raw gloo broadcast of the same bytes as
    one flat tensor to the same number of receivers, into a fresh tensor per receive
-   (`"sync_ratio"`), and against the floor: into a buffer allocated once (`"floor_ratio"`). Two layouts: Llama (what Qwen, Llama and
-   SmolLM2 share; its `"sync_ratio"` is the headline) and GPT-2, whose Conv1D weights vLLM's
-   loader must transpose on every load.
+   (`"sync_ratio"`), and against the floor: into a buffer allocated once (`"floor_ratio"`). Two
+   layouts: Llama (what Qwen, Llama and SmolLM2 share; its `"sync_ratio"` is the headline) and
+   GPT-2, whose Conv1D weights are copied transposed on every load.
 3. Start-up: seconds to a ready 1-worker pool with `enforce_eager` true and false (compiled: the
    first start fills torch.compile's cache), and the tokens/s each then generates.
 Prints a table and a final JSON line.

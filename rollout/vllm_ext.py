@@ -45,23 +45,25 @@ class WorkerExtension:
                 count += 1
                 yield name, tensor
 
-        self._relay_load(stream(), metas, direct)
+        self._relay_load(stream(), direct)
         return count
 
     def relay_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], direct: bool) -> int:
         """The in-process path: tensors handed over directly (same process, or CUDA IPC rebuilt)."""
-        self._relay_load(iter(named_tensors), tensor_metas(named_tensors), direct)
+        if direct:
+            self._relay_find_routes(tensor_metas(named_tensors))
+        self._relay_load(iter(named_tensors), direct)
         return len(named_tensors)
 
     def relay_routes(self) -> dict[str, tuple[str, int, bool]]:
         """The tensors that load by direct copy: name -> (engine parameter, first row, transposed)."""
         return {name: (r.param, r.row, r.transposed) for name, r in self._relay_routes.items()}
 
-    def _relay_load(self, weights, metas: list[TensorMeta], direct: bool) -> None:
+    def _relay_load(self, weights, direct: bool) -> None:
+        """Load through the routes found beforehand (direct), or vLLM's reload path."""
         if not direct:
             self.model_runner.reload_weights(weights_iterator=weights)
             return
-        self._relay_find_routes(metas)
         model = self.model_runner.get_model()
         params = dict(model.named_parameters())
         model.load_weights(copy_routed(weights, self._relay_routes, params, self._relay_twins))
