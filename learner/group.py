@@ -9,7 +9,7 @@ import ray
 
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.worker import Learner
-from rollout.weight_sync import free_port
+from rollout.weight_sync import encode_plan, free_port
 
 
 def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, num_gpus: float = 0.0,
@@ -55,7 +55,8 @@ class LearnerGroup:
         return [r.init_weight_sync.remote(host, port, world_size, timeout_s) for r in self.ranks]
 
     def send_weights(self, buckets) -> list:
-        return [r.send_weights.remote(buckets) for r in self.ranks]
+        plan = encode_plan(buckets)
+        return [r.send_weights.remote(plan) for r in self.ranks]
 
     def policy_state(self):
         return self._all("policy_state")[0]

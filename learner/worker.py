@@ -19,7 +19,7 @@ from learner.experience import Experience, make_experience
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
-from rollout.weight_sync import SyncGroup, TensorMeta, plan_buckets, send_weights
+from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, plan_buckets, send_weights
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,10 @@ class Learner:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             self.sync_group = SyncGroup(host, port, 0, world_size, backend, timeout_s)
 
-    def send_weights(self, buckets: list[list[TensorMeta]]) -> int:
-        """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 broadcasts."""
+    def send_weights(self, plan: bytes) -> int:
+        """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 broadcasts the buckets
+        of `plan` (weight_sync.encode_plan)."""
+        buckets = decode_plan(plan)
         params = dict(rollout_weights(self.policy))
         sent = 0
         with merged_lora(self.policy):

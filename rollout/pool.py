@@ -8,7 +8,7 @@ import ray
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env
 from rollout.types import Prompt, RolloutBatch
-from rollout.weight_sync import TensorMeta
+from rollout.weight_sync import TensorMeta, encode_plan
 from rollout.worker import RolloutWorker
 
 
@@ -71,7 +71,8 @@ class RolloutPool:
 
     def receive_weights(self, buckets: list[list[TensorMeta]]) -> list:
         """Start every worker's receive; the sender broadcasts while these are pending."""
-        return [w.receive_weights.remote(buckets) for w in self.workers]
+        plan = encode_plan(buckets)
+        return [w.receive_weights.remote(plan) for w in self.workers]
 
     def load_weights(self, named_tensors) -> list[int]:
         ref = ray.put(named_tensors)  # one copy in the object store, read by every worker

@@ -10,7 +10,6 @@ from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env, make_engine, on_gpu, request_seed, sampling_params
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
-from rollout.weight_sync import TensorMeta
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +24,7 @@ class RolloutWorker:
         self.llm = make_engine(cfg, model_path, seed, sleep_mode=sleep_mode)
         self.tokenizer = self.llm.get_tokenizer()
         self.asleep = False
+        self.prefix_stale = False
         # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
         # weight_loader after loading, so those engines take vLLM's reload path.
         self.direct_load = on_gpu() or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
@@ -38,6 +38,9 @@ class RolloutWorker:
         sampling (or `sampling`, e.g. for evaluation). Unusable prompts are skipped and listed with
         their reason; the n samples of one prompt come back contiguous."""
         sampling = sampling or self.cfg.sampling
+        if self.prefix_stale:  # cached KV was computed with the old weights; reset here, off the sync's clock
+            self.llm.reset_prefix_cache()
+            self.prefix_stale = False
         requests, params, kept, skipped = [], [], [], []
         for offset, prompt in enumerate(prompts):
             index = first_index + offset
@@ -67,16 +70,17 @@ class RolloutWorker:
         """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
         self.llm.collective_rpc("relay_init_sync", args=(host, port, first_rank, world_size, backend, timeout_s))
 
-    def receive_weights(self, buckets: list[list[TensorMeta]]) -> int:
-        loaded = self.llm.collective_rpc("relay_receive_weights", args=(buckets, self.direct_load))[0]
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+    def receive_weights(self, plan: bytes) -> int:
+        """plan: weight_sync.encode_plan(buckets), as the sender's."""
+        loaded = self.llm.collective_rpc("relay_receive_weights", args=(plan, self.direct_load))[0]
+        self.prefix_stale = True
         return loaded
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """In-process / same-node path: tensors arrive through Ray's shared-memory object store
         (CPU), or as CUDA IPC handles rebuilt by the caller (GPU), and load without a collective."""
         loaded = self.llm.collective_rpc("relay_load_weights", args=(named_tensors, self.direct_load))[0]
-        self.llm.reset_prefix_cache()
+        self.prefix_stale = True
         return loaded
 
     def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
