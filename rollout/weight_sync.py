@@ -146,22 +146,28 @@ def one_thread(active: bool = True):
         torch.set_num_threads(threads)
 
 
-def receive_weights(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) as the buckets arrive. Double-buffered: while the consumer loads bucket
-    k into the engine, bucket k+1 is already being received. reuse: receive into the group's two
-    reusable buffers, valid only if the consumer is done with a tensor when it asks for the next
+def receive_buckets(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bool = False) -> Iterator[torch.Tensor]:
+    """Yield each bucket's flat buffer as it arrives. Double-buffered: while the consumer loads
+    bucket k into the engine, bucket k+1 is already being received. reuse: receive into the group's
+    two reusable buffers, valid only if the consumer is done with a bucket when it asks for the next
     (a loader that keeps references until later must get fresh tensors)."""
-    ready = None  # (bucket, flat) received and not yet handed out
+    ready = None  # received and not yet handed out
     for k, bucket in enumerate(buckets):
         numel, dtype = sum(m.numel for m in bucket), bucket[0].torch_dtype
         flat = group.flat(k, dtype, numel) if reuse else torch.empty(numel, dtype=dtype, device=group.device)
         work = group.broadcast_async(flat)
         if ready is not None:
-            yield from _split(*ready)
+            yield ready
         work.wait()
-        ready = (bucket, flat)
+        ready = flat
     if ready is not None:
-        yield from _split(*ready)
+        yield ready
+
+
+def receive_weights(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) as the buckets arrive (see receive_buckets)."""
+    for bucket, flat in zip(buckets, receive_buckets(group, buckets, reuse)):
+        yield from _split(bucket, flat)
 
 
 def _split(bucket: list[TensorMeta], flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,8 +1,8 @@
 """Direct-copy routes: found from names and fused layouts, kept only where the engine's loader agrees."""
 import torch
 
-from rollout.load_routes import Route, candidate_routes, copy_routed, tied_twins, verified_routes
-from rollout.weight_sync import tensor_metas
+from rollout.load_routes import Route, bucket_copies, candidate_routes, copy_routed, tied_twins, verified_routes
+from rollout.weight_sync import plan_buckets, tensor_metas
 
 HF = {  # a Llama-like layer with grouped k/v (2 query heads per kv head), a GPT-2-like Conv1D, a tied head
     "layers.0.attn.q_proj.weight": torch.randn(4, 3),
@@ -108,3 +108,31 @@ def test_a_tied_head_is_dropped_only_when_its_embedding_is_copied():
     params = dict(m.named_parameters())
     assert list(copy_routed(weights, routes, params, tied_twins(routes, names, m))) == []
     assert torch.equal(m.head.weight, torch.ones(7, 3))
+
+
+def test_bucket_copies_merge_fused_rows_and_load_what_the_routes_do():
+    engine, by_routes = Engine(), Engine()
+    names = ["layers.0.attn.q_proj.weight", "layers.0.attn.k_proj.weight", "layers.0.attn.v_proj.weight",
+             "layers.0.norm.weight", "layers.0.mlp.c_fc.weight", "embed.weight", "lm_head.weight"]
+    routes = {n: r for n, r in candidate_routes(tensor_metas(HF.items()), {n: tuple(p.shape) for n, p in engine.params.items()},
+                                                PACKED).items() if n in names}
+    metas = tensor_metas((n, HF[n]) for n in names)
+    buckets = plan_buckets(metas, 4 * (24 + 3 + 15))  # q, k, v, norm, c_fc | embed, lm_head
+    plan = bucket_copies(buckets, routes, engine.params, twins=frozenset({"lm_head.weight"}))
+    # q, k and v are consecutive rows of qkv_proj: one copy of 8 rows; the skipped head copies nothing
+    assert [[(c.start, tuple(c.dst.shape), c.transposed) for c in copies] for copies in plan] == [
+        [(0, (8, 3), False), (24, (3,), False), (27, (5, 3), True)], [(0, (7, 3), False)]]
+    for bucket, copies in zip(buckets, plan):
+        flat = torch.cat([HF[m.name].reshape(-1) for m in bucket])
+        for copy in copies:
+            copy.run(flat)
+    list(copy_routed(((n, HF[n]) for n in names), routes, by_routes.params, frozenset({"lm_head.weight"})))
+    for name, p in by_routes.params.items():
+        assert torch.equal(engine.params[name], p), name
+    assert torch.equal(engine.params["layers.0.attn.qkv_proj.weight"][4:6], HF["layers.0.attn.k_proj.weight"])
+    try:
+        bucket_copies(buckets, routes, engine.params)  # lm_head neither routed nor a twin
+    except KeyError as e:
+        assert "lm_head.weight" in str(e)
+    else:
+        raise AssertionError("an unrouted tensor was accepted")
