@@ -61,6 +61,7 @@ class Trainer:
                                     scheduling=place[c.rollout_workers: -1] if place else None)
         self._scoring_state = ray.get(self.scoring.state_dict.remote())
         self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
+        self.wire_planned = False
         self._connect_weight_sync()
 
     def _connect_weight_sync(self) -> None:
@@ -198,6 +199,8 @@ class Trainer:
 
     def sync_weights(self) -> None:
         ray.get(self.rollout.receive_weights(self.buckets) + self.learner.send_weights(self.buckets))
+        if not self.wire_planned:  # the engines have found their layouts: send in them from now on
+            self.buckets, self.wire_planned = self.rollout.wire_plan(self.buckets), True
 
     def _prompt(self, example: dict):
         """Text as is, or as one user message when the config asks for the chat template."""

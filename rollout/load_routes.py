@@ -136,12 +136,14 @@ def bucket_copies(buckets: list[list[TensorMeta]], routes: dict[str, Route], par
             r = routes.get(m.name)
             if r is None and m.name not in twins:
                 raise KeyError(f"weight sync: {m.name} has no direct-copy route")
-            if r is not None and extends and not r.transposed and runs[-1][0] == r.param and runs[-1][1] + runs[-1][2] == r.row:
+            plain = r is not None and not r.transposed and not m.transposed  # rows arrive as stored
+            if plain and extends and runs[-1][0] == r.param and runs[-1][1] + runs[-1][2] == r.row:
                 runs[-1][2] += m.shape[0]
             elif r is not None:
-                shape = m.shape[::-1] if r.transposed else m.shape
-                runs.append([r.param, r.row, shape[0] if shape else None, start, r.transposed])
-            extends = r is not None and bool(m.shape) and not r.transposed
+                shape = m.shape[::-1] if r.transposed else m.shape  # as the parameter stores it
+                # transposed on copy only if it did not travel in the stored layout already
+                runs.append([r.param, r.row, shape[0] if shape else None, start, r.transposed != m.transposed])
+            extends = plain and bool(m.shape)
             start += m.numel
         copies = []
         for param, row, rows, first, transposed in runs:

@@ -23,6 +23,13 @@ class TensorMeta:
     name: str  # Hugging Face parameter name, as the engine's load_weights expects
     shape: tuple[int, ...]
     dtype: str  # e.g. "float32"
+    # travels as its transpose: the layout the engines store (GPT-2's Conv1D weights), so the
+    # sender transposes once instead of every engine on every sync (see RolloutPool.wire_plan)
+    transposed: bool = False
+
+    @property
+    def wire_shape(self) -> tuple[int, ...]:
+        return self.shape[::-1] if self.transposed else self.shape
 
     @property
     def numel(self) -> int:
@@ -120,7 +127,7 @@ def send_weights(group: SyncGroup, buckets: list[list[TensorMeta]], get: Callabl
     with one_thread(group.device == "cpu"):
         for k, bucket in enumerate(buckets):
             flat = group.flat(k, bucket[0].torch_dtype, sum(m.numel for m in bucket))
-            torch.cat([get(m.name).detach().to(device=group.device, dtype=m.torch_dtype).reshape(-1) for m in bucket], out=flat)
+            _flatten(bucket, get, flat)
             work = group.broadcast_async(flat)
             if in_flight is not None:
                 in_flight.wait()
@@ -129,6 +136,15 @@ def send_weights(group: SyncGroup, buckets: list[list[TensorMeta]], get: Callabl
         if in_flight is not None:
             in_flight.wait()
     return sent
+
+
+def _flatten(bucket: list[TensorMeta], get: Callable[[str], torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy the bucket's tensors into `flat` in wire layout (casting and moving as needed)."""
+    offset = 0
+    for m in bucket:
+        t = get(m.name).detach()
+        flat[offset: offset + m.numel].view(m.wire_shape).copy_(t.t() if m.transposed else t)
+        offset += m.numel
 
 
 @contextlib.contextmanager
@@ -173,5 +189,6 @@ def receive_weights(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bo
 def _split(bucket: list[TensorMeta], flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     offset = 0
     for m in bucket:
-        yield m.name, flat[offset: offset + m.numel].view(m.shape)
+        t = flat[offset: offset + m.numel].view(m.wire_shape)
+        yield m.name, t.t() if m.transposed else t  # in Hugging Face layout, as loaders expect
         offset += m.numel

@@ -1,4 +1,6 @@
 """Direct-copy routes: found from names and fused layouts, kept only where the engine's loader agrees."""
+import dataclasses
+
 import torch
 
 from rollout.load_routes import Route, bucket_copies, candidate_routes, copy_routed, tied_twins, verified_routes
@@ -130,6 +132,16 @@ def test_bucket_copies_merge_fused_rows_and_load_what_the_routes_do():
     for name, p in by_routes.params.items():
         assert torch.equal(engine.params[name], p), name
     assert torch.equal(engine.params["layers.0.attn.qkv_proj.weight"][4:6], HF["layers.0.attn.k_proj.weight"])
+    # c_fc sent in the layout the engine stores: a plain copy, same result
+    wire = [[dataclasses.replace(m, transposed=m.name == "layers.0.mlp.c_fc.weight") for m in b] for b in buckets]
+    wired = Engine()
+    for bucket, copies in zip(wire, bucket_copies(wire, routes, wired.params, frozenset({"lm_head.weight"}))):
+        assert not any(c.transposed for c in copies)
+        flat = torch.cat([(HF[m.name].t() if m.transposed else HF[m.name]).reshape(-1) for m in bucket])
+        for copy in copies:
+            copy.run(flat)
+    for name, p in by_routes.params.items():
+        assert torch.equal(wired.params[name], p), name
     try:
         bucket_copies(buckets, routes, engine.params)  # lm_head neither routed nor a twin
     except KeyError as e:

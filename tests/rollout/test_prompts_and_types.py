@@ -9,7 +9,8 @@ from rollout.config import PromptOverflow
 from rollout.pool import split_evenly, sync_ranks
 from rollout.prompts import PromptError, encode_prompt
 from rollout.types import RolloutBatch
-from rollout.weight_sync import SyncGroup, TensorMeta, free_port, plan_buckets, receive_weights, send_weights, tensor_metas
+from rollout.weight_sync import (SyncGroup, TensorMeta, free_port, plan_buckets, receive_buckets, receive_weights,
+                                 send_weights, tensor_metas)
 
 tok = char_tokenizer()
 
@@ -121,3 +122,26 @@ def test_broadcast_round_trip_over_gloo_in_buckets():
         for name, t in expected.items():
             assert received[sync][name].dtype == t.dtype and torch.equal(received[sync][name], t)
     assert pointers[0] == pointers[1] and len(pointers[0]) == 3  # float32 slots 0 and 1, bfloat16 slot 0
+
+
+def test_a_tensor_marked_transposed_travels_transposed_and_arrives_in_its_own_layout():
+    g = torch.Generator().manual_seed(0)
+    weights = {"conv1d": torch.randn(3, 5, generator=g), "bias": torch.randn(5, generator=g)}
+    buckets = [[TensorMeta("conv1d", (3, 5), "float32", transposed=True), TensorMeta("bias", (5,), "float32")]]
+    port, flats, received = free_port(), [], {}
+
+    def receiver():
+        group = SyncGroup("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        flats.extend(f.clone() for f in receive_buckets(group, buckets))
+        received.update((n, t.clone()) for n, t in receive_weights(group, buckets))
+
+    th = threading.Thread(target=receiver)
+    th.start()
+    sender = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
+    for _ in range(2):
+        send_weights(sender, buckets, weights.__getitem__)
+    th.join(timeout=30)
+    assert torch.equal(flats[0][:15].view(5, 3), weights["conv1d"].t())  # on the wire: the transpose
+    assert torch.equal(flats[0][15:], weights["bias"])
+    for name, t in weights.items():  # handed to a loader: the Hugging Face layout again
+        assert received[name].shape == t.shape and torch.equal(received[name], t)

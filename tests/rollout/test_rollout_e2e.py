@@ -163,8 +163,8 @@ def test_sentinel_weight_sync_over_a_process_group(pool, hf):
     changed = perturbed(hf, seed=1)
     before = pool.generate(PROMPTS, step=0, greedy=True)
     assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
-    state = changed.state_dict()
-    buckets, loaded = sync_over_group(pool, state, bucket_bytes=256 * 1024)
+    state, group = changed.state_dict(), connect(pool)
+    buckets, loaded = sync_over_group(pool, state, bucket_bytes=256 * 1024, group=group)
     assert len(buckets) > 2  # several buckets
     assert loaded == [len(state)] * len(pool)
     assert_engines_follow(pool, changed)
@@ -173,6 +173,14 @@ def test_sentinel_weight_sync_over_a_process_group(pool, hf):
         assert routes["transformer.h.0.attn.c_attn.weight"] == ("transformer.h.0.attn.c_attn.weight", 0, True)
         assert routes["transformer.h.0.attn.c_proj.weight"][2]  # square: only the probe could tell
         assert set(routes) == set(state) - {"lm_head.weight"}
+    # from now on those travel transposed, in the layout the engines store
+    wire = pool.wire_plan(buckets)
+    assert {m.name for b in wire for m in b if m.transposed} == {n for n, r in routes.items() if r[2]} != set()
+    again = perturbed(hf, seed=2)
+    receiving = pool.receive_weights(wire)
+    send_weights(group, wire, again.state_dict().__getitem__)
+    assert ray.get(receiving) == [len(state)] * len(pool)
+    assert_engines_follow(pool, again)
 
 
 def test_sentinel_weight_sync_in_process_path(pool, hf):
