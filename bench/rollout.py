@@ -11,7 +11,8 @@
    one flat tensor to the same number of receivers, into a fresh tensor per receive
    (`"sync_ratio"`), and against the floor: into a buffer allocated once (`"floor_ratio"`). Two
    layouts: Llama (what Qwen, Llama and SmolLM2 share; its `"sync_ratio"` is the headline) and
-   GPT-2, whose Conv1D weights are copied transposed on every load.
+   GPT-2, whose Conv1D weights the engines store transposed (after the first sync, which finds
+   that out, the sender transposes them, as the trainer does). The first two syncs are not timed.
 3. Start-up: seconds to a ready 1-worker pool with `enforce_eager` true and false (compiled: the
    first start fills torch.compile's cache), and the tokens/s each then generates.
 Prints a table and a final JSON line.

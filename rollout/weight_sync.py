@@ -3,7 +3,9 @@
 A `SyncGroup` is a torch.distributed process group of its own (not the default group, which vLLM
 uses inside each engine): rank 0 is the sender (learner rank 0), ranks 1..N the rollout engines.
 Tensors travel in buckets: each bucket is one flat buffer of one dtype, broadcast once, so a sync of
-a model costs a few large collectives instead of one per parameter. NCCL on GPU, gloo on CPU.
+a model costs a few large collectives instead of one per parameter. NCCL on GPU, gloo on CPU. The
+bucket plan (a list of TensorMeta lists) is fixed by the sender; after the first sync a tensor the
+engines store transposed travels transposed (TensorMeta.transposed, RolloutPool.wire_plan).
 """
 from __future__ import annotations
 
