@@ -111,8 +111,9 @@ def copy_routed(weights: Weights, routes: dict[str, Route], params: dict[str, to
 
 @dataclass(frozen=True)
 class Copy:
-    """One copy out of a received bucket: `numel` values from `start` of its flat buffer into `dst`,
-    a view of an engine parameter (laid out as its transpose if `transposed`)."""
+    """One copy out of a received bucket: as many values as `dst` holds, from `start` of the bucket's
+    flat buffer, into `dst`, a view of an engine parameter (they arrive as its transpose if
+    `transposed`)."""
     dst: torch.Tensor
     start: int
     transposed: bool
