@@ -131,34 +131,34 @@ def bucket_copies(buckets: list[list[TensorMeta]], routes: dict[str, Route], par
     copy per tensor."""
     plan = []
     for bucket in buckets:
-        runs: list[list] = []  # [param, first row, rows (None: a 0-dim tensor), start, transposed]
+        runs: list[list] = []  # [route, shape (rows of merged tensors summed), start, transposed on copy]
         start, extends = 0, False  # extends: the next tensor may join the last run
         for m in bucket:
             r = routes.get(m.name)
             if r is None and m.name not in twins:
                 raise KeyError(f"weight sync: {m.name} has no direct-copy route")
             plain = r is not None and not r.transposed and not m.transposed  # rows arrive as stored
-            if plain and extends and runs[-1][0] == r.param and runs[-1][1] + runs[-1][2] == r.row:
-                runs[-1][2] += m.shape[0]
+            last = runs[-1] if extends else None
+            if plain and last and last[0].param == r.param and last[0].row + last[1][0] == r.row:
+                last[1] = (last[1][0] + m.shape[0], *last[1][1:])
             elif r is not None:
-                shape = m.shape[::-1] if r.transposed else m.shape  # as the parameter stores it
                 # transposed on copy only if it did not travel in the stored layout already
-                runs.append([r.param, r.row, shape[0] if shape else None, start, r.transposed != m.transposed])
+                runs.append([r, m.shape, start, r.transposed != m.transposed])
             extends = plain and bool(m.shape)
             start += m.numel
-        copies = []
-        for param, row, rows, first, transposed in runs:
-            data = params[param].data
-            copies.append(Copy(data if rows is None else data.narrow(0, row, rows), first, transposed))
-        plan.append(copies)
+        plan.append([Copy(_dst(params, r, shape), first, transposed) for r, shape, first, transposed in runs])
     return plan
+
+
+def _dst(params: dict[str, torch.Tensor], route: Route, shape: tuple[int, ...]) -> torch.Tensor:
+    """The view of the route's parameter that receives a tensor of (Hugging Face) `shape`, in the
+    layout the parameter stores: the whole parameter, or rows of it (padded or fused)."""
+    stored = tuple(shape[::-1]) if route.transposed else tuple(shape)
+    data = params[route.param].data
+    return data if data.shape == stored else data.narrow(0, route.row, stored[0])
 
 
 def _place(params: dict[str, torch.Tensor], route: Route, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(the view of the parameter that receives `tensor`, the tensor in that view's layout). The
     source is the one transposed: strided reads copy faster than strided writes."""
-    src = tensor.t() if route.transposed else tensor
-    data = params[route.param].data
-    if data.shape == src.shape:
-        return data, src
-    return data.narrow(0, route.row, src.shape[0]), src
+    return _dst(params, route, tensor.shape), tensor.t() if route.transposed else tensor
