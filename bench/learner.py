@@ -24,6 +24,7 @@ import torch
 
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.group import LearnerGroup
+from rollout.config import SamplingConfig
 from learner.tiny_gpt import init_tiny_gpt
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
@@ -56,8 +57,8 @@ def make_batch(samples: int, group: int = 8) -> tuple[RolloutBatch, ScoredBatch]
 def bench(model: str, world: int, zero: int, batch, scored, repeats: int) -> float:
     algo = AlgorithmConfig(estimator=Estimator.grpo, mini_batch_size=32, micro_batch_size=8, ppo_epochs=1)
     threads = max(1, (os.cpu_count() or 1) // world)
-    group = LearnerGroup(LearnerConfig(model_path=model, lr=1e-5, zero_stage=zero), algo, world, seed=0,
-                         temperature=1.0, group_size=8, num_cpus=0, threads=threads)
+    group = LearnerGroup(LearnerConfig(model_path=model, lr=1e-5, zero_stage=zero), algo, SamplingConfig(n_samples_per_prompt=8), world, seed=0,
+                         num_cpus=0, threads=threads)
     try:
         group.update(batch, scored, step=0)
         times = []

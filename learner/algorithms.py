@@ -46,6 +46,12 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return torch.where(mask > 0, out, 0.0)
 
 
+def masked_rescale(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """x / std over unmasked entries, without shifting: a zero stays exactly zero (for advantages
+    already centred per group, where a batch mean shift would move an all-equal group off 0)."""
+    return torch.where(mask > 0, x * torch.rsqrt(masked_var(x, mask) + eps), 0.0)
+
+
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     """1 - Var(returns - values) / Var(returns): 1 is a perfect critic, 0 no better than a constant."""
     return 1.0 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp(min=1e-8)
@@ -58,6 +64,23 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
     """log p(label) per position: logits (B, T, V), labels (B, T) -> (B, T)."""
     logits = logits.float()
     return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def filtered_logprobs(logits: Tensor, labels: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor:
+    """log p(label) under the distribution a sampler draws from after top-k / top-p filtering and
+    renormalising (as vLLM's processed logprobs are); -inf for a label outside the kept set.
+    logits (B, T, V) already divided by the temperature; top_k -1 and top_p 1 keep everything."""
+    logits = logits.float()
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        # keep the smallest set of most likely tokens whose mass reaches top_p (always the top one)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return logprobs_from_logits(logits, labels)
 
 
 def entropy_from_logits(logits: Tensor, mask: Tensor) -> Tensor:
@@ -88,6 +111,13 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str, mask: Tensor |
     else:
         raise ValueError(f"unknown KL estimator {kind!r}; expected k1, k2 or k3")
     return kl if mask is None else torch.where(mask > 0, kl, 0.0)
+
+
+def sequence_kl(kl: Tensor, mask: Tensor) -> Tensor:
+    """Per-token KL (B, T) summed over each response, averaged over the rows with a response token:
+    the unit of the adaptive controller's target (Ziegler et al. 2019; TRL's `target`)."""
+    has_token = (mask.sum(-1) > 0).float()
+    return masked_mean(masked_sum(torch.where(mask > 0, kl, 0.0), mask, dim=-1), has_token)
 
 
 def token_rewards(scores: Tensor, kl: Tensor, kl_coef: float, mask: Tensor) -> Tensor:
@@ -136,46 +166,55 @@ def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return returns
 
 
-def _groups(scores: Tensor, group_size: int) -> Tensor:
+def _groups(scores: Tensor, group_size: int, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(scores (G, n), valid (G, n) as 0/1, valid members per group (G, 1))."""
     if group_size < 1 or scores.numel() % group_size:
         raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
-    return scores.float().view(-1, group_size)
+    g = scores.float().view(-1, group_size)
+    v = torch.ones_like(g) if valid is None else valid.float().view(-1, group_size)
+    return torch.where(v > 0, g, 0.0), v, v.sum(-1, keepdim=True)
 
 
-def grpo_advantages(scores: Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+def grpo_advantages(scores: Tensor, group_size: int, valid: Tensor | None = None, scale_by_std: bool = True,
+                    eps: float = 1e-6) -> Tensor:
     """GRPO (Shao et al. 2024): each score minus its group's mean, over the group's std (unbiased).
 
-    scores (B,) hold the samples of one prompt contiguously, B = prompts * group_size.
-    A group whose scores are all equal gets 0 advantage (nothing to learn from it).
+    scores (B,) hold the samples of one prompt contiguously, B = prompts * group_size. `valid` (B,)
+    takes dropped samples out of their group: they get 0 and enter neither mean nor std. A group
+    whose scores are all equal, or with fewer than 2 valid samples, gets 0 (nothing to learn).
     """
-    g = _groups(scores, group_size)
-    centred = g - g.mean(-1, keepdim=True)
+    g, v, n = _groups(scores, group_size, valid)
+    centred = (g - g.sum(-1, keepdim=True) / n.clamp(min=1)) * v
     if scale_by_std:
-        std = g.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(centred[:, :1])
+        std = ((centred**2).sum(-1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
         centred = centred / (std + eps)
-    return centred.view(-1)
+    return torch.where(n >= 2, centred, 0.0).view(-1)
 
 
-def rloo_advantages(scores: Tensor, group_size: int) -> Tensor:
-    """REINFORCE leave-one-out (Ahmadian et al. 2024): score minus the mean of the group's others."""
+def rloo_advantages(scores: Tensor, group_size: int, valid: Tensor | None = None) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): score minus the mean of the group's other
+    valid samples; 0 for dropped samples and for groups with fewer than 2 valid ones."""
     if group_size < 2:
         raise ValueError("RLOO needs at least 2 samples per prompt")
-    g = _groups(scores, group_size)
-    others_mean = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
-    return (g - others_mean).view(-1)
+    g, v, n = _groups(scores, group_size, valid)
+    others_mean = (g.sum(-1, keepdim=True) - g) / (n - 1).clamp(min=1)
+    return torch.where(n >= 2, (g - others_mean) * v, 0.0).view(-1)
 
 
-def reinforce_baseline_advantages(scores: Tensor, group_size: int = 1, baseline: Tensor | None = None) -> Tensor:
-    """REINFORCE with a baseline: score minus `baseline` (a scalar or one per sample).
+def reinforce_baseline_advantages(scores: Tensor, group_size: int = 1, valid: Tensor | None = None,
+                                  baseline: str = "group") -> Tensor:
+    """REINFORCE with a baseline: score minus the mean score of the valid samples of its group
+    (baseline "group", REINFORCE++-baseline's; 0 where a group has one valid sample) or of the
+    whole batch ("batch"). Dropped samples get 0."""
+    if baseline == "batch":
+        return reinforce_baseline_advantages(scores, scores.numel(), valid, "group")
+    if baseline != "group":
+        raise ValueError(f"unknown REINFORCE baseline {baseline!r}; expected group or batch")
+    g, v, n = _groups(scores, group_size, valid)
+    return torch.where(n >= 2, (g - g.sum(-1, keepdim=True) / n.clamp(min=1)) * v, 0.0).view(-1)
 
-    Without one, the baseline is the batch mean. `group_size` is accepted for the shared estimator
-    signature; this estimator does not look at groups.
-    """
-    scores = scores.float()
-    return scores - (scores.mean() if baseline is None else baseline.float())
 
-
-# Outcome-reward estimators: (scores (B,), group_size) -> advantages (B,).
+# Outcome-reward estimators: (scores (B,), group_size, valid (B,) or None, **options) -> advantages (B,).
 OUTCOME_ESTIMATORS = {
     "grpo": grpo_advantages,
     "rloo": rloo_advantages,
@@ -273,7 +312,10 @@ class FixedKLController:
 
 class AdaptiveKLController:
     """Ziegler et al. 2019: move the coefficient towards `target` KL, proportionally, error clipped
-    to +-20%, at a rate of n_steps / horizon per update. Its value is checkpointed with the run."""
+    to +-20%, at a rate of n_steps / horizon per update. Its value is checkpointed with the run.
+
+    The KL is per sequence (`sequence_kl`: summed over a response's tokens, averaged over samples),
+    the unit of Ziegler et al.'s and TRL's targets (6.0 in their sentiment runs)."""
 
     def __init__(self, init_kl_coef: float, target: float, horizon: int):
         self.value, self.target, self.horizon = float(init_kl_coef), float(target), int(horizon)
@@ -281,7 +323,7 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         if not math.isfinite(current_kl):
             return  # a broken measurement must not wreck the coefficient
-        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)  # current_kl: `sequence_kl`
         self.value *= 1.0 + error * n_steps / self.horizon
 
     def state_dict(self) -> dict:

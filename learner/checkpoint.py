@@ -15,7 +15,9 @@ caller's job, once every rank has returned (see LearnerGroup.save).
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,25 @@ def _gathered(module, zero3: bool):
     from contextlib import nullcontext
 
     return nullcontext()
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Move a complete `tmp` folder to `final`. An existing `final` is set aside as `final.old`
+    until the new one is in place, so a crash at any point leaves a complete copy on disk
+    (`recover` puts a set-aside one back)."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover(final: Path) -> None:
+    """After a crash inside `publish`: if `final` is missing but its set-aside copy exists, restore it."""
+    old = final.with_name(final.name + ".old")
+    if old.exists() and not final.exists():
+        os.replace(old, final)
 
 
 def save_learner(learner, path: str) -> None:

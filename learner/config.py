@@ -7,7 +7,12 @@ class Estimator(str, Enum):
     gae = "gae"  # PPO with a critic
     grpo = "grpo"  # group-normalised outcome reward, no critic
     rloo = "rloo"  # leave-one-out baseline, no critic
-    reinforce_baseline = "reinforce_baseline"  # batch-mean baseline, no critic
+    reinforce_baseline = "reinforce_baseline"  # score minus a mean baseline (algorithm.reinforce_baseline), no critic
+
+
+class Baseline(str, Enum):
+    group = "group"  # the mean score of the prompt's other samples too (REINFORCE++-baseline)
+    batch = "batch"  # the mean score of the whole batch (classic REINFORCE with a baseline)
 
 
 class KLEstimator(str, Enum):
@@ -33,25 +38,28 @@ class LossAggregation(str, Enum):
 
 @dataclass
 class AlgorithmConfig:
-    estimator: Estimator = Estimator.grpo
-    gamma: float = 1.0
-    lam: float = 0.95
-    clip_eps: float = 0.2
-    value_clip_eps: float = 0.2
-    vf_coef: float = 0.5
-    entropy_coef: float = 0.0
-    loss_aggregation: LossAggregation = LossAggregation.token_mean
-    kl_estimator: KLEstimator = KLEstimator.k3
-    kl_placement: KLPlacement = KLPlacement.loss
-    kl_controller: KLControllerKind = KLControllerKind.fixed
-    init_kl_coef: float = 0.01
-    target_kl: float = 0.1  # adaptive controller only
+    estimator: Estimator = Estimator.grpo  # advantage estimator: gae (PPO with a critic), grpo, rloo or reinforce_baseline
+    gamma: float = 1.0  # gae only: discount per token; 1.0 = none
+    lam: float = 0.95  # gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns
+    clip_eps: float = 0.2  # PPO clip: ratio clipped to [1 - clip_eps, 1 + clip_eps] (upper bound: see clip_eps_high)
+    clip_eps_high: float = 0.0  # DAPO clip-higher: the ratio's upper clip is 1 + clip_eps_high; 0 = clip_eps
+    value_clip_eps: float = 0.2  # gae only: new values are clipped to old +- this; the larger of the two errors counts
+    vf_coef: float = 0.5  # gae only: weight of the value loss (shared head: added to the policy loss)
+    entropy_coef: float = 0.0  # entropy bonus: coef * entropy is subtracted from the loss; 0 = off
+    loss_aggregation: LossAggregation = LossAggregation.token_mean  # how token losses are averaged: token_mean or seq_mean
+    kl_estimator: KLEstimator = KLEstimator.k3  # per-token estimate of KL(policy || reference): k1, k2 or k3 (Schulman)
+    kl_placement: KLPlacement = KLPlacement.loss  # where the KL penalty goes: reward (per token) or loss
+    kl_controller: KLControllerKind = KLControllerKind.fixed  # fixed coefficient, or adaptive (steered towards target_kl)
+    init_kl_coef: float = 0.01  # KL penalty coefficient (the adaptive controller's start); 0 = no KL penalty
+    target_kl: float = 6.0  # adaptive controller only: KL per sequence (summed over a response's tokens, mean over samples), as in Ziegler et al. 2019 / TRL
     kl_horizon: int = 10000  # adaptive controller only: samples over which the error is corrected
-    whiten_rewards: bool = False
-    normalize_advantages: bool = True
-    grpo_scale_by_std: bool = True
-    ppo_epochs: int = 1
-    mini_batch_size: int = 16  # samples per optimizer step
+    whiten_rewards: bool = False  # gae only: divide the token rewards by their batch std (mean kept) before GAE
+    normalize_advantages: bool = True  # gae, reinforce_baseline: whiten over the batch; rloo and grpo without std scaling: divide by the batch std only (an all-equal group stays 0); grpo with grpo_scale_by_std: nothing more
+    grpo_scale_by_std: bool = True  # grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)
+    reinforce_baseline: Baseline = Baseline.group  # estimator reinforce_baseline only: which mean is subtracted
+    max_skipped_updates: int = 3  # stop the run after more than this many consecutive updates skipped as non-finite; 0 = never stop
+    ppo_epochs: int = 1  # passes over each step's batch
+    mini_batch_size: int = 16  # samples per optimizer step, all ranks together; must divide the step's samples
     micro_batch_size: int = 8  # samples per forward/backward on one learner rank
 
 
@@ -78,30 +86,30 @@ class OptimizerKind(str, Enum):
 
 @dataclass
 class LoraConfig:
-    rank: int = 0  # 0 disables LoRA
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    rank: int = 0  # LoRA adapter rank; 0 = no LoRA (full fine-tuning)
+    alpha: float = 16.0  # LoRA scaling: the adapters' update is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapters' input while training
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # names of the modules that get adapters (peft target_modules)
 
 
 @dataclass
 class LearnerConfig:
-    model_path: str = "???"  # a Hugging Face folder (local path)
-    zero_stage: int = 0
-    optimizer: OptimizerKind = OptimizerKind.torch_adamw
-    lr: float = 1e-5
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    gradient_checkpointing: bool = False
-    dtype: Dtype = Dtype.float32
+    model_path: str = "???"  # required: a local Hugging Face folder; relay train also takes builtin://NAME (see builtin_models.py)
+    zero_stage: int = 0  # DeepSpeed ZeRO stage: 0 = plain data parallel, 1-2 shard optimizer state/grads, 3 also weights
+    optimizer: OptimizerKind = OptimizerKind.torch_adamw  # AdamW implementation
+    lr: float = 1e-5  # learning rate of the trained model (the policy)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas, two numbers in [0, 1)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay; 0 = off
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    warmup_steps: int = 0  # optimizer steps of linear learning-rate warmup; 0 = full lr from the start
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more compute
+    dtype: Dtype = Dtype.float32  # weights and compute dtype; bfloat16 also enables DeepSpeed bf16
     value_head: ValueHead = ValueHead.shared  # ignored by critic-free estimators
-    critic_init: CriticInit = CriticInit.policy  # separate critic only
+    critic_init: CriticInit = CriticInit.policy  # separate critic only: start from the policy, critic_model_path, or random
     critic_model_path: str = ""  # needed when critic_init is reward_model
-    critic_lr: float = 1e-5
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    threads: int = 0  # torch threads per rank; 0 = share the machine's cores among overlapping processes
+    critic_lr: float = 1e-5  # learning rate of a separate critic (a shared head trains at lr)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters instead of full fine-tuning (rank 0 = off)
+    threads: int = 0  # torch threads per rank; 0 = the machine's cores split among the ranks
 
 
 @dataclass

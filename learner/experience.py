@@ -14,6 +14,7 @@ import torch.distributed as dist
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
 from reward_service.types import ScoredBatch
+from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch, pack
 
 
@@ -26,6 +27,7 @@ class Experience:
     old_logprobs: torch.Tensor  # (B, L-1) the learner's own, before this update
     ref_logprobs: torch.Tensor  # (B, L-1)
     behaviour_logprobs: torch.Tensor  # (B, L-1) the sampler's (for the gap metric)
+    sampler_logprobs: torch.Tensor  # (B, L-1) the learner's under the sampler's top-k/top-p filter (-inf outside)
     old_values: torch.Tensor | None  # (B, L-1) critic estimates, or None without a critic
     advantages: torch.Tensor  # (B, L-1)
     returns: torch.Tensor | None  # (B, L-1) value targets, or None without a critic
@@ -61,9 +63,10 @@ def sharded_forward(fn, n: int, micro: int, rank: int, world: int) -> list[torch
 
 
 def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_coef: float, mask: torch.Tensor,
-               values: torch.Tensor | None, group_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+               values: torch.Tensor | None, group_size: int, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages, returns) per token. GAE uses token rewards (KL in the reward if so placed);
-    outcome estimators score sequences (minus kl_coef * the sequence's KL if in the reward)."""
+    outcome estimators score sequences (minus kl_coef * the sequence's KL if in the reward), with
+    the samples not `valid` (B,) left out of their groups."""
     in_reward = cfg.kl_placement == KLPlacement.reward
     if cfg.estimator == Estimator.gae:
         rewards = A.token_rewards(scores, kl, kl_coef if in_reward else 0.0, mask)
@@ -73,16 +76,26 @@ def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_
     else:
         seq_scores = scores - kl_coef * A.masked_sum(kl, mask, dim=-1) if in_reward else scores
         fn = A.OUTCOME_ESTIMATORS[cfg.estimator.value]
-        kwargs = {"scale_by_std": cfg.grpo_scale_by_std} if cfg.estimator == Estimator.grpo else {}
-        adv = fn(seq_scores, group_size, **kwargs)[:, None] * mask
+        options = {Estimator.grpo: {"scale_by_std": cfg.grpo_scale_by_std},
+                   Estimator.reinforce_baseline: {"baseline": cfg.reinforce_baseline.value}}.get(cfg.estimator, {})
+        adv = fn(seq_scores, group_size, valid, **options)[:, None] * mask
         returns = None
-    if cfg.normalize_advantages:
-        adv = A.masked_whiten(adv, mask)
-    return adv, returns
+    return normalize(cfg, adv, mask), returns
+
+
+def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Batch normalisation of advantages. GRPO and RLOO are already centred per group: shifting by
+    the batch mean would give an all-equal group a non-zero advantage, so they are only rescaled
+    (and GRPO with its own std scaling is left as it is)."""
+    if not cfg.normalize_advantages or (cfg.estimator == Estimator.grpo and cfg.grpo_scale_by_std):
+        return adv
+    if cfg.estimator in (Estimator.grpo, Estimator.rloo):
+        return A.masked_rescale(adv, mask)
+    return A.masked_whiten(adv, mask)
 
 
 def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cfg: AlgorithmConfig, kl_coef: float,
-                    temperature: float, group_size: int, pad_id: int, micro: int, rank: int, world: int) -> Experience:
+                    sampling: SamplingConfig, pad_id: int, micro: int, rank: int, world: int) -> Experience:
     input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, pad_id)
     valid = torch.tensor(scored.valid, dtype=torch.float32)[:, None]
     mask = response_mask * valid
@@ -91,17 +104,24 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
     def forward(rows):
         inputs = (input_ids[rows], attention_mask[rows], position_ids[rows])
         logits, values = policy(*inputs)
-        logprobs = A.logprobs_from_logits(logits.float() / temperature, input_ids[rows, 1:])
+        logits = logits.float() / sampling.temperature
+        logprobs = A.logprobs_from_logits(logits, input_ids[rows, 1:])
+        filtered = (A.filtered_logprobs(logits, input_ids[rows, 1:], sampling.top_k, sampling.top_p)
+                    if filters else None)
         if critic is not None:
             values = critic(*inputs)
-        return logprobs, values
+        return logprobs, values, filtered
 
-    old_logprobs, old_values = sharded_forward(forward, len(batch), micro, rank, world)
+    filters = sampling.top_k > 0 or sampling.top_p < 1.0
+    old_logprobs, old_values, filtered = sharded_forward(forward, len(batch), micro, rank, world)
     old_logprobs = old_logprobs * response_mask
     ref = ragged_to_dense(scored.ref_logprobs, response_mask)
     kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)
     scores = torch.tensor(scored.rewards, dtype=torch.float32)
     needs_values = cfg.estimator == Estimator.gae
-    adv, returns = advantages(cfg, scores, kl, kl_coef, mask, old_values if needs_values else None, group_size)
+    adv, returns = advantages(cfg, scores, kl, kl_coef, mask, old_values if needs_values else None,
+                              sampling.n_samples_per_prompt, valid[:, 0] > 0)
+    sampler_logprobs = old_logprobs if filtered is None else torch.where(response_mask > 0, filtered, 0.0)
     return Experience(input_ids, attention_mask, position_ids, mask, old_logprobs, ref,
-                      ragged_to_dense(batch.logprobs, response_mask), old_values if needs_values else None, adv, returns)
+                      ragged_to_dense(batch.logprobs, response_mask), sampler_logprobs,
+                      old_values if needs_values else None, adv, returns)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import ray
 
+from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.worker import Learner
+from rollout.config import SamplingConfig
 from rollout.weight_sync import encode_plan, free_port
 
 
@@ -30,12 +32,12 @@ def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, nu
 
 
 class LearnerGroup:
-    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, world_size: int, seed: int, temperature: float,
-                 group_size: int, num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0,
-                 scheduling: list | None = None):
+    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, world_size: int, seed: int,
+                 num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0, scheduling: list | None = None):
+        """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt)."""
         self.ranks = start_ranks(
             Learner, world_size,
-            lambda rank, port, threads: (cfg, algo, rank, world_size, "127.0.0.1", port, seed, temperature, group_size, threads),
+            lambda rank, port, threads: (cfg, algo, sampling, rank, world_size, "127.0.0.1", port, seed, threads),
             num_cpus, num_gpus, threads or cfg.threads, scheduling)
 
     def _all(self, method: str, *args):
@@ -73,9 +75,7 @@ class LearnerGroup:
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         self._all("save", str(tmp))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        publish(tmp, final)
         return final
 
     def load(self, path: str | Path) -> None:

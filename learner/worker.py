@@ -18,6 +18,7 @@ from learner.engine import init_distributed, make_engine, skipped_steps
 from learner.experience import Experience, make_experience
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
+from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
 from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, plan_buckets, send_weights
 
@@ -29,14 +30,16 @@ def seed_everything(seed: int) -> None:
 
 
 class Learner:
-    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, rank: int, world_size: int, master_addr: str,
-                 master_port: int, seed: int, temperature: float, group_size: int, threads: int = 0):
+    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, rank: int, world_size: int,
+                 master_addr: str, master_port: int, seed: int, threads: int = 0):
         if threads:
             torch.set_num_threads(threads)
         init_distributed(rank, world_size, master_addr, master_port)
         seed_everything(seed + rank)
         self.cfg, self.algo, self.rank, self.world = cfg, algo, rank, world_size
-        self.seed, self.temperature, self.group_size = seed, temperature, group_size
+        # the sampler's distribution: logprobs at its temperature, its filters for the gap metric
+        self.seed, self.sampling = seed, sampling
+        self.temperature, self.group_size = sampling.temperature, sampling.n_samples_per_prompt
         needs_critic = algo.estimator == Estimator.gae
         shared = needs_critic and cfg.value_head == ValueHead.shared
         self.policy = build_policy(cfg, value_head=shared)
@@ -68,8 +71,7 @@ class Learner:
         skipped_before = self._skipped()
         self.policy_engine.eval()
         exp = make_experience(self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value,
-                              self.temperature, self.group_size, self.pad_id, self.algo.micro_batch_size,
-                              self.rank, self.world)
+                              self.sampling, self.pad_id, self.algo.micro_batch_size, self.rank, self.world)
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
         n_mini = 0
@@ -120,7 +122,7 @@ class Learner:
         logprobs = A.logprobs_from_logits(logits, mb["input_ids"][:, 1:])
         mask = mb["mask"]
         pg, pm = A.ppo_policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask, self.algo.clip_eps,
-                                   aggregation=agg, total=total)
+                                   self.algo.clip_eps_high or None, aggregation=agg, total=total)
         entropy = A.aggregate(A.entropy_from_logits(logits, mask), mask, agg, total)
         loss = pg - self.algo.entropy_coef * entropy
         share = _share(mb, total, agg)
@@ -145,17 +147,24 @@ class Learner:
 
     def _experience_metrics(self, exp: Experience) -> dict[str, float]:
         mask = exp.mask
-        kl = A.masked_mean(A.kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator.value, mask), mask)
+        kl = A.kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator.value, mask)
+        # the sampler's and the learner's logprob of each sampled token, under the same top-k/top-p
+        # filter; tokens the learner's filter excludes are counted apart, not averaged as -inf
+        inside = mask * torch.isfinite(exp.sampler_logprobs)
         m = {
-            "kl/ref": float(kl),
+            "kl/ref": float(A.masked_mean(kl, mask)),  # per token
+            "kl/ref_seq": float(A.sequence_kl(kl, mask)),  # per sequence: what the adaptive controller steers
             "kl/coef": self.kl_ctl.value,
-            "rollout/logprob_gap": float(A.masked_mean((exp.old_logprobs - exp.behaviour_logprobs).abs(), mask)),
+            "rollout/logprob_gap": float(A.masked_mean((exp.sampler_logprobs - exp.behaviour_logprobs).abs(), inside)),
+            "rollout/outside_filter_frac": float(1.0 - inside.sum() / mask.sum().clamp(min=1)),
             "advantages/mean": float(A.masked_mean(exp.advantages, mask)),
             "advantages/std": float(A.masked_var(exp.advantages, mask).sqrt()),
         }
         if exp.returns is not None:
             m["returns/mean"] = float(A.masked_mean(exp.returns, mask))
             m["learner/explained_variance"] = float(A.explained_variance(exp.old_values, exp.returns, mask))
+        for name in nonfinite_inputs(exp):
+            m[f"learner/nonfinite/{name}"] = 1.0
         return m
 
     def _skipped(self) -> int:
@@ -234,6 +243,14 @@ class Learner:
         from learner.checkpoint import load_learner
 
         load_learner(self, path)
+
+
+def nonfinite_inputs(exp: Experience) -> list[str]:
+    """Names of the update's inputs with a NaN/inf on a training token: what a non-finite loss
+    came from (e.g. old_logprobs at temperature 0, a NaN reward in advantages)."""
+    names = ["old_logprobs", "ref_logprobs", "advantages", "old_values", "returns"]
+    return [n for n in names if getattr(exp, n) is not None
+            and not torch.isfinite(torch.where(exp.mask > 0, getattr(exp, n), 0.0)).all()]
 
 
 def _share(mb: dict, total: float, agg: str) -> float:

@@ -41,6 +41,24 @@ def test_explained_variance():
 # ---------------------------------------------------------------- logprobs and entropy
 
 
+def test_filtered_logprobs_renormalise_over_the_kept_tokens():
+    logits = torch.log(t([[[0.5, 0.3, 0.2]]]))
+    # top-p .7: .5 alone reaches .5 < .7, .5 + .3 = .8 >= .7 -> keep {0, 1}, renormalised to .625 / .375
+    assert close(A.filtered_logprobs(logits, t([[1]]), top_p=0.7), [[math.log(0.375)]])
+    assert A.filtered_logprobs(logits, t([[2]]), top_p=0.7).item() == float("-inf")
+    # top-k 1 keeps the argmax only; no filter is the plain logprob
+    assert close(A.filtered_logprobs(logits, t([[0]]), top_k=1), [[0.0]])
+    assert close(A.filtered_logprobs(logits, t([[2]])), A.logprobs_from_logits(logits, t([[2]])))
+    # top-k 2 then top-p .9 over the renormalised pair (.625, .375): both needed
+    assert close(A.filtered_logprobs(logits, t([[1]]), top_k=2, top_p=0.9), [[math.log(0.375)]])
+
+
+def test_masked_rescale_keeps_zero_at_zero():
+    x, mask = t([[2.0, 0.0], [-2.0, 5.0]]), t([[1.0, 1.0], [1.0, 0.0]])
+    # unmasked [2, 0, -2]: mean 0, unbiased var 4 -> std 2
+    assert close(A.masked_rescale(x, mask), [[1.0, 0.0], [-1.0, 0.0]])
+
+
 def test_logprobs_and_entropy_hand_example():
     # uniform over 4 symbols: log p = -log 4, entropy = log 4
     logits = torch.zeros(1, 2, 4)
@@ -164,8 +182,33 @@ def test_rloo_hand_example():
 
 
 def test_reinforce_baseline_hand_example():
-    assert close(A.reinforce_baseline_advantages(t([1.0, 2.0, 3.0])), [-1.0, 0.0, 1.0])
-    assert close(A.reinforce_baseline_advantages(t([1.0, 2.0]), baseline=t([0.5, 3.0])), [0.5, -1.0])
+    scores = t([1.0, 2.0, 3.0, 7.0])
+    # batch baseline: mean 13/4 = 3.25
+    assert close(A.reinforce_baseline_advantages(scores, 2, baseline="batch"), [-2.25, -1.25, -0.25, 3.75])
+    # group baseline (REINFORCE++-baseline): groups [1, 2] (mean 1.5) and [3, 7] (mean 5)
+    assert close(A.reinforce_baseline_advantages(scores, 2), [-0.5, 0.5, -2.0, 2.0])
+    # one sample per prompt: the group baseline is the sample itself, so only the batch one learns
+    assert close(A.reinforce_baseline_advantages(scores, 1), [0, 0, 0, 0])
+    # a dropped sample leaves its group: [1, -, 3, 7] -> batch mean 11/3 over the valid three
+    valid = t([True, False, True, True])
+    assert close(A.reinforce_baseline_advantages(scores, 4, valid), [1 - 11 / 3, 0, 3 - 11 / 3, 7 - 11 / 3])
+    with pytest.raises(ValueError, match="baseline"):
+        A.reinforce_baseline_advantages(scores, 2, baseline="median")
+
+
+def test_dropped_samples_leave_their_group():
+    # group [1, 0, (dropped), 1] and group [5, (dropped), (dropped), (dropped)]
+    scores = t([1.0, 0.0, 9.0, 1.0, 5.0, 9.0, 9.0, 9.0])
+    valid = t([True, True, False, True, True, False, False, False])
+    # GRPO on [1, 0, 1]: mean 2/3, centred [1/3, -2/3, 1/3], unbiased std sqrt((1/9 + 4/9 + 1/9) / 2) = .57735
+    # -> [.57735, -1.1547, 0, .57735]; the second group has 1 valid sample: it contributes nothing
+    assert close(A.grpo_advantages(scores, 4, valid), [0.57735, -1.154701, 0, 0.57735, 0, 0, 0, 0])
+    # RLOO on [1, 0, 1]: a 1's others average .5 -> .5; the 0's others average 1 -> -1
+    assert close(A.rloo_advantages(scores, 4, valid), [0.5, -1.0, 0, 0.5, 0, 0, 0, 0])
+    # every sample valid gives the plain estimators
+    everyone = torch.ones(8, dtype=torch.bool)
+    assert close(A.grpo_advantages(scores, 4, everyone), A.grpo_advantages(scores, 4))
+    assert close(A.rloo_advantages(scores, 4, everyone), A.rloo_advantages(scores, 4))
 
 
 def test_outcome_estimators_share_one_signature():
@@ -251,6 +294,27 @@ def test_adaptive_controller_hand_example():
     c2 = A.AdaptiveKLController(0.1, 6.0, 10000)
     c2.update(6.6, 256)
     assert close(c2.value, 0.100256, tol=1e-9)
+
+
+def test_sequence_kl_is_summed_over_tokens_and_averaged_over_samples():
+    kl = t([[1.0, 2.0, 3.0, 99.0], [0.5, 0.5, 99.0, 99.0], [99.0, 99.0, 99.0, 99.0]])
+    mask = t([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # the third row has no token
+    assert close(A.sequence_kl(kl, mask), (6.0 + 1.0) / 2)
+    assert close(A.masked_mean(kl, mask), 7.0 / 5)  # the per-token mean, a different unit
+
+
+def test_a_batch_with_a_known_kl_moves_the_adaptive_coefficient_by_the_formula():
+    # per-sequence KL (6 + 1) / 2 = 3.5 against a target of 3: error 3.5/3 - 1 = .16667 (within the
+    # +-.2 clip), 2 samples over a horizon of 10 -> x(1 + .16667 * 2 / 10) = x1.033333
+    kl = t([[1.0, 2.0, 3.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    mask = t([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    c = A.AdaptiveKLController(0.1, target=3.0, horizon=10)
+    c.update(float(A.sequence_kl(kl, mask)), 2)
+    assert close(c.value, 0.1 * (1 + (3.5 / 3 - 1) * 2 / 10), tol=1e-9) and close(c.value, 0.1033333, tol=1e-7)
+    # fed the per-token mean (1.4) instead, the same batch would have *lowered* it (error clipped to -.2)
+    wrong = A.AdaptiveKLController(0.1, target=3.0, horizon=10)
+    wrong.update(float(A.masked_mean(kl, mask)), 2)
+    assert wrong.value < 0.1 < c.value
 
 
 def test_adaptive_controller_state_survives_resume():

@@ -10,6 +10,7 @@ from conftest import make_scored_batch
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig, LoraConfig, ValueHead
 from learner.group import LearnerGroup
+from rollout.config import SamplingConfig
 
 pytestmark = pytest.mark.e2e
 GROUP = 4
@@ -22,7 +23,8 @@ def algo(**kw):
 
 def learners(model, world=1, zero=0, a=None, **cfg_kw):
     cfg = LearnerConfig(model_path=model, lr=1e-3, zero_stage=zero, **cfg_kw)
-    return LearnerGroup(cfg, a or algo(), world, seed=0, temperature=1.0, group_size=GROUP, num_cpus=0, threads=1)
+    return LearnerGroup(cfg, a or algo(), SamplingConfig(n_samples_per_prompt=GROUP), world, seed=0,
+                         num_cpus=0, threads=1)
 
 
 def changed(a: dict, b: dict) -> set[str]:
