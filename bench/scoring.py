@@ -1,15 +1,19 @@
 """Scoring throughput: reference logprobs, a reward model and a rule reward, samples/s.
 
     .venv/bin/python -m bench.scoring [--samples 256] [--response-tokens 32] [--repeats 5]
+    .venv/bin/python -m bench.scoring --deadlines [--repeats 5]
 
 Tiny GPT-2 models (~10M parameters, the bench/rollout.py "10M" shape) on the CPU, float32,
 micro-batches of 32; medians of the repeats. Prints a table and a final JSON line.
+--deadlines instead measures what a source that never answers costs against its deadline.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -17,8 +21,10 @@ from transformers import GPT2Config, GPT2ForSequenceClassification
 
 from bench.algorithms import median_ms
 from learner.tiny_gpt import char_tokenizer, init_tiny_gpt
+from reward_service.combine import run_source
 from reward_service.config import RewardSource, SourceKind
 from reward_service.reference import ReferenceModel
+from reward_service.remote import RemoteReward, serve
 from reward_service.sources import build_source
 from rollout.types import RolloutBatch
 
@@ -30,7 +36,11 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--response-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--deadlines", action="store_true", help="only the deadline overhead figures (no models)")
     args = p.parse_args()
+    if args.deadlines:
+        deadline_overhead(args.repeats)
+        return
     g = torch.Generator().manual_seed(0)
     B, T = args.samples, args.response_tokens
     prompts = torch.randint(3, 60, (B, 16), generator=g).tolist()
@@ -58,6 +68,46 @@ def main() -> None:
         print(f"{k:28s} {v:12.1f}")
     print(json.dumps({"samples": B, "prompt_tokens": 16, "response_tokens": T, "params_m": 9.0,
                       "threads": torch.get_num_threads(), **{k: round(v, 1) for k, v in results.items()}}))
+
+
+def deadline_overhead(repeats: int, timeout_s: float = 0.2) -> dict[str, float]:
+    """Median wall time of a call to a source that never answers, next to the time it is allowed:
+    a user function cut by run_source's deadline, and a loopback server cut by RemoteReward's
+    per-attempt timeouts (1 retry). The hanging work blocks on an Event set after each call, so
+    no thread outlives a repeat (the bound only guards against a client that never returns)."""
+    release = threading.Event()
+    logging.getLogger("reward_service.remote").setLevel(logging.ERROR)  # every late answer warns, by design
+
+    class Hangs:
+        def score(self, prompts, responses, metadata):
+            release.wait(60)
+            return [1.0] * len(responses)
+
+    server = serve(lambda p, r, m: [1.0] * len(r) if release.wait(60) else [], port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    remote = RemoteReward(f"http://127.0.0.1:{server.server_address[1]}/score", timeout_s, 1, 2)
+    batch = (["p"] * 8, ["r"] * 8, [{}] * 8)
+
+    def unanswered(call):
+        release.clear()
+        call()
+        release.set()
+
+    try:
+        fn_ms = median_ms(lambda: unanswered(lambda: run_source(Hangs(), *batch, timeout_s)), repeats)
+        remote_ms = median_ms(lambda: unanswered(lambda: remote.score(*batch)), repeats)
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    allowed_remote_ms = 1e3 * (2 * timeout_s + remote.backoff_s)  # 2 attempts and one backoff sleep
+    results = {"function_ms": fn_ms, "function_allowed_ms": 1e3 * timeout_s,
+               "remote_ms": remote_ms, "remote_allowed_ms": allowed_remote_ms,
+               "remote_hard_deadline_ms": 1e3 * remote.deadline_s}
+    for k, v in results.items():
+        print(f"{k:28s} {v:12.1f}")
+    print(json.dumps({"timeout_s": timeout_s, "repeats": repeats, **{k: round(v, 1) for k, v in results.items()}}))
+    return results
 
 
 if __name__ == "__main__":

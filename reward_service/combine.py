@@ -29,12 +29,16 @@ class Deadline(Exception):
 
 
 def call_with_deadline(fn, timeout_s: float):
-    """fn() on a helper thread; raise Deadline if it takes longer (the thread is abandoned)."""
+    """fn() on a helper thread; raise Deadline if it takes longer. A call that never started is
+    cancelled; one already running cannot be stopped, so its thread is abandoned to finish alone
+    (the message says which: an abandoned thread still holds whatever fn holds)."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-reward")
+    future = pool.submit(fn)
     try:
-        return pool.submit(fn).result(timeout=timeout_s)
+        return future.result(timeout=timeout_s)
     except FutureTimeout:
-        raise Deadline(f"no result within {timeout_s} s") from None
+        how = "cancelled before it started" if future.cancel() else "abandoned, still running"
+        raise Deadline(f"no result within {timeout_s} s ({how})") from None
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -119,11 +119,14 @@ def serve(score_fn, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPS
                 log.exception("serve-reward: scoring failed")
                 body, code = json.dumps({"error": f"{type(e).__name__}: {e}"}), 500
             data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # one line, not a traceback per late answer
+                log.warning("serve-reward: the client left before its answer (past its timeout?)")
 
         def log_message(self, fmt, *args):
             log.debug("serve-reward: " + fmt, *args)

@@ -1,6 +1,6 @@
 """Failure isolation, weights and shaping of rewards, without any model."""
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,8 @@ from reward_service.shaping import RunningMeanStd, shape
 from reward_service.sources import build_source
 
 sys.path.insert(0, str(Path(__file__).parent))
+import user_rewards  # noqa: E402  (the same module FunctionSource loads by "user_rewards:...")
+
 FN = "user_rewards:"
 
 
@@ -44,11 +46,31 @@ def test_wrong_length_falls_back_to_one_by_one():
     assert r.scores == [1.0, 1.0, 1.0] and "returned 2 scores for 3 samples" in r.errors[0]
 
 
-def test_a_hanging_function_is_cut_at_its_deadline():
-    start = time.monotonic()
+def helper_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("relay-reward")]
+
+
+@pytest.fixture
+def hang():
+    """user_rewards.hangs, reset; released at the end even if the test fails, so no thread lingers."""
+    for event in (user_rewards.RELEASE, user_rewards.STARTED, user_rewards.FINISHED):
+        event.clear()
+    yield user_rewards
+    user_rewards.RELEASE.set()
+
+
+def test_a_hanging_function_is_cut_at_its_deadline(hang):
     r = run(fn_source("hangs"), ["a", "b"], timeout_s=0.5)
-    assert time.monotonic() - start < 3
-    assert r.scores == [None, None] and r.timeouts == 1
+    # hangs cannot finish until released below: the result came back without waiting for the work
+    assert not hang.FINISHED.is_set()
+    assert r.scores == [None, None] and r.timeouts == 1 and r.errors[0].startswith("no result within 0.5 s")
+    hang.RELEASE.set()
+    for t in helper_threads():
+        t.join(timeout=30)
+    assert not helper_threads()  # the helper thread ends with its work: nothing outlives the test
+    # the deadline either cancelled the call before it began or abandoned it mid-call; the error says which
+    how = "(abandoned, still running)" if hang.STARTED.is_set() else "(cancelled before it started)"
+    assert r.errors[0].endswith(how)
 
 
 def test_combination_weights_and_invalid():

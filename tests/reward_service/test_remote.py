@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from reward_service.combine import run_source
 from reward_service.config import RewardSource, SourceKind
-from reward_service.remote import RemoteReward
+from reward_service.remote import RemoteReward, serve
 from reward_service.sources import build_source
 from rollout.weight_sync import free_port
 
@@ -19,33 +18,65 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Server:
-    """A loopback HTTP server whose reply is `reply(payload) -> (status, bytes)`; counts requests."""
+    """A loopback HTTP server whose reply is `reply(payload) -> (status, bytes)`; counts requests and
+    answers (as each answer starts). A request with `hold(payload)` true waits for release(), which
+    the test calls, before its answer; the bound on that wait only keeps a broken client from
+    hanging the test forever."""
 
-    def __init__(self, reply, delay_s=0.0):
-        self.requests = 0
-        outer = self
+    HOLD_LIMIT_S = 60.0
+
+    def __init__(self, reply, hold=lambda payload: False):
+        self.requests, self.answered = 0, 0
+        self.released = threading.Event()
+        lock, outer = threading.Lock(), self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
-                outer.requests += 1
+                with lock:
+                    outer.requests += 1
                 payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                time.sleep(delay_s)
+                if hold(payload):
+                    outer.released.wait(Server.HOLD_LIMIT_S)
                 status, body = reply(payload)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                with lock:
+                    outer.answered += 1  # before the write: the client may return as soon as it reads
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the client gave up on this request long ago
 
             def log_message(self, *a):
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = False  # so close() joins the handlers: none outlives the test
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
+    def release(self):
+        self.released.set()
+
     def close(self):
+        self.release()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def first_attempt_of_each_chunk():
+    """A hold: the first request for each distinct chunk waits; a retry of it is answered at once."""
+    seen, lock = set(), threading.Lock()
+
+    def hold(payload):
+        key = tuple(payload["responses"])
+        with lock:
+            first = key not in seen
+            seen.add(key)
+        return first
+
+    return hold
 
 
 def lengths(payload):
@@ -69,16 +100,28 @@ def test_good_server_in_concurrent_chunks():
         s.close()
 
 
-def test_slow_server_trips_the_timeout_and_cannot_hang_the_run():
-    s = Server(lengths, delay_s=5.0)
+def test_a_hanging_server_cannot_hang_the_run():
+    s = Server(lengths, hold=lambda payload: True)
     try:
-        c = client(s.url, timeout_s=0.3, retries=1, concurrency=2)
-        start = time.monotonic()
-        r = c.score(["p"] * 5, RESPONSES, [{}] * 5)
-        elapsed = time.monotonic() - start
-        assert elapsed < c.deadline_s < 3.0
-        assert r.scores == [None] * 5 and r.timeouts == 4  # 2 chunks x 2 attempts
-        assert "timed out after 0.3 s" in r.errors[0]
+        r = client(s.url, timeout_s=0.3, retries=1, concurrency=2).score(["p"] * 5, RESPONSES, [{}] * 5)
+        # the server answers nothing until released below: the client came back without it
+        assert s.answered == 0
+        assert r.scores == [None] * 5
+        # each of the 2 chunks is marked once; it ran out of attempts (2 timeouts) or, on a stalled
+        # machine, hit the call's hard deadline (1 timeout): both name the deadline that cut it
+        assert len(r.errors) == 2 and 2 <= r.timeouts <= 4
+        assert all("timed out after 0.3 s" in e or "s deadline" in e for e in r.errors), r.errors
+    finally:
+        s.close()
+
+
+def test_a_timed_out_attempt_is_retried():
+    s = Server(lengths, hold=first_attempt_of_each_chunk())
+    try:
+        r = client(s.url, timeout_s=1.0, retries=1, concurrency=2).score(["p"] * 5, RESPONSES, [{}] * 5)
+        assert r.scores == [1.0, 2.0, 3.0, 4.0, 5.0] and not r.errors
+        # each chunk: a first attempt still held now, then a retry that was answered
+        assert r.timeouts == 2 and s.requests == 4 and s.answered == 2
     finally:
         s.close()
 
@@ -105,6 +148,22 @@ def test_non_finite_entries_mark_single_samples():
         assert client(s.url, concurrency=1).score(["p"] * 5, RESPONSES, [{}] * 5).scores == [1.0, None, None, None, 2.5]
     finally:
         s.close()
+
+
+def test_serve_reward_answers_a_departed_client_without_a_traceback(capsys):
+    release = threading.Event()
+    server = serve(lambda p, r, m: [1.0] * len(r) if release.wait(60) else [], port=0)
+    server.daemon_threads = False  # so server_close() joins the late handler
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/score"
+        r = client(url, timeout_s=0.3, retries=0).score(["p"], ["a"], [{}])
+        assert r.scores == [None] and r.timeouts == 1
+    finally:
+        release.set()  # the answer now goes to a client that has gone
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_unreachable_server():

@@ -1,6 +1,6 @@
 """User reward functions for the tests, loaded by `module.path:function` like a user's own."""
 import math
-import time
+import threading
 
 
 def length(prompts, responses, metadata):
@@ -18,6 +18,17 @@ def short(prompts, responses, metadata):
     return [1.0] * (len(responses) - 1) if len(responses) > 1 else [1.0]
 
 
+# `hangs` blocks until a test sets RELEASE, so the test decides when the work ends (after it has
+# checked the call came back without it) and can join the thread; the bound is only a safety net
+# for a test that forgets, so no thread outlives a run by more than that.
+RELEASE = threading.Event()
+STARTED = threading.Event()
+FINISHED = threading.Event()
+HANG_LIMIT_S = 60.0
+
+
 def hangs(prompts, responses, metadata):
-    time.sleep(30)
+    STARTED.set()
+    RELEASE.wait(HANG_LIMIT_S)
+    FINISHED.set()
     return [1.0] * len(responses)
