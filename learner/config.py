@@ -53,7 +53,7 @@ class AlgorithmConfig:
     init_kl_coef: float = 0.01  # KL penalty coefficient (the adaptive controller's start); 0 = no KL penalty
     target_kl: float = 6.0  # adaptive controller only: KL per sequence (summed over a response's tokens, mean over samples), as in Ziegler et al. 2019 / TRL
     kl_horizon: int = 10000  # adaptive controller only: samples over which the error is corrected
-    whiten_rewards: bool = False  # gae only: divide the token rewards by their batch std (mean kept) before GAE
+    whiten_rewards: bool = False  # gae only: rescale token rewards to unit batch std around their (kept) mean before GAE
     normalize_advantages: bool = True  # gae, reinforce_baseline: whiten over the batch; rloo and grpo without std scaling: divide by the batch std only (an all-equal group stays 0); grpo with grpo_scale_by_std: nothing more
     grpo_scale_by_std: bool = True  # grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)
     reinforce_baseline: Baseline = Baseline.group  # estimator reinforce_baseline only: which mean is subtracted

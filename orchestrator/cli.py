@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from orchestrator.data import DataError
+    from orchestrator.phases import TrainingError
 
     try:
         return args.func(args)
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"relay: data error: {e}", file=sys.stderr)
         return 2
+    except TrainingError as e:
+        print(f"relay: training stopped: {e}", file=sys.stderr)
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,8 +44,11 @@ def _parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="inspect configs")
     config_sub = config.add_subparsers(metavar="ACTION", required=True)
-    show = config_sub.add_parser("show", help="print the resolved, validated config tree")
+    show = config_sub.add_parser("show", help="print the resolved, validated config tree, each value with its meaning")
     _config_args(show, default=None)
+    show.add_argument("--bare", action="store_true", help="plain YAML, without the comments")
+    show.add_argument("--for", dest="command", choices=["train", "sft", "rm", "pipeline"], default="train",
+                      help="the command the config is for, which decides its tree (default: train)")
     show.set_defaults(func=_config_show)
 
     serve = sub.add_parser("serve-reward", help="serve the config's reward sources over HTTP (POST /score)")
@@ -95,15 +102,22 @@ def _split(args) -> tuple[Path, list[str]]:
 
 
 def _config_show(args) -> int:
+    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
+    from orchestrator.config_docs import commented_yaml
+
     path, overrides = _split(args)
-    print(to_yaml(load_config(path, overrides)), end="")
+    root = {"train": TrainConfig, "sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}[args.command]
+    cfg = load_config(path, overrides, root=root)
+    print(to_yaml(cfg) if args.bare else commented_yaml(cfg), end="")
     return 0
 
 
 def _train(args) -> int:
+    from orchestrator.config_docs import record_launch
+
     path, overrides = _split(args)
     cfg = load_config(path, overrides)  # every config error surfaces here, before Ray starts
-    print(to_yaml(cfg), end="", flush=True)
+    print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
     from orchestrator.trainer import Trainer
 
     trainer = Trainer(cfg)
@@ -134,17 +148,18 @@ def _serve_reward(args) -> int:
 
 def _stage(args) -> int:
     from orchestrator.config import PipelineConfig, StageConfig
+    from orchestrator.config_docs import record_launch
 
     path, overrides = _split(args)
     if args.stage == "pipeline":
         cfg = load_config(path, overrides, root=PipelineConfig)
-        print(to_yaml(cfg), end="", flush=True)
+        print(record_launch(cfg, "pipeline"), flush=True)
         from orchestrator.pipeline import run_pipeline
 
         run_pipeline(cfg)
         return 0
     cfg = load_config(path, overrides, root=StageConfig)
-    print(to_yaml(cfg), end="", flush=True)
+    print(record_launch(cfg, args.stage), flush=True)
     from orchestrator.stages import run_stage
 
     run_stage(cfg, args.stage)

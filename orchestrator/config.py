@@ -17,30 +17,30 @@ class BadLinePolicy(str, Enum):
 
 @dataclass
 class ClusterConfig:
-    address: str = ""  # "" starts a local Ray; "auto" joins the cluster this job runs in
-    rollout_workers: int = 1
-    learner_ranks: int = 1
-    colocate: bool = True  # share devices between roles (vLLM sleeps during the update on GPU)
-    gpus_per_rollout_worker: float = 0.0
-    gpus_per_learner: float = 0.0
+    address: str = ""  # "" starts a local Ray (or joins RAY_ADDRESS); "auto" or host:port joins a running cluster
+    rollout_workers: int = 1  # vLLM engines (Ray actors); each step's prompts are split evenly among them
+    learner_ranks: int = 1  # DeepSpeed data-parallel learner ranks (Ray actors)
+    colocate: bool = True  # true: roles share the devices (no placement group, actors reserve no CPUs); false: a bundle each
+    gpus_per_rollout_worker: float = 0.0  # GPUs per rollout worker (a fraction shares one); > 0 also sends weights by NCCL, 0 by gloo
+    gpus_per_learner: float = 0.0  # GPUs per learner rank (a fraction shares one); 0 = CPU
     max_restarts: int = 2  # Ray restarts of a dead rollout/scoring actor before the run fails
 
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = field(default_factory=list)  # JSONL or Parquet
-    eval_files: list[str] = field(default_factory=list)
-    task: str = ""  # a reasoning-gym task name instead of files
-    task_size: int = 1000
+    train_files: list[str] = field(default_factory=list)  # prompt files, JSONL or Parquet; give these or task, not both
+    eval_files: list[str] = field(default_factory=list)  # held-out prompt files; empty = eval_size training prompts drawn at random (seeded) and removed from training
+    task: str = ""  # prompts from a task instead of files (addition_2digit, a reasoning-gym name); "" = files
+    task_size: int = 1000  # training prompts generated from task (task only)
     prompt_key: str = "prompt"  # plain text or a list of chat messages
-    answer_key: str = "answer"  # optional reference answer, passed to rewards
-    apply_chat_template: bool = False
-    rollout_batch_size: int = 8  # prompts per step
-    eval_size: int = 64
-    shuffle: bool = True
-    on_bad_line: BadLinePolicy = BadLinePolicy.error
+    answer_key: str = "answer"  # optional reference answer, passed to rewards; other fields travel as metadata
+    apply_chat_template: bool = False  # send a text prompt as one user message through the tokenizer's chat template
+    rollout_batch_size: int = 8  # prompts per step (each sampled rollout.sampling.n_samples_per_prompt times)
+    eval_size: int = 64  # held-out prompts evaluated before and after training (and every eval.every_n_steps)
+    shuffle: bool = True  # reshuffle the prompts every epoch (seeded); false = file order
+    on_bad_line: BadLinePolicy = BadLinePolicy.error  # a malformed line: error (stop, naming file:line) or skip (and count it)
     dynamic_sampling: bool = False  # GRPO/RLOO (DAPO): drop groups whose rewards are all equal, top up
-    dynamic_sampling_rounds: int = 4  # extra generate+score rounds per step before keeping some equal groups
+    dynamic_sampling_rounds: int = 4  # extra generate+score rounds per step; still short, equal groups fill the batch
 
 
 class WandbMode(str, Enum):
@@ -51,97 +51,97 @@ class WandbMode(str, Enum):
 
 @dataclass
 class WandbConfig:
-    mode: WandbMode = WandbMode.offline
-    project: str = "relay"
-    entity: str = ""
+    mode: WandbMode = WandbMode.offline  # offline (no login; `wandb sync` later), online, or disabled (metrics.jsonl only)
+    project: str = "relay"  # wandb project
+    entity: str = ""  # wandb team or user; "" = your default entity
 
 
 @dataclass
 class LoggingConfig:
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    log_every: int = 1
-    progress_bar: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases; metrics.jsonl in the run folder is written either way
+    log_every: int = 1  # steps between console lines (metrics.jsonl and wandb get every step)
+    progress_bar: bool = True  # print a console line per log_every steps (progress, reward, KL, time); false = quiet
 
 
 @dataclass
 class CheckpointConfig:
-    every_n_steps: int = 0  # 0 = only at the end
-    keep_last: int = 2
-    resume: str = "never"  # never | auto | a checkpoint path
+    every_n_steps: int = 0  # steps between checkpoints (runs/<name>/checkpoints/step_N); 0 = only at the end
+    keep_last: int = 2  # newest checkpoints kept, older ones deleted; 0 = keep all
+    resume: str = "never"  # never | auto (the run folder's newest checkpoint, if any) | a checkpoint path
 
 
 @dataclass
 class EvalConfig:
-    every_n_steps: int = 0  # 0 = only before and after training
-    greedy: bool = True
-    num_samples_to_log: int = 8
+    every_n_steps: int = 0  # steps between held-out evaluations; 0 = only before and after training
+    greedy: bool = True  # also generate greedy answers (greedy accuracy, sample tables); false = sampled answers only
+    num_samples_to_log: int = 8  # held-out prompts shown with their greedy answers (console table, samples.jsonl, wandb)
 
 
 @dataclass
 class TrainConfig:
-    name: str = "run"  # run directory: runs/<name>
-    seed: int = 0
-    total_steps: int = 10
-    run_root: str = "runs"
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    name: str = "run"  # run folder: <run_root>/<name>; also the wandb run name
+    seed: int = 0  # prompt order, generated task data, vLLM engines, learner init and mini-batch order
+    total_steps: int = 10  # RL steps (generate, score, update, sync)
+    run_root: str = "runs"  # folder of the run folders, and of built-in models (<run_root>/models)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: actors per role and their devices
+    data: DataConfig = field(default_factory=DataConfig)  # the prompts
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # the vLLM engines and how they sample
+    reward: RewardConfig = field(default_factory=RewardConfig)  # reward sources, reward shaping and the reference policy
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # estimator, losses, KL and batch sizes of the update
+    learner: LearnerConfig = field(default_factory=LearnerConfig)  # the trained policy (and critic): model, optimizer, DeepSpeed
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # console lines, metrics.jsonl and wandb
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # when to save, how many to keep, resuming
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation during training
 
 
 @dataclass
 class SupervisedDataConfig:
     """Demonstrations (prompt, response) for `relay sft`, preference pairs (prompt, chosen, rejected)
     for `relay rm`: JSONL/Parquet files, or generated from a task (see orchestrator/datagen.py)."""
-    train_files: list[str] = field(default_factory=list)
+    train_files: list[str] = field(default_factory=list)  # JSONL or Parquet: demonstrations (sft) or preference pairs (rm)
     eval_files: list[str] = field(default_factory=list)  # empty: hold out eval_size examples of the train set
     task: str = ""  # generate the set from this task instead of files (written to the run directory)
-    task_size: int = 2000
-    eval_size: int = 200
+    task_size: int = 2000  # training examples generated from task (task only)
+    eval_size: int = 200  # held-out examples (from eval_files, generated, or split off the train set)
     prompt_key: str = "prompt"  # plain text or a list of chat messages
-    response_key: str = "response"
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    apply_chat_template: bool = False
-    on_bad_line: BadLinePolicy = BadLinePolicy.error
+    response_key: str = "response"  # sft: the demonstration's response field
+    chosen_key: str = "chosen"  # rm: the preferred response field
+    rejected_key: str = "rejected"  # rm: the dispreferred response field
+    apply_chat_template: bool = False  # render the prompt as one user message through the tokenizer's chat template
+    on_bad_line: BadLinePolicy = BadLinePolicy.error  # a malformed line: error (stop, naming file:line) or skip (and count it)
 
 
 @dataclass
 class ScratchModelConfig:
     """The model `relay sft` builds when learner.model_path is empty: a GPT-2 from config alone."""
-    n_layer: int = 2
-    n_embd: int = 128
-    n_head: int = 4
-    n_positions: int = 256
+    n_layer: int = 2  # transformer blocks
+    n_embd: int = 128  # hidden size
+    n_head: int = 4  # attention heads (must divide n_embd)
+    n_positions: int = 256  # context length in tokens
     tokenizer: str = "char"  # char (one token per character) or bpe (trained on the training text)
-    vocab_size: int = 512  # bpe only
+    vocab_size: int = 512  # bpe only: size of the trained vocabulary
 
 
 @dataclass
 class StageConfig:
     """`relay sft CONFIG` and `relay rm CONFIG`."""
-    name: str = "stage"  # run directory: runs/<name>; the model goes to runs/<name>/model
-    seed: int = 0
-    run_root: str = "runs"
-    learner_ranks: int = 1
-    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
-    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(model_path="", lr=1e-4))
-    scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
-    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    name: str = "stage"  # run folder: <run_root>/<name>; the model goes to <run_root>/<name>/model
+    seed: int = 0  # generated task data, model init, learner ranks and batch order
+    run_root: str = "runs"  # folder of the run folders
+    learner_ranks: int = 1  # DeepSpeed data-parallel ranks (Ray actors)
+    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)  # demonstrations (sft) or preference pairs (rm)
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(model_path="", lr=1e-4))  # the trained model; model_path "" = a scratch GPT-2
+    scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)  # the model built when learner.model_path is ""
+    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)  # steps, batch sizes and lengths of the training
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # console lines, metrics.jsonl and wandb
 
 
 @dataclass
 class PipelineConfig:
     """`relay pipeline CONFIG`: SFT -> RM -> PPO. Each stage's output feeds the next by path: the RM
     starts from the SFT model, PPO's policy is the SFT model, its reward and critic the RM."""
-    name: str = "pipeline"
-    run_root: str = "runs"
-    sft: StageConfig = field(default_factory=StageConfig)
-    rm: StageConfig = field(default_factory=StageConfig)
-    ppo: TrainConfig = field(default_factory=lambda: TrainConfig(learner=LearnerConfig(model_path="")))  # paths: filled in
+    name: str = "pipeline"  # run folder: <run_root>/<name>, holding sft/, rm/ and ppo/
+    run_root: str = "runs"  # folder of the run folders (replaces each stage's name and run_root)
+    sft: StageConfig = field(default_factory=StageConfig)  # stage 1: supervised fine-tuning on demonstrations
+    rm: StageConfig = field(default_factory=StageConfig)  # stage 2: reward model; learner.model_path "" = start from the SFT model
+    ppo: TrainConfig = field(default_factory=lambda: TrainConfig(learner=LearnerConfig(model_path="")))  # stage 3: RL; "" model paths get the SFT model / the RM

@@ -11,28 +11,28 @@ class PromptOverflow(str, Enum):
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 1.0  # 0 means greedy
-    top_k: int = -1  # -1 disables top-k
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    max_new_tokens: int = 64
+    temperature: float = 1.0  # softmax temperature, applied to the learner's logprobs too; 0 = greedy
+    top_k: int = -1  # sample among the k most likely tokens; -1 = off
+    top_p: float = 1.0  # nucleus sampling: the smallest token set with this much probability; 1.0 = off
+    repetition_penalty: float = 1.0  # vLLM's penalty on tokens already in the prompt or response; 1.0 = off
+    max_new_tokens: int = 64  # response length cap, in tokens
     n_samples_per_prompt: int = 4  # samples of one prompt come back contiguous (GRPO groups)
     stop: list[str] = field(default_factory=list)  # stop strings, excluded from the response
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids beside the tokenizer's EOS
-    seed: int = 0  # per-request seeds are derived from this, the step and the sample index
+    seed: int = 0  # per-request seeds are derived from this, the step and the prompt's index
 
 
 @dataclass
 class RolloutConfig:
     dtype: str = "float32"  # must equal the learner's compute dtype, or behaviour logprobs drift
     enforce_eager: bool = True  # CPU: eager starts in ~13 s, compiled ~38 s; worth it only for larger models
-    max_model_len: int = 512
-    max_prompt_tokens: int = 256
-    prompt_overflow: PromptOverflow = PromptOverflow.truncate_left
-    gpu_memory_utilization: float = 0.5  # GPU only
-    tensor_parallel_size: int = 1
-    kv_cache_space_gb: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    max_model_len: int = 512  # vLLM context length in tokens; must hold max_prompt_tokens + max_new_tokens
+    max_prompt_tokens: int = 256  # longest prompt, in tokens; longer ones follow prompt_overflow
+    prompt_overflow: PromptOverflow = PromptOverflow.truncate_left  # a prompt over max_prompt_tokens: truncate_left, skip (counted) or error
+    gpu_memory_utilization: float = 0.5  # GPU only: fraction of the GPU's memory vLLM may take (weights + KV cache)
+    tensor_parallel_size: int = 1  # devices one engine is split over (on CPU: groups of cores)
+    kv_cache_space_gb: int = 1  # CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
     cpu_threads: int = 0  # CPU only: threads per engine; 0 = the machine's cores split among the workers
     cpu_plain_linear: bool = True  # CPU only: keep plain F.linear so reloaded weights take effect (see vllm_ext)
-    sync_bucket_mb: int = 16  # weight-sync bucket; small enough that loading bucket k overlaps receiving k+1
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sync_bucket_mb: int = 16  # weight-sync bucket, MiB; small enough that loading bucket k overlaps receiving k+1
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # how prompts are sampled (greedy evaluation keeps all but temperature and n)

@@ -99,7 +99,7 @@ def relay(*args):
 def test_cli_config_show_prints_the_resolved_tree():
     out = relay("config", "show", "configs/grpo_tiny_cpu.yaml", "algorithm.clip_eps=0.1")
     assert out.returncode == 0, out.stderr
-    assert "clip_eps: 0.1\n" in out.stdout and "estimator: grpo\n" in out.stdout
+    assert "  clip_eps: 0.1  # " in out.stdout and "  estimator: grpo  # " in out.stdout  # each value with its comment
 
 
 def test_cli_config_typo_is_one_line_with_a_suggestion():
