@@ -17,7 +17,7 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
     covers the response and EOS targets only."""
     seqs, starts = [], []
     for prompt, response in pairs:
-        p = tokenizer(prompt, add_special_tokens=False).input_ids
+        p = tokenizer(prompt).input_ids  # as the rollout engines tokenize a text prompt (a BOS if the model adds one)
         r = tokenizer(response, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         seqs.append(p + r)
         starts.append(len(p))
@@ -70,7 +70,7 @@ def greedy_accuracy(model, tokenizer, examples: list[dict], max_new_tokens: int 
     from reward_service.rules import math_answer
 
     tokenizer.padding_side = "left"
-    enc = tokenizer([e["prompt"] for e in examples], return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer([e["prompt"] for e in examples], return_tensors="pt", padding=True)  # default special tokens, as rollout
     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id)
     texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)

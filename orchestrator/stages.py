@@ -18,14 +18,15 @@ from pathlib import Path
 
 import torch
 
-from learner.sft import encode_pairs
 from learner.supervised import RM, SFT, SupervisedGroup
 from orchestrator.config import StageConfig
 from orchestrator.data import DataError, read_examples
 from orchestrator.datagen import demonstrations, preferences, write_jsonl
 from orchestrator.load_config import to_dict
 from orchestrator.tracking import Tracker
+from reward_service.rm_input import pad_right, rm_input_ids
 from reward_service.sources import REWARD_STATS_FILE
+from rollout.prompts import encode_chat, encode_text
 
 
 
@@ -160,42 +161,50 @@ def _problem(record, fields: list[str]) -> str | None:
     return None
 
 
-def _prompt_text(tokenizer, prompt, chat: bool) -> str:
-    if chat or isinstance(prompt, list):
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return prompt
+def _policy_prompt(prompt, chat: bool):
+    """The prompt as the policy is given it in training (the trainer's `_prompt`): text, or one
+    user message when the config asks for the chat template."""
+    return [{"role": "user", "content": prompt}] if chat and isinstance(prompt, str) else prompt
 
 
 def encode_sft(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str, torch.Tensor], int]:
-    """Prompt + response + EOS, right-padded; the loss covers the response and EOS only.
-    Samples over max_length tokens are skipped and counted."""
+    """Prompt + response + EOS, right-padded; the loss covers the response and EOS only. The prompt's
+    ids are those the rollout workers give the policy (encode_text/encode_chat: a BOS where the
+    tokenizer adds one, never two). Samples over max_length tokens are skipped and counted."""
     d = cfg.data
-    pairs = [(_prompt_text(tokenizer, r[d.prompt_key], d.apply_chat_template), r[d.response_key]) for r in rows]
-    lengths = [len(tokenizer(p + r, add_special_tokens=False).input_ids) + 1 for p, r in pairs]
-    kept = [pair for pair, n in zip(pairs, lengths) if n <= cfg.train.max_length]
-    ids, mask = encode_pairs(tokenizer, kept)
+    seqs, starts = [], []
+    for r in rows:
+        p = _policy_prompt(r[d.prompt_key], d.apply_chat_template)
+        prompt = encode_chat(tokenizer, p) if isinstance(p, list) else encode_text(tokenizer, p)
+        response = tokenizer(r[d.response_key], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        if len(prompt) + len(response) <= cfg.train.max_length:
+            seqs.append(prompt + response)
+            starts.append(len(prompt))
+    if not seqs:
+        raise DataError(f"every sample is longer than train.max_length {cfg.train.max_length} tokens")
+    ids = torch.full((len(seqs), max(len(s) for s in seqs)), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), ids.shape[1] - 1)
+    for i, (s, start) in enumerate(zip(seqs, starts)):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, start - 1: len(s) - 1] = 1.0  # targets are ids[1:]: the response and EOS
     attention = (ids != tokenizer.pad_token_id).long()
     attention[:, 0] = 1
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask}, len(pairs) - len(kept)
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask}, len(rows) - len(seqs)
 
 
 def encode_rm(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str, torch.Tensor], int]:
-    """Prompt + response as the reward service will score them (the same text, the same tokenizer
-    call), right-padded, for the chosen and the rejected response of each pair."""
+    """Prompt + response as the reward service will score them (reward_service.rm_input: the same
+    function), right-padded, for the chosen and the rejected response of each pair."""
     d = cfg.data
-    prompts = [_prompt_text(tokenizer, r[d.prompt_key], d.apply_chat_template) for r in rows]
-    chosen = [tokenizer(p + r[d.chosen_key]).input_ids for p, r in zip(prompts, rows)]
-    rejected = [tokenizer(p + r[d.rejected_key]).input_ids for p, r in zip(prompts, rows)]
+    prompts = [_policy_prompt(r[d.prompt_key], d.apply_chat_template) for r in rows]
+    chosen = [rm_input_ids(tokenizer, p, r[d.chosen_key]) for p, r in zip(prompts, rows)]
+    rejected = [rm_input_ids(tokenizer, p, r[d.rejected_key]) for p, r in zip(prompts, rows)]
     keep = [i for i in range(len(rows)) if max(len(chosen[i]), len(rejected[i])) <= cfg.train.max_length]
+    if not keep:
+        raise DataError(f"every pair is longer than train.max_length {cfg.train.max_length} tokens")
     out = {}
     for name, seqs in (("chosen", chosen), ("rejected", rejected)):
-        seqs = [seqs[i] for i in keep]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-        out[f"{name}_ids"], out[f"{name}_attention"] = ids, (ids != tokenizer.pad_token_id).long()
+        out[f"{name}_ids"], out[f"{name}_attention"] = pad_right([seqs[i] for i in keep], tokenizer.pad_token_id)
     return out, len(rows) - len(keep)
 
 

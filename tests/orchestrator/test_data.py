@@ -31,6 +31,11 @@ def test_jsonl_fields_answer_and_metadata(tmp_path):
     (json.dumps({"prompt": ""}), "must be non-empty text"),
     (json.dumps({"prompt": 5}), "must be non-empty text"),
     (json.dumps([1, 2]), "expected a JSON object, got list"),
+    (json.dumps({"prompt": []}), "'prompt' must be non-empty text, a list of chat messages or a list of non-negative token ids"),
+    (json.dumps({"prompt": [3, -1]}), "'prompt' must be non-empty text"),
+    (json.dumps({"prompt": [3, 1.5]}), "'prompt' must be non-empty text"),
+    (json.dumps({"prompt": [True, 2]}), "'prompt' must be non-empty text"),
+    (json.dumps({"prompt": [3, "4"]}), "'prompt' must be non-empty text"),
 ])
 def test_a_bad_line_is_named_by_file_and_line(tmp_path, bad, why):
     path = write(tmp_path, [GOOD, "", bad, GOOD])
@@ -39,6 +44,21 @@ def test_a_bad_line_is_named_by_file_and_line(tmp_path, bad, why):
     assert str(e.value).startswith(f"{path}:3: ") and why in str(e.value)
     examples, skipped = load_examples([path], DataConfig(on_bad_line=BadLinePolicy.skip))
     assert len(examples) == 2 and skipped == 1
+
+
+def test_token_id_prompts_load_unchanged(tmp_path):
+    lines = [json.dumps({"ids": [5, 6, 7], "answer": 1}), json.dumps({"ids": [0], "source": "x"})]
+    examples, skipped = load_examples([write(tmp_path, lines)], DataConfig(prompt_key="ids"))
+    assert skipped == 0 and examples == [{"prompt": [5, 6, 7], "answer": "1", "metadata": {}},
+                                         {"prompt": [0], "answer": None, "metadata": {"source": "x"}}]
+
+
+def test_token_id_prompts_display_as_numbers():
+    from orchestrator.phases import prompt_text
+
+    assert prompt_text([5, 6, 7]) == "token ids: 5 6 7"
+    assert prompt_text([{"role": "system", "content": "s"}, {"role": "user", "content": "1+1="}]) == "1+1="
+    assert prompt_text("1+1=") == "1+1="
 
 
 def test_parquet(tmp_path):

@@ -51,6 +51,27 @@ def test_sft_encoding_masks_the_prompt_and_skips_overlong_samples(tmp_path):
     assert tok.decode(batch["input_ids"][0, 6:8]) == "46" and batch["input_ids"][0, 8] == tok.eos_token_id
 
 
+def test_sft_prompts_get_the_bos_the_rollout_workers_give_them(tmp_path):
+    from bos_tokenizer import bos_tokenizer  # tests/, on the path through its conftest
+    from rollout.config import PromptOverflow
+    from rollout.prompts import encode_prompt
+
+    bt = bos_tokenizer()
+    rows = [{"prompt": "1+2=", "response": "3"}, {"prompt": "<s>1+2=", "response": "3"}]
+    for chat in (False, True):
+        cfg = stage(tmp_path, apply_chat_template=chat)
+        cfg.train.max_length = 64
+        batch, _ = encode_sft(bt, rows, cfg)
+        prompt = [{"role": "user", "content": "1+2="}] if chat else "1+2="
+        ids = encode_prompt(bt, prompt, 64, PromptOverflow.error)[0]  # what the policy is given in RL
+        n = len(ids)
+        assert batch["input_ids"][0, :n].tolist() == ids and ids.count(bt.bos_token_id) == 1
+        assert bt.decode(batch["input_ids"][0, n:n + 2]) == "3</s>"
+        assert batch["loss_mask"][0].nonzero().flatten().tolist() == [n - 1, n]  # targets "3" and EOS only
+        if not chat:
+            assert batch["input_ids"][1].tolist() == batch["input_ids"][0].tolist()  # its own BOS: not doubled
+
+
 def test_rm_encoding_matches_how_the_reward_service_scores(tmp_path):
     tok = char_tokenizer()
     rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "13"}, {"prompt": "10+1=", "chosen": "11", "rejected": "9"}]

@@ -27,6 +27,35 @@ def test_text_chat_and_ids_encode():
     assert enc([5, 6, 7]) == ([5, 6, 7], "")
 
 
+def test_a_bos_tokenizer_gets_exactly_one_bos_first():
+    from bos_tokenizer import bos_tokenizer
+
+    bt = bos_tokenizer()
+    bos, o = bt.bos_token_id, PromptOverflow.error
+    ids, _ = encode_prompt(bt, "1+2=", 64, o)
+    assert ids == [bos] + bt("1+2=", add_special_tokens=False).input_ids  # the BOS the model was trained with
+    assert encode_prompt(bt, "<s>1+2=", 64, o)[0] == ids  # the text's own BOS is not doubled
+    chat, _ = encode_prompt(bt, [{"role": "user", "content": "1+2="}], 64, o)
+    assert chat[0] == bos and chat.count(bos) == 1 and bt.decode(chat) == "<s>user: 1+2=\nassistant: "
+    assert encode_prompt(bt, [bos, 5, 6], 64, o)[0] == [bos, 5, 6]  # token ids: as given
+    cut, _ = encode_prompt(bt, "0123456789", 4, PromptOverflow.truncate_left)
+    assert cut[0] == bos and bt.decode(cut[1:]) == "789"  # truncated on the left, the BOS kept
+
+
+def test_the_tiny_char_tokenizer_still_adds_no_bos(tiny_model):
+    from transformers import AutoTokenizer
+
+    for t in (tok, AutoTokenizer.from_pretrained(tiny_model)):
+        ids, _ = encode_prompt(t, "1+2=?", 64, PromptOverflow.error)
+        assert ids == t("1+2=?", add_special_tokens=False).input_ids == [4, 13, 5, 16, 17]  # as before the fix
+        messages = [{"role": "user", "content": "1+2"}]
+        chat, _ = encode_prompt(t, messages, 64, PromptOverflow.error)
+        assert chat == t.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    from rollout.prompts import encode_text
+
+    assert encode_text(tok, "<eos><eos>1") == [1, 1, 4]  # its BOS text is its EOS: two written, two kept
+
+
 @pytest.mark.parametrize("prompt, reason", [
     ("", "empty prompt"), ("   ", "empty prompt"), ([], "empty prompt"),
     (5, "prompt is int; expected text, chat messages or token ids"),
