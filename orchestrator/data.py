@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orchestrator.config import BadLinePolicy, DataConfig
 from orchestrator.tasks import make_task
+from rollout.prompts import is_chat, is_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,25 @@ def _example(record, cfg: DataConfig) -> dict:
     if cfg.prompt_key not in record:
         raise DataError(f"no {cfg.prompt_key!r} field (data.prompt_key)")
     prompt = record[cfg.prompt_key]
-    is_chat = isinstance(prompt, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt)
-    if not (isinstance(prompt, str) and prompt.strip()) and not (is_chat and prompt):
-        raise DataError(f"{cfg.prompt_key!r} must be non-empty text or a list of chat messages, got {str(prompt)[:40]!r}")
+    if not (isinstance(prompt, str) and prompt.strip()) and not is_chat(prompt) and not is_token_ids(prompt):
+        raise DataError(f"{cfg.prompt_key!r} must be non-empty text, a list of chat messages or a list of "
+                        f"non-negative token ids, got {str(prompt)[:40]!r}")
     answer = record.get(cfg.answer_key)
     metadata = {k: v for k, v in record.items() if k not in (cfg.prompt_key, cfg.answer_key)}
     return {"prompt": prompt, "answer": None if answer is None else str(answer), "metadata": metadata}
+
+
+def policy_prompt(example: dict, apply_chat_template: bool):
+    """The prompt the policy is given: text as is, or as one user message when the config asks for
+    the chat template; chat messages and token ids as they are."""
+    p = example["prompt"]
+    return [{"role": "user", "content": p}] if apply_chat_template and isinstance(p, str) else p
+
+
+def reward_metadata(example: dict, apply_chat_template: bool) -> dict:
+    """What rewards get about a prompt: its answer, the data's other fields, and the prompt as the
+    policy was given it (a reward model renders it the way `relay rm` trained on it)."""
+    return {"answer": example["answer"], **example["metadata"], "prompt": policy_prompt(example, apply_chat_template)}
 
 
 def read_examples(files: list[str], parse, on_bad_line: BadLinePolicy) -> tuple[list, int]:
@@ -80,12 +94,22 @@ def load_examples(files: list[str], cfg: DataConfig) -> tuple[list[dict], int]:
 
 
 def load_split(cfg: DataConfig, seed: int) -> tuple[list[dict], list[dict], int]:
-    """(train, eval, skipped lines). A task is generated; held-out prompts come from another seed."""
+    """(train, eval, skipped lines). A task is generated; held-out prompts come from another seed.
+    Without eval files, eval_size examples drawn at random (seeded) are held out and taken out of
+    the training set; a random draw, not the first lines, since files are often ordered."""
     if cfg.task:
         return make_task(cfg.task, cfg.task_size, seed), make_task(cfg.task, cfg.eval_size, seed + 999_983), 0
     train, skipped = load_examples(cfg.train_files, cfg)
-    held_out, skipped_eval = load_examples(cfg.eval_files, cfg) if cfg.eval_files else (train[: cfg.eval_size], 0)
-    return train, held_out[: cfg.eval_size], skipped + skipped_eval
+    if cfg.eval_files:
+        held_out, skipped_eval = load_examples(cfg.eval_files, cfg)
+        return train, held_out[: cfg.eval_size], skipped + skipped_eval
+    if len(train) <= cfg.eval_size:
+        raise DataError(f"{', '.join(cfg.train_files)}: {len(train)} usable examples leave none to train on after "
+                        f"holding out data.eval_size ({cfg.eval_size}); lower it or give data.eval_files")
+    order = list(range(len(train)))
+    random.Random(seed + 999_983).shuffle(order)
+    held = set(order[: cfg.eval_size])
+    return ([e for i, e in enumerate(train) if i not in held], [train[i] for i in sorted(held)], skipped)
 
 
 class PromptSampler:

@@ -1,4 +1,7 @@
-"""`relay eval CHECKPOINT --reference PATH` and `relay plot RUN_DIR`.
+"""Evaluation, one module for the trainer's held-out checks and `relay eval`; and `relay plot RUN_DIR`.
+
+`evaluate_policy` is read-only: it scores through the scoring service's `evaluate` (raw rewards; the
+running reward normaliser never moves) and generates greedy answers only if `eval.greedy`.
 
 On the config's held-out prompts, the policy against the reference, both generating through the
 rollout engine: reward (combined and per source), greedy accuracy, KL to the reference, response
@@ -10,13 +13,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config import TrainConfig
-from orchestrator.data import load_split
+from orchestrator.data import load_split, policy_prompt, reward_metadata
 from orchestrator.phases import prompt_text
-from reward_service.config import Normalization, RewardSource, SourceKind
+from reward_service.config import RewardSource, SourceKind
 
+# (label in tables and report.json, metric key)
+LABELS = [("greedy accuracy", "eval/greedy/reward/accuracy"), ("greedy reward", "eval/greedy/reward/mean"),
+          ("sampled accuracy", "eval/sampled/reward/accuracy"), ("sampled reward", "eval/sampled/reward/mean"),
+          ("KL to reference (per token)", "eval/sampled/kl_ref"), ("response length", "eval/sampled/response/length_mean"),
+          ("distinct-1", "eval/sampled/distinct_1"), ("distinct-2", "eval/sampled/distinct_2")]
+VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym")  # sources whose mean is an accuracy
 CURVES = [("reward/mean", "reward"), ("kl/ref", "KL to reference"), ("learner/entropy", "entropy"),
           ("response/length_mean", "response length"), ("kl/coef", "kl_coef")]
 
@@ -30,6 +40,82 @@ def distinct_n(sequences: list[list[int]], n: int) -> float:
 def win_rate(policy: list[float], reference: list[float]) -> float:
     """Share of prompts where the policy's answer outscores the reference's; ties count half."""
     return sum(1.0 if p > r else 0.5 if p == r else 0.0 for p, r in zip(policy, reference)) / len(policy)
+
+
+@dataclass
+class Evaluation:
+    metrics: dict[str, float]  # eval/greedy/..., eval/sampled/...
+    greedy: object | None  # RolloutBatch of greedy answers (None when eval.greedy is off)
+    greedy_scored: object | None  # its ScoredBatch (raw rewards)
+    sampled: object  # RolloutBatch sampled as in training
+    sampled_scored: object
+
+
+def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bool, temperature: float) -> Evaluation:
+    """Held-out prompts: greedy answers (accuracy) if `greedy`, and samples as in training (reward,
+    KL to the reference, length, diversity). `generate(prompts, greedy) -> RolloutBatch`;
+    `score(batch, meta, temperature, with_reference) -> ScoredBatch` must be read-only (raw rewards)."""
+    g = gs = None
+    if greedy:
+        g = generate(prompts, True)
+        gs = score(g, meta, 1.0, False)  # nothing reads a KL of greedy answers
+    s = generate(prompts, False)
+    ss = score(s, meta, temperature, True)
+    m = reward_metrics(gs, "eval/greedy/") if greedy else {}
+    m.update(reward_metrics(ss, "eval/sampled/"))
+    kl = [b - r for lp, ref in zip(s.logprobs, ss.ref_logprobs) for b, r in zip(lp, ref)]
+    m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per token, the k1 estimate on the sampler's tokens
+    m["eval/sampled/response/length_mean"] = statistics.fmean(s.response_lengths)
+    m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.response_ids, 1), distinct_n(s.response_ids, 2)
+    return Evaluation(m, g, gs, s, ss)
+
+
+def reward_metrics(scored, prefix: str) -> dict[str, float]:
+    """Raw reward over the samples every source could judge, per-source means, and the accuracy
+    of the first verifiable source."""
+    good = [r for r, bad in zip(scored.rewards, scored.invalid) if not bad]
+    m = {f"{prefix}reward/mean": statistics.fmean(good) if good else float("nan"),
+         f"{prefix}reward/invalid_frac": 1 - len(good) / max(len(scored.rewards), 1)}
+    for name, values in scored.components.items():
+        judged = [v for v in values if v == v]  # not NaN
+        if judged:
+            m[f"{prefix}reward/{name}/mean"] = statistics.fmean(judged)
+            if name.startswith(VERIFIABLE):
+                m.setdefault(f"{prefix}reward/accuracy", statistics.fmean(judged))
+    return m
+
+
+def labelled(metrics: dict[str, float]) -> dict[str, float]:
+    """The LABELS rows present in `metrics`, then each source's sampled mean, by label."""
+    out = {label: metrics[key] for label, key in LABELS if key in metrics}
+    for key, value in metrics.items():
+        name = key.removeprefix("eval/sampled/reward/").removesuffix("/mean")
+        if key.startswith("eval/sampled/reward/") and key.endswith("/mean") and "/" not in name and name != "mean":
+            out[f"sampled {name}"] = value
+    return out
+
+
+def summary_table(before: dict, after: dict) -> str:
+    lines = ["", f"{'held-out':30s} {'before':>10s} {'after':>10s}", "-" * 52]
+    for label, key in LABELS:
+        if key in before or key in after:
+            lines.append(f"{label:30s} {before.get(key, float('nan')):10.3f} {after.get(key, float('nan')):10.3f}")
+    return "\n".join(lines)
+
+
+def samples_table(rows: list[dict]) -> str:
+    """Held-out prompts with the reference policy's greedy answer and the trained policy's."""
+    def cell(text) -> str:
+        return repr(text if len(text) <= 24 else text[:21] + "...") if text is not None else "-"
+
+    def reward(value) -> str:
+        return f"{value:6.2f}" if value is not None else "     -"
+
+    lines = ["", f"{'prompt':26s} {'reference':28s} {'reward':>6s}  {'policy':28s} {'reward':>6s}", "-" * 100]
+    for r in rows:
+        lines.append(f"{cell(r['prompt']):26s} {cell(r['reference']):28s} {reward(r['reference_reward'])}  "
+                     f"{cell(r['policy']):28s} {reward(r['reward'])}")
+    return "\n".join(lines)
 
 
 def resolve_policy(checkpoint: str) -> tuple[Path, Path | None]:
@@ -54,92 +140,76 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
     run = Path(run_dir) if run_dir else found_run
     reward_model = reward_model or next((s.model_path for s in cfg.reward.sources if s.kind == SourceKind.reward_model), "")
     _, held_out, _ = load_split(cfg.data, cfg.seed)
-    prompts = [[{"role": "user", "content": e["prompt"]}] if cfg.data.apply_chat_template and isinstance(e["prompt"], str)
-               else e["prompt"] for e in held_out]
-    meta = [{"answer": e["answer"], **e["metadata"]} for e in held_out]
+    prompts = [policy_prompt(e, cfg.data.apply_chat_template) for e in held_out]
+    meta = [reward_metadata(e, cfg.data.apply_chat_template) for e in held_out]
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    generations = {}
-    for role, path in (("policy", str(policy)), ("reference", reference)):
-        pool = RolloutPool(cfg.rollout, path, 1, cfg.seed)
-        try:
-            generations[role] = (pool.generate(prompts, step=0, greedy=True), pool.generate(prompts, step=0))
-        finally:
-            pool.shutdown()
-    # raw rewards (no normalisation), reference logprobs from the reference model; a reward_model
-    # source left without a path (as in a pipeline config) scores with --reward-model
+    # reference logprobs from the reference model; a reward_model source left without a path (as in
+    # a pipeline config) scores with --reward-model
     sources = [dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
                for s in cfg.reward.sources]
     for i, s in enumerate(sources):
         if s.kind == SourceKind.reward_model and not s.model_path:
             raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
-    reward_cfg = dataclasses.replace(cfg.reward, sources=sources, normalization=Normalization.none,
-                                     reference_model_path=reference)
-    scoring = ScoringService(reward_cfg, reference)
-    temperature = cfg.rollout.sampling.temperature
+    scoring = ScoringService(dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference), reference)
+    evals = {}
+    for role, path in (("policy", str(policy)), ("reference", reference)):
+        pool = RolloutPool(cfg.rollout, path, 1, cfg.seed)
+        try:
+            evals[role] = evaluate_policy(lambda p, greedy: pool.generate(p, step=0, greedy=greedy), scoring.evaluate,
+                                          prompts, meta, cfg.eval.greedy, cfg.rollout.sampling.temperature)
+        finally:
+            pool.shutdown()
     report = {"policy_path": str(policy), "reference_path": reference, "prompts": len(prompts),
-              "reward_model": reward_model or None}
-    scored = {}
-    for role, (greedy, sampled) in generations.items():
-        g, s = scoring.score(greedy, meta, 1.0), scoring.score(sampled, meta, temperature)
-        scored[role] = g
-        report[role] = _metrics(greedy, sampled, g, s)
+              "reward_model": reward_model or None, **{role: labelled(ev.metrics) for role, ev in evals.items()}}
     if reward_model:
-        report["win_rate_under_rm"] = _win_rate(reward_model, scoring, generations)
+        report["win_rate_under_rm"] = _win_rate(reward_model, scoring, evals, meta)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     curves = plot_run(run, out / "curves.png") if run else None
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "report.md").write_text(markdown(report, generations, scored, prompts, curves, cfg.eval.num_samples_to_log))
+    (out / "report.md").write_text(markdown(report, evals, prompts, curves, cfg.eval.num_samples_to_log))
     print(f"relay eval: {out / 'report.md'}", flush=True)
     return report
 
 
-def _metrics(greedy, sampled, g, s) -> dict[str, float]:
-    kl = [b - r for lp, ref in zip(sampled.logprobs, s.ref_logprobs) for b, r in zip(lp, ref)]
-    m = {"sampled reward": statistics.fmean(s.rewards), "greedy reward": statistics.fmean(g.rewards),
-         "KL to reference (per token)": sum(kl) / max(len(kl), 1),
-         "response length": statistics.fmean(sampled.response_lengths),
-         "distinct-1": distinct_n(sampled.response_ids, 1), "distinct-2": distinct_n(sampled.response_ids, 2)}
-    for name, values in s.components.items():
-        good = [v for v in values if v == v]
-        if good:
-            m[f"sampled {name}"] = statistics.fmean(good)
-    for name, values in g.components.items():
-        good = [v for v in values if v == v]
-        if good and name.startswith(("math_answer", "exact_match", "reasoning_gym")):
-            m["greedy accuracy"] = statistics.fmean(good)
-    return m
+def shown(ev: Evaluation):
+    """The answers a table shows: greedy ones, or the samples when greedy evaluation is off."""
+    return (ev.greedy, ev.greedy_scored) if ev.greedy is not None else (ev.sampled, ev.sampled_scored)
 
 
-def _win_rate(reward_model: str, scoring, generations) -> float:
+def _win_rate(reward_model: str, scoring, evals: dict[str, Evaluation], meta: list[dict]) -> float:
     from reward_service.sources import build_source
 
     rm = build_source(RewardSource(kind=SourceKind.reward_model, model_path=reward_model))
     scores = {}
-    for role, (greedy, _) in generations.items():
-        texts = scoring.reference.tokenizer.batch_decode(greedy.prompt_ids, skip_special_tokens=True)
-        scores[role] = dict(zip(greedy.prompt_index, rm.score(texts, greedy.response_text, [{}] * len(texts))))
+    for role, ev in evals.items():
+        batch, _ = shown(ev)
+        texts = scoring.reference.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
+        per_sample = [meta[j] for j in batch.prompt_index]  # the prompts as given: the RM renders them as trained
+        scores[role] = dict(zip(batch.prompt_index, rm.score(texts, batch.response_text, per_sample)))
     both = sorted(set(scores["policy"]) & set(scores["reference"]))
     return win_rate([scores["policy"][i] for i in both], [scores["reference"][i] for i in both])
 
 
-def markdown(report: dict, generations, scored, prompts, curves: Path | None, k: int) -> str:
+def markdown(report: dict, evals: dict[str, Evaluation], prompts, curves: Path | None, k: int) -> str:
+    greedy = evals["policy"].greedy is not None
     lines = [f"# relay eval: `{report['policy_path']}` vs `{report['reference_path']}`", "",
-             f"{report['prompts']} held-out prompts; sampled metrics over the configured sampling, greedy at T=0.", "",
+             f"{report['prompts']} held-out prompts; sampled metrics over the configured sampling"
+             f"{', greedy at T=0' if greedy else ''}; raw rewards.", "",
              "| metric | policy | reference |", "|---|---|---|"]
     for key in report["policy"]:
         lines.append(f"| {key} | {report['policy'][key]:.4f} | {report['reference'].get(key, float('nan')):.4f} |")
     if "win_rate_under_rm" in report:
-        lines += ["", f"Win rate under the reward model `{report['reward_model']}` (greedy answers, ties count half): "
-                      f"**{report['win_rate_under_rm']:.3f}**"]
+        lines += ["", f"Win rate under the reward model `{report['reward_model']}` ({'greedy' if greedy else 'sampled'} "
+                      f"answers, ties count half): **{report['win_rate_under_rm']:.3f}**"]
     if curves:
         lines += ["", "## Training curves", "", f"![curves]({curves.name})"]
-    lines += ["", "## Greedy samples", "", "| prompt | reference | reward | policy | reward |", "|---|---|---|---|---|"]
-    ref = {i: (t, r) for i, t, r in zip(generations["reference"][0].prompt_index, generations["reference"][0].response_text,
-                                        scored["reference"].rewards)}
-    pol = generations["policy"][0]
-    for i, text, reward in list(zip(pol.prompt_index, pol.response_text, scored["policy"].rewards))[:k]:
+    lines += ["", f"## {'Greedy' if greedy else 'Sampled'} answers", "", "| prompt | reference | reward | policy | reward |",
+              "|---|---|---|---|---|"]
+    (ref_batch, ref_scored), (pol, pol_scored) = shown(evals["reference"]), shown(evals["policy"])
+    ref = {i: (t, r) for i, t, r in zip(ref_batch.prompt_index, ref_batch.response_text, ref_scored.rewards)}
+    for i, text, reward in list(zip(pol.prompt_index, pol.response_text, pol_scored.rewards))[:k]:
         rt, rr = ref.get(i, ("", float("nan")))
         lines.append(f"| {_cell(prompt_text(prompts[i]))} | {_cell(rt)} | {rr:.2f} | {_cell(text)} | {reward:.2f} |")
     return "\n".join(lines) + "\n"

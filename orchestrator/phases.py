@@ -6,6 +6,7 @@ import time
 from contextlib import contextmanager
 
 from reward_service.types import ScoredBatch
+from rollout.prompts import is_chat, is_token_ids
 from rollout.types import RolloutBatch
 
 
@@ -24,10 +25,17 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") -> dict[str, float]:
-    """What a practitioner watches for reward hacking, collapse and instability, from one batch."""
-    r = scored.rewards
+    """What a practitioner watches for reward hacking, collapse and instability, from one batch.
+    Reward statistics cover the samples that train: those dropped as invalid (reward.invalid: drop)
+    are counted instead, with the groups left with fewer than 2 samples."""
+    r = [x for x, keep in zip(scored.rewards, scored.valid) if keep] or [float("nan")]
     lengths = batch.response_lengths
+    kept = {}
+    for j, keep in zip(batch.prompt_index, scored.valid):
+        kept[j] = kept.get(j, 0) + keep
     m = {
+        "reward/dropped_samples": float(len(scored.valid) - sum(scored.valid)),
+        "reward/dropped_groups": float(sum(n < 2 for n in kept.values())) if len(batch) > len(kept) else 0.0,
         "reward/mean": statistics.fmean(r), "reward/std": statistics.pstdev(r), "reward/min": min(r), "reward/max": max(r),
         "reward/p10": quantile(r, 0.1), "reward/p50": quantile(r, 0.5), "reward/p90": quantile(r, 0.9),
         "response/length_mean": statistics.fmean(lengths), "response/length_max": float(max(lengths)),
@@ -43,8 +51,13 @@ def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") ->
 
 
 def prompt_text(prompt) -> str:
-    """A prompt for display: chat messages as their last message's content."""
-    return prompt[-1]["content"] if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else str(prompt)
+    """A prompt for display: chat messages as their last message's content, token ids as numbers
+    (no tokenizer here to decode them)."""
+    if is_chat(prompt):
+        return prompt[-1]["content"]
+    if is_token_ids(prompt):
+        return "token ids: " + " ".join(map(str, prompt))
+    return str(prompt)
 
 
 def offset(batch: RolloutBatch, by: int) -> RolloutBatch:
@@ -52,3 +65,31 @@ def offset(batch: RolloutBatch, by: int) -> RolloutBatch:
     batch.prompt_index = [i + by for i in batch.prompt_index]
     batch.skipped = [(i + by, why) for i, why in batch.skipped]
     return batch
+
+
+def pick_groups(groups: list[tuple], want: int) -> tuple[list[tuple], int]:
+    """The `want` groups a dynamic-sampling step trains on, informative ones (last field True) first,
+    in the order generated, and how many generated groups it drops."""
+    chosen = ([g for g in groups if g[-1]] + [g for g in groups if not g[-1]])[:want]
+    return chosen, len(groups) - len(chosen)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot usefully continue; the message names the cause."""
+
+
+NONFINITE_CAUSES = {
+    "old_logprobs": "the learner's log-probabilities of the sampled tokens (a sampling temperature of 0, or a "
+                    "model whose logits overflow in this dtype)",
+    "ref_logprobs": "the reference model's log-probabilities of the sampled tokens",
+    "advantages": "the advantages (a NaN or infinite reward, or a non-finite critic value)",
+    "old_values": "the critic's values", "returns": "the value targets (rewards or critic values)",
+}
+
+
+def nonfinite_cause(stats: dict[str, float]) -> str:
+    found = [name for name in NONFINITE_CAUSES if f"learner/nonfinite/{name}" in stats]  # present only when non-finite
+    if found:
+        return "non-finite: " + "; ".join(NONFINITE_CAUSES[n] for n in found)
+    return ("the inputs were finite, so the loss or its gradients overflowed: lower learner.lr, or set "
+            "learner.grad_clip")

@@ -4,18 +4,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
 
 import ray
 
+from learner.checkpoint import publish, recover
 from learner.group import LearnerGroup
 from orchestrator.config import TrainConfig
-from orchestrator.data import PromptSampler, load_split
+from orchestrator.data import PromptSampler, load_split, policy_prompt, reward_metadata
+from orchestrator.evaluate import evaluate_policy, samples_table, shown, summary_table
 from orchestrator.load_config import to_dict
-from orchestrator.phases import batch_metrics, offset, prompt_text, timed
+from orchestrator.phases import TrainingError, batch_metrics, nonfinite_cause, offset, pick_groups, prompt_text, timed
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.tracking import Tracker
 from reward_service.service import ScoringService
@@ -35,7 +36,8 @@ class Trainer:
         self.model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
         self.sampler = PromptSampler(len(self.train), cfg.seed, cfg.data.shuffle)
         self.step = 0
-        self.counters = {"restarts/rollout": 0, "restarts/scoring": 0, "data/skipped_lines": self.skipped_lines}
+        self.counters = {"restarts/rollout": 0, "restarts/scoring": 0, "data/skipped_lines": self.skipped_lines,
+                         "rollout/dropped_groups": 0, "learner/skipped_updates_in_a_row": 0}
         if not ray.is_initialized():
             ray.init(address=cfg.cluster.address or None, include_dashboard=False, log_to_driver=False)
         self._start_roles()
@@ -47,7 +49,6 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _start_roles(self) -> None:
         c, cpus = self.cfg.cluster, (0 if self.cfg.cluster.colocate else 1)
-        temperature = self.cfg.rollout.sampling.temperature
         self.pg, place = placement(c)
         self.rollout = RolloutPool(self.cfg.rollout, self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
                                    num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
@@ -56,8 +57,8 @@ class Trainer:
             num_cpus=cpus, max_restarts=c.max_restarts,  # retried by _score, which restores its state
             **({"scheduling_strategy": place[-1]} if place else {})).remote(self.cfg.reward, self.model_path)
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path)
-        self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, c.learner_ranks, self.cfg.seed, temperature,
-                                    self.cfg.rollout.sampling.n_samples_per_prompt, num_cpus=cpus, num_gpus=c.gpus_per_learner,
+        self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, self.cfg.rollout.sampling, c.learner_ranks,
+                                    self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
                                     scheduling=place[c.rollout_workers: -1] if place else None)
         self._scoring_state = ray.get(self.scoring.state_dict.remote())
         self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
@@ -111,9 +112,10 @@ class Trainer:
                     batch, examples, scored = self.keep_informative(batch, examples, scored)
             with timed(t, "update"):
                 stats = self.learner.update(batch, scored, self.step)
+            self.check_finite(stats)
             with timed(t, "sync"):
                 self.sync_weights()
-            kl_coef = self.learner.update_kl(stats["kl/ref"], len(batch))
+            kl_coef = self.learner.update_kl(stats["kl/ref_seq"], len(batch))  # target_kl is per sequence
         tokens = sum(batch.response_lengths)
         return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
                 "throughput/tokens_per_s": tokens / t["timing/total"], "throughput/samples_per_s": len(batch) / t["timing/total"]}
@@ -123,15 +125,15 @@ class Trainer:
         return self.cfg.rollout.sampling.temperature
 
     def score(self, batch: RolloutBatch, examples: list[dict]):
-        return self._score(batch, [self._meta(e) for e in examples], self._temperature)
+        meta = [self._meta(e) for e in examples]
+        return self._scoring(lambda: self.scoring.score.remote(batch, meta, self._temperature))
 
-    def _score(self, batch: RolloutBatch, meta: list[dict], temperature: float):
-        """Score on the service, keeping a copy of its state (the reward normaliser). If the actor
-        died, Ray restarts it (max_restarts): give it back that state and retry once."""
+    def _scoring(self, call):
+        """A call on the scoring service, keeping a copy of its state (the reward normaliser). If the
+        actor died, Ray restarts it (max_restarts): give it back that state and retry once."""
         def once():
-            scored, self._scoring_state = ray.get([self.scoring.score.remote(batch, meta, temperature),
-                                                   self.scoring.state_dict.remote()])
-            return scored
+            result, self._scoring_state = ray.get([call(), self.scoring.state_dict.remote()])
+            return result
 
         try:
             return once()
@@ -146,25 +148,25 @@ class Trainer:
         """Dynamic sampling (DAPO): groups whose rewards are all equal teach GRPO nothing; replace
         them with fresh prompts, for up to dynamic_sampling_rounds extra rounds. If still short,
         equal groups fill the rest, so the batch keeps its shape."""
-        want, kept, spare, skipped = self.cfg.data.rollout_batch_size, [], [], list(batch.skipped)
+        want, groups, skipped = self.cfg.data.rollout_batch_size, [], list(batch.skipped)
         for round_ in range(self.cfg.data.dynamic_sampling_rounds + 1):
             for j, example in enumerate(examples):
                 rows = [i for i, p in enumerate(batch.prompt_index) if p == j]
                 if rows:
-                    part = (batch.select(rows), scored.select(rows), example)
-                    (kept if len({scored.rewards[i] for i in rows}) > 1 else spare).append(part)
-            if len(kept) >= want or round_ == self.cfg.data.dynamic_sampling_rounds:
+                    informative = len({scored.rewards[i] for i in rows}) > 1
+                    groups.append((batch.select(rows), scored.select(rows), example, informative))
+            if sum(g[3] for g in groups) >= want or round_ == self.cfg.data.dynamic_sampling_rounds:
                 break
-            batch, examples = self.generate(want - len(kept))
+            batch, examples = self.generate(want - sum(g[3] for g in groups))
             scored = self.score(batch, examples)
             skipped += batch.skipped
-        self.counters["rollout/dropped_groups"] = self.counters.get("rollout/dropped_groups", 0) + len(spare)
-        chosen = (kept + spare)[:want]
-        for j, (b, _, _) in enumerate(chosen):
+        chosen, dropped = pick_groups(groups, want)
+        self.counters["rollout/dropped_groups"] += dropped
+        for j, (b, _, _, _) in enumerate(chosen):
             b.prompt_index = [j] * len(b)
-        merged = RolloutBatch.concat([b for b, _, _ in chosen])
+        merged = RolloutBatch.concat([b for b, _, _, _ in chosen])
         merged.skipped = skipped
-        return merged, [e for _, _, e in chosen], type(scored).concat([s for _, s, _ in chosen])
+        return merged, [e for _, _, e, _ in chosen], type(scored).concat([s for _, s, _, _ in chosen])
 
     def generate(self, want: int | None = None) -> tuple[RolloutBatch, list[dict]]:
         """`want` (default rollout_batch_size) prompts' samples; prompts the engine skips are
@@ -197,35 +199,42 @@ class Trainer:
             self.sync_weights()
             return call()
 
+    def check_finite(self, stats: dict[str, float]) -> None:
+        """Stop the run once more than algorithm.max_skipped_updates updates in a row were skipped for
+        non-finite values, naming what was non-finite; a skipped update changes nothing, so going on
+        would only spend compute."""
+        skipped = stats["learner/skipped_steps"] > 0 or stats["learner/nonfinite_losses"] > 0
+        in_a_row = self.counters["learner/skipped_updates_in_a_row"] = (
+            self.counters["learner/skipped_updates_in_a_row"] + 1 if skipped else 0)
+        limit = self.cfg.algorithm.max_skipped_updates
+        if limit and in_a_row > limit:
+            raise TrainingError(f"step {self.step}: {in_a_row} updates in a row were skipped for non-finite values "
+                                f"(algorithm.max_skipped_updates: {limit}); {nonfinite_cause(stats)}")
+
     def sync_weights(self) -> None:
         ray.get(self.rollout.receive_weights(self.buckets) + self.learner.send_weights(self.buckets))
         if not self.wire_planned:  # the engines have found their layouts: send in them from now on
             self.buckets, self.wire_planned = self.rollout.wire_plan(self.buckets), True
 
     def _prompt(self, example: dict):
-        """Text as is, or as one user message when the config asks for the chat template."""
-        p = example["prompt"]
-        return [{"role": "user", "content": p}] if self.cfg.data.apply_chat_template and isinstance(p, str) else p
+        return policy_prompt(example, self.cfg.data.apply_chat_template)
 
     def _meta(self, example: dict) -> dict:
-        return {"answer": example["answer"], **example["metadata"]}
+        return reward_metadata(example, self.cfg.data.apply_chat_template)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
-        """Held-out prompts: greedy (accuracy) and sampled (reward, KL to the reference)."""
+        """Held-out prompts through orchestrator.evaluate (read-only scoring, raw rewards)."""
         prompts = [self._prompt(e) for e in self.held_out]
         meta = [self._meta(e) for e in self.held_out]
-        greedy = self.rollout.generate(prompts, step=0, greedy=True)
-        g = self._score(greedy, meta, 1.0)
-        sampled = self.rollout.generate(prompts, step=0)
-        s = self._score(sampled, meta, self._temperature)
-        kl = [b - r for lp, ref in zip(sampled.logprobs, s.ref_logprobs) for b, r in zip(lp, ref)]
-        out = {k: v for k, v in batch_metrics(greedy, g, "eval/greedy/").items() if k.startswith("eval/greedy/reward")}
-        out.update({k: v for k, v in batch_metrics(sampled, s, "eval/sampled/").items()
-                    if k.startswith(("eval/sampled/reward/mean", "eval/sampled/reward/accuracy", "eval/sampled/response"))})
-        out["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)
-        self.samples = self._sample_table(prompts, greedy, g)
-        return out
+
+        def score(batch, meta, temperature, with_reference):
+            return self._scoring(lambda: self.scoring.evaluate.remote(batch, meta, temperature, with_reference))
+
+        ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, step=0, greedy=greedy), score, prompts, meta,
+                             self.cfg.eval.greedy, self._temperature)
+        self.samples = self._sample_table(prompts, *shown(ev))
+        return ev.metrics
 
     def _sample_table(self, prompts: list, greedy: RolloutBatch, scored) -> list[dict]:
         """The first held-out prompts, the current policy's greedy answer beside the reference
@@ -243,7 +252,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        """runs/<name>/checkpoints/step_N, written as step_N.tmp then renamed."""
+        """runs/<name>/checkpoints/step_N, written as step_N.tmp, then published (learner.checkpoint.publish:
+        a step_N already there is replaced only once the new one is complete)."""
         root = self.run_dir / "checkpoints"
         final, tmp = root / f"step_{self.step}", root / f"step_{self.step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -252,16 +262,21 @@ class Trainer:
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "counters": self.counters,
                  "scoring": ray.get(self.scoring.state_dict.remote()), "config": to_dict(self.cfg)}
         (tmp / "orchestrator.json").write_text(json.dumps(state))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        publish(tmp, final)
         for old in sorted(self._checkpoints())[: -self.cfg.checkpoint.keep_last]:
             shutil.rmtree(old[1])
         return final
 
     def _checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints by step; one a crash left set aside mid-publish is restored first."""
         root = self.run_dir / "checkpoints"
-        return sorted((int(p.name.split("_")[1]), p) for p in root.glob("step_*")
-                      if not p.name.endswith(".tmp") and (p / "orchestrator.json").exists()) if root.exists() else []
+        if not root.exists():
+            return []
+        for old in root.glob("step_*.old"):
+            recover(old.with_suffix(""))
+        found = [(int(p.name.removeprefix("step_")), p) for p in root.glob("step_*")
+                 if p.name.removeprefix("step_").isdigit() and (p / "orchestrator.json").exists()]
+        return sorted(found)
 
     def _resume_path(self) -> Path | None:
         resume = self.cfg.checkpoint.resume
@@ -278,7 +293,8 @@ class Trainer:
         ray.get(self.scoring.load_state_dict.remote(state["scoring"]))
         self._scoring_state = state["scoring"]
         self.sampler.load_state_dict(state["sampler"])
-        self.step, self.counters = state["step"], state["counters"]
+        self.step = state["step"]
+        self.counters.update(state["counters"])
         self.sync_weights()  # the engines start from the initial model: give them the restored one
         print(f"relay: resumed from {path} at step {self.step}", flush=True)
 
@@ -326,29 +342,3 @@ def placement(c):
     pg = placement_group(bundles, strategy="PACK")
     ray.get(pg.ready(), timeout=600)
     return pg, [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(bundles))]
-
-
-def summary_table(before: dict, after: dict) -> str:
-    rows = [("greedy accuracy", "eval/greedy/reward/accuracy"), ("greedy reward", "eval/greedy/reward/mean"),
-            ("sampled reward", "eval/sampled/reward/mean"), ("KL to reference (per token)", "eval/sampled/kl_ref"),
-            ("response length", "eval/sampled/response/length_mean")]
-    lines = ["", f"{'held-out':30s} {'before':>10s} {'after':>10s}", "-" * 52]
-    for label, key in rows:
-        if key in before or key in after:
-            lines.append(f"{label:30s} {before.get(key, float('nan')):10.3f} {after.get(key, float('nan')):10.3f}")
-    return "\n".join(lines)
-
-
-def samples_table(rows: list[dict]) -> str:
-    """Held-out prompts with the reference policy's greedy answer and the trained policy's."""
-    def cell(text) -> str:
-        return repr(text if len(text) <= 24 else text[:21] + "...") if text is not None else "-"
-
-    def reward(value) -> str:
-        return f"{value:6.2f}" if value is not None else "     -"
-
-    lines = ["", f"{'prompt':26s} {'reference':28s} {'reward':>6s}  {'policy':28s} {'reward':>6s}", "-" * 100]
-    for r in rows:
-        lines.append(f"{cell(r['prompt']):26s} {cell(r['reference']):28s} {reward(r['reference_reward'])}  "
-                     f"{cell(r['policy']):28s} {reward(r['reward'])}")
-    return "\n".join(lines)

@@ -47,8 +47,11 @@ def validate_reward(reward) -> Iterator[tuple[str, str]]:
 
 def _sampling(cfg):
     s = cfg.rollout.sampling
-    if s.temperature < 0:
-        yield "rollout.sampling.temperature", f"must be >= 0, got {s.temperature}"
+    if s.temperature <= 0:
+        yield "rollout.sampling.temperature", (
+            f"must be > 0 for training, got {s.temperature}: the update needs the distribution the samples were "
+            "drawn from (log-probabilities at temperature 0 are undefined); greedy decoding belongs to "
+            "evaluation (eval.greedy)")
     if not 0 < s.top_p <= 1:
         yield "rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"
     if s.top_k == 0 or s.top_k < -1:
@@ -91,6 +94,10 @@ def _algorithm(cfg):
             yield f"algorithm.{key}", f"must be in [0, 1], got {getattr(a, key)}"
     if a.clip_eps <= 0:
         yield "algorithm.clip_eps", f"must be > 0, got {a.clip_eps}"
+    if a.clip_eps_high < 0:
+        yield "algorithm.clip_eps_high", f"must be >= 0 (0 = clip_eps), got {a.clip_eps_high}"
+    if a.max_skipped_updates < 0:
+        yield "algorithm.max_skipped_updates", f"must be >= 0 (0 = never stop), got {a.max_skipped_updates}"
     if a.ppo_epochs < 1:
         yield "algorithm.ppo_epochs", f"must be >= 1, got {a.ppo_epochs}"
     if a.init_kl_coef < 0:

@@ -62,11 +62,29 @@ class ScoringService:
         return True
 
     def score(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0) -> ScoredBatch:
-        """`metadata[j]` belongs to prompt j of the step (answer, task entry, ...)."""
+        """For training: rewards clipped and normalised (the running normaliser moves).
+        `metadata[j]` belongs to prompt j of the step (answer, task entry, ...)."""
+        runs, total, invalid = self._judge(batch, metadata)
+        rewards = shape(total, invalid, self.cfg.clip, self.cfg.normalization, self.running)
+        return self._scored(runs, total, invalid, rewards, self.reference.logprobs(batch, temperature))
+
+    def evaluate(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0,
+                 with_reference: bool = True) -> ScoredBatch:
+        """For evaluation, read-only: raw combined rewards (no clip, no normalisation; 0 where
+        invalid), the normaliser untouched; reference logprobs only when asked for."""
+        runs, total, invalid = self._judge(batch, metadata)
+        rewards = [0.0 if bad else t for t, bad in zip(total, invalid)]
+        ref = self.reference.logprobs(batch, temperature) if with_reference else [[] for _ in range(len(batch))]
+        return self._scored(runs, total, invalid, rewards, ref)
+
+    def _judge(self, batch: RolloutBatch, metadata: list[dict]):
+        # text for rule/function/remote sources; a reward model reads the data's own prompt from
+        # metadata["prompt"] when the caller gives it (see RewardModelSource), these only without one
         prompts = self.reference.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
         per_sample = [metadata[j] for j in batch.prompt_index]
-        runs, total, invalid = self.reward.run(prompts, batch.response_text, per_sample)
-        rewards = shape(total, invalid, self.cfg.clip, self.cfg.normalization, self.running)
+        return self.reward.run(prompts, batch.response_text, per_sample)
+
+    def _scored(self, runs, total, invalid, rewards, ref_logprobs) -> ScoredBatch:
         drop = self.cfg.invalid == InvalidPolicy.drop
         metrics = source_metrics(runs)
         good = [t for t, bad in zip(total, invalid) if not bad]
@@ -77,7 +95,7 @@ class ScoringService:
             components={n: [float("nan") if s is None else s for s in r.scores] for n, r in runs.items()},
             valid=[not (drop and bad) for bad in invalid],
             invalid=invalid,
-            ref_logprobs=self.reference.logprobs(batch, temperature),
+            ref_logprobs=ref_logprobs,
             metrics=metrics,
         )
 

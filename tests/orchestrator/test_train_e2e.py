@@ -4,7 +4,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +66,13 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     if preset == "ppo_tiny_cpu":
         assert rows[-1]["loss/value"] is not None and rows[-1]["learner/explained_variance"] is not None
         assert rows[-1]["kl/coef"] != rows[0]["kl/coef"]  # the adaptive controller moved
+        # ...by Ziegler et al.'s formula on the per-sequence KL, the unit of target_kl
+        a = cfg.algorithm
+        for r in rows:
+            error = min(max(r["kl/ref_seq"] / a.target_kl - 1, -0.2), 0.2)
+            samples = cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt
+            assert r["kl/coef_next"] == pytest.approx(r["kl/coef"] * (1 + error * samples / a.kl_horizon), rel=1e-9)
+        assert rows[-1]["kl/ref_seq"] > rows[-1]["kl/ref"]  # sums over several tokens, not a per-token mean
     assert (tmp_path / preset / "checkpoints" / "step_6" / "learner" / "policy" / "model.safetensors").exists()
     # sample tables: the reference policy's answer (step 0) beside the policy's, before and after
     tables = [json.loads(line) for line in (tmp_path / preset / "samples.jsonl").read_text().splitlines()]
@@ -122,10 +128,9 @@ def relay(*args, timeout=120):
 
 
 def test_a_config_typo_fails_before_ray_starts():
-    start = time.monotonic()
     out = relay("train", "configs/grpo_tiny_cpu.yaml", "algorithm.clip_epss=0.1")
     assert out.returncode == 2 and "did you mean 'clip_eps'?" in out.stderr
-    assert "Started a local Ray instance" not in out.stderr + out.stdout and time.monotonic() - start < 30
+    assert "Started a local Ray instance" not in out.stderr + out.stdout
 
 
 def test_a_malformed_data_line_is_reported_with_its_line_number(ray_cluster, tmp_path):
@@ -137,18 +142,27 @@ def test_a_malformed_data_line_is_reported_with_its_line_number(ray_cluster, tmp
 
 
 def test_separate_placement_runs(ray_cluster, policy, tmp_path):
-    """colocate: false puts each actor in its own placement-group bundle (1 CPU each here)."""
-    train(config(policy, tmp_path, name="separate", total_steps=2, **{"cluster.colocate": "false"}))
+    """colocate: false puts each actor in its own placement-group bundle (1 CPU each here). With
+    top-p sampling, the sampler-learner logprob gap is still ~0: both sides use the same filter."""
+    train(config(policy, tmp_path, name="separate", total_steps=2,
+                 **{"cluster.colocate": "false", "rollout.sampling.top_p": 0.7}))
     rows = [r for r in metrics(tmp_path / "separate") if "timing/total" in r]
-    assert len(rows) == 2 and rows[-1]["rollout/logprob_gap"] < 1e-3
+    assert len(rows) == 2 and all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
+    assert rows[-1]["rollout/outside_filter_frac"] < 0.01
 
 
 def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp_path):
     # a cool temperature makes all-correct groups common
     cfg = config(policy, tmp_path, name="dynamic", total_steps=2,
-                 **{"data.dynamic_sampling": "true", "rollout.sampling.temperature": 0.3})
+                 **{"data.dynamic_sampling": "true", "rollout.sampling.temperature": 0.3,
+                    "reward.normalization": "running"})
     trainer = Trainer(cfg)
     try:
+        # evaluation is read-only: the running reward normaliser does not move, and rewards are raw
+        state = ray.get(trainer.scoring.state_dict.remote())
+        evaluated = trainer.evaluate()
+        assert ray.get(trainer.scoring.state_dict.remote()) == state and state["running"]["count"] == 0
+        assert 0.0 < evaluated["eval/sampled/reward/mean"] <= 1.0 and "eval/greedy/reward/accuracy" in evaluated
         batch, examples = trainer.generate()
         scored = trainer.score(batch, examples)
         equal = sum(len({r for r, p in zip(scored.rewards, batch.prompt_index) if p == j}) == 1 for j in range(16))

@@ -98,3 +98,18 @@ def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
     direct = ReferenceModel(tiny_model).logprobs(batch)
     assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(scored.ref_logprobs, direct))
     ray.kill(service)
+
+
+def test_evaluation_is_read_only_and_reports_raw_rewards(tiny_model):
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.running,
+                       clip=0.5)
+    service = ScoringService(cfg, tiny_model)
+    batch, meta = batch_of(PAIRS), [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
+    service.score(batch, meta)  # training moves the running normaliser...
+    state = json.dumps(service.state_dict())
+    scored = service.evaluate(batch, meta, with_reference=False)
+    assert json.dumps(service.state_dict()) == state  # ...evaluation never does
+    # raw: neither clipped to 0.5 nor normalised; 0 (and flagged) where the sample cannot be judged
+    assert scored.rewards == [1.0, 1.0, 0.0, 1.0] and scored.invalid == [False, False, True, False]
+    assert scored.ref_logprobs == [[], [], [], []]  # no reference forward when nobody reads it
+    assert service.evaluate(batch, meta).ref_logprobs == service.reference.logprobs(batch)

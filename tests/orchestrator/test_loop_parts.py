@@ -1,0 +1,129 @@
+"""Parts of the training loop that need no Ray: batch statistics with dropped samples, dynamic
+sampling's choice, the non-finite stop, held-out splits, checkpoint publishing, sampling checks."""
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from learner.checkpoint import publish, recover
+from orchestrator.config import DataConfig
+from orchestrator.data import DataError, load_split
+from orchestrator.load_config import ConfigError, load_config
+from orchestrator.phases import TrainingError, batch_metrics, pick_groups
+from orchestrator.trainer import Trainer
+from reward_service.types import ScoredBatch
+from rollout.types import RolloutBatch
+
+DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "grpo_tiny_cpu.yaml"
+
+
+def test_dropped_samples_are_counted_and_left_out_of_reward_statistics():
+    # prompt 0: rewards [1, 0, dropped]; prompt 1: [dropped, dropped, 1] -> one sample left
+    n = 6
+    batch = RolloutBatch([0, 0, 0, 1, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
+    valid = [True, True, False, False, False, True]
+    scored = ScoredBatch([1.0, 0.0, 0.0, 0.0, 0.0, 1.0], {}, valid, [not v for v in valid], [[0.0]] * n)
+    m = batch_metrics(batch, scored)
+    assert m["reward/dropped_samples"] == 3 and m["reward/dropped_groups"] == 1
+    assert m["reward/mean"] == pytest.approx(2 / 3) and m["reward/min"] == 0.0  # over the 3 that train
+
+
+def test_dynamic_sampling_counts_every_generated_group_it_does_not_train_on():
+    # generated in order: equal, informative, equal, informative, informative; 3 wanted
+    groups = [("a", False), ("b", True), ("c", False), ("d", True), ("e", True)]
+    chosen, dropped = pick_groups(groups, 3)
+    assert [g[0] for g in chosen] == ["b", "d", "e"] and dropped == 2
+    # short of informative groups, equal ones fill the batch and only the rest count as dropped
+    chosen, dropped = pick_groups(groups, 4)
+    assert [g[0] for g in chosen] == ["b", "d", "e", "a"] and dropped == 1
+
+
+def stats(skipped: bool, **nonfinite):
+    return {"learner/skipped_steps": float(skipped), "learner/nonfinite_losses": float(skipped),
+            **{f"learner/nonfinite/{k}": 1.0 for k in nonfinite}}
+
+
+def test_a_run_of_skipped_updates_stops_the_run_naming_the_cause():
+    loop = SimpleNamespace(step=0, counters={"learner/skipped_updates_in_a_row": 0},
+                           cfg=SimpleNamespace(algorithm=SimpleNamespace(max_skipped_updates=2)))
+    Trainer.check_finite(loop, stats(True, old_logprobs=True))
+    Trainer.check_finite(loop, stats(False))  # a good update resets the count
+    Trainer.check_finite(loop, stats(True, old_logprobs=True))
+    Trainer.check_finite(loop, stats(True, old_logprobs=True))
+    with pytest.raises(TrainingError, match="3 updates in a row .*temperature of 0"):
+        Trainer.check_finite(loop, stats(True, old_logprobs=True))
+    loop.counters["learner/skipped_updates_in_a_row"] = 0
+    for _ in range(2):
+        Trainer.check_finite(loop, stats(True))
+    with pytest.raises(TrainingError, match="inputs were finite.*learner.lr"):
+        Trainer.check_finite(loop, stats(True))
+    loop.cfg.algorithm.max_skipped_updates = 0  # 0: never stop
+    for _ in range(10):
+        Trainer.check_finite(loop, stats(True))
+
+
+def test_temperature_zero_is_rejected_for_training_with_the_reason():
+    with pytest.raises(ConfigError, match="rollout.sampling.temperature: must be > 0 for training.*eval.greedy"):
+        load_config(DEFAULT, ["rollout.sampling.temperature=0"])
+
+
+def test_held_out_examples_are_removed_from_the_training_set(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(50)))
+    cfg = DataConfig(train_files=[str(data)], eval_size=10)
+    train, held_out, _ = load_split(cfg, seed=0)
+    prompts = lambda rows: {e["prompt"] for e in rows}  # noqa: E731
+    assert len(train) == 40 and len(held_out) == 10 and not prompts(train) & prompts(held_out)
+    assert prompts(held_out) != {f"{i}+1=" for i in range(10)}  # drawn at random, not the file's first lines
+    assert load_split(cfg, seed=0)[1] == held_out  # and reproducibly
+    with pytest.raises(DataError, match="leave none to train on"):
+        load_split(DataConfig(train_files=[str(data)], eval_size=50), seed=0)
+
+
+def test_a_crash_while_replacing_a_checkpoint_never_loses_it(tmp_path, monkeypatch):
+    final, tmp = tmp_path / "step_4", tmp_path / "step_4.tmp"
+    final.mkdir(), (final / "state").write_text("old")
+    tmp.mkdir(), (tmp / "state").write_text("new")
+    real_replace = os.replace
+
+    def crash_on_the_new_one(src, dst):
+        if Path(src) == tmp:
+            raise OSError("killed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_the_new_one)
+    with pytest.raises(OSError):
+        publish(tmp, final)
+    monkeypatch.setattr(os, "replace", real_replace)
+    recover(final)  # what resume does first
+    assert (final / "state").read_text() == "old"
+    publish(tmp, final)
+    assert (final / "state").read_text() == "new" and not tmp.exists() and not (tmp_path / "step_4.old").exists()
+
+
+def test_evaluation_honours_eval_greedy_and_reads_only_raw_scores():
+    from orchestrator.evaluate import evaluate_policy
+
+    calls = []
+
+    def generate(prompts, greedy):
+        calls.append(("generate", greedy))
+        n = len(prompts) * (1 if greedy else 2)
+        return RolloutBatch([i // (1 if greedy else 2) for i in range(n)], [[1]] * n, [[2, 3]] * n, [[-0.5, -0.5]] * n,
+                            ["7"] * n, ["stop"] * n)
+
+    def score(batch, meta, temperature, with_reference):
+        calls.append(("score", with_reference))
+        n = len(batch)
+        return ScoredBatch([1.0] * n, {"math_answer": [1.0] * n}, [True] * n, [False] * n,
+                           [[-1.0, -1.0] if with_reference else [] for _ in range(n)])
+
+    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=True, temperature=1.0)
+    assert calls == [("generate", True), ("score", False), ("generate", False), ("score", True)]
+    assert ev.metrics["eval/greedy/reward/accuracy"] == 1.0 and ev.metrics["eval/sampled/kl_ref"] == pytest.approx(0.5)
+    calls.clear()
+    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=False, temperature=1.0)
+    assert calls == [("generate", False), ("score", True)] and ev.greedy is None
+    assert not any(k.startswith("eval/greedy/") for k in ev.metrics) and ev.metrics["eval/sampled/reward/mean"] == 1.0
