@@ -24,14 +24,19 @@ def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
 
 
 def reasoning_gym_task(name: str, n: int, seed: int) -> list[dict]:
+    """A reasoning-gym task as chat messages: reasoning-gym's default system prompt (answer inside
+    <answer></answer>, which its scorers read) and the question; needs a model with a chat template."""
     import reasoning_gym
+    from reasoning_gym.utils import SYSTEM_PROMPTS
 
     try:
         data = reasoning_gym.create_dataset(name, size=n, seed=seed)
     except (KeyError, ValueError) as e:
         raise ValueError(f"data.task: unknown task {name!r} (relay: {', '.join(TINY_TASKS)}; or a reasoning-gym "
                          f"task): {e}") from None
-    return [{"prompt": e["question"], "answer": str(e["answer"]), "metadata": {"entry": e}} for e in data]
+    system = {"role": "system", "content": SYSTEM_PROMPTS["default"]}
+    return [{"prompt": [system, {"role": "user", "content": e["question"]}], "answer": str(e["answer"]),
+             "metadata": {"entry": e}} for e in data]
 
 
 def make_task(name: str, n: int, seed: int) -> list[dict]:

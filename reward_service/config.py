@@ -4,7 +4,7 @@ from enum import Enum
 
 
 class SourceKind(str, Enum):
-    math_answer = "math_answer"  # final answer (#### N, \boxed{}, last number) vs the reference, numerically
+    math_answer = "math_answer"  # final answer (#### N line, last \boxed{}, else math-verify's pick) vs the reference, by math-verify
     exact_match = "exact_match"  # stripped response equals the reference answer
     format = "format"  # response matches `pattern` (e.g. required tags)
     length_penalty = "length_penalty"  # -|chars - target_length| / target_length
@@ -27,24 +27,24 @@ class Normalization(str, Enum):
 
 @dataclass
 class RewardSource:
-    kind: SourceKind = SourceKind.math_answer
-    weight: float = 1.0
-    name: str = ""  # metric name; defaults to the kind
+    kind: SourceKind = SourceKind.math_answer  # math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model or remote
+    weight: float = 1.0  # this source's factor in the summed reward; 0 = reported, not trained on
+    name: str = ""  # metric name (reward/<name>/mean); "" = the kind
     function: str = ""  # function: "module.path:function"
     model_path: str = ""  # reward_model: a Hugging Face folder
-    url: str = ""  # remote: endpoint
-    timeout_s: float = 10.0  # remote: per-call deadline
-    max_retries: int = 2  # remote
-    max_concurrency: int = 4  # remote
+    url: str = ""  # remote: the endpoint to POST to (see `relay serve-reward`)
+    timeout_s: float = 10.0  # seconds a call to this source may take, else its samples are invalid (remote: per attempt)
+    max_retries: int = 2  # remote: retries of a failed or timed-out request
+    max_concurrency: int = 4  # remote: requests in flight at once (the batch is split into as many chunks)
     pattern: str = ""  # format: a regular expression the response must match
     target_length: int = 0  # length_penalty: characters
 
 
 @dataclass
 class RewardConfig:
-    sources: list[RewardSource] = field(default_factory=lambda: [RewardSource()])
+    sources: list[RewardSource] = field(default_factory=lambda: [RewardSource()])  # what judges a response; the reward is their weighted sum
     reference_model_path: str = ""  # frozen reference policy; empty = the learner's starting model
     micro_batch_size: int = 16  # samples per reference/reward-model forward
     clip: float = 0.0  # clip the combined reward to [-clip, clip]; 0 = off
-    normalization: Normalization = Normalization.none
-    invalid: InvalidPolicy = InvalidPolicy.zero
+    normalization: Normalization = Normalization.none  # after clipping: none, batch (whiten the step's valid rewards) or running (checkpointed mean/std)
+    invalid: InvalidPolicy = InvalidPolicy.zero  # a sample some source could not score: zero (reward 0, still trains) or drop (masked out)

@@ -7,6 +7,7 @@ for reasoning-gym prompts, `entry` (the task's own record).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from pathlib import Path
@@ -16,6 +17,8 @@ import torch
 from reward_service import rules
 from reward_service.config import RewardSource, SourceKind
 from reward_service.remote import RemoteReward
+from reward_service.rm_input import pad_right, rm_input_ids
+from rollout.prompts import is_chat
 
 REWARD_STATS_FILE = "relay_reward_stats.json"  # written next to a reward model by `relay rm`
 
@@ -36,10 +39,14 @@ class RuleSource:
 
 
 class ReasoningGymSource:
-    """A reasoning-gym task's own `score_answer(answer, entry)`; the entry travels in metadata."""
+    """A reasoning-gym task's own `score_answer(answer, entry)`; the entry travels in metadata.
+
+    The answer is what reasoning-gym's own trainers pass: the last `<answer>...</answer>` of the
+    response (`reasoning_gym.utils.extract_answer`), None without one (the task scores that 0), so
+    prompts must ask for the tags (reasoning-gym's `SYSTEM_PROMPTS`)."""
 
     def score(self, prompts, responses, metadata) -> list[float | None]:
-        import reasoning_gym
+        from reasoning_gym.utils import extract_answer
 
         out = []
         for response, m in zip(responses, metadata):
@@ -47,9 +54,16 @@ class ReasoningGymSource:
             if not entry:
                 out.append(None)
                 continue
-            name = entry["metadata"]["source_dataset"]
-            out.append(float(reasoning_gym.get_score_answer_fn(name)(rules.extract_answer(response) or response, entry)))
+            scorer = _score_answer_fn(entry["metadata"]["source_dataset"])
+            out.append(float(scorer(extract_answer(response), entry)))
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def _score_answer_fn(name: str):
+    import reasoning_gym
+
+    return reasoning_gym.get_score_answer_fn(name)  # builds the task's dataset object: once per task
 
 
 class FunctionSource:
@@ -67,8 +81,14 @@ class FunctionSource:
 
 
 class RewardModelSource:
-    """A sequence-classification model with one scalar output, scoring prompt + response text with
-    its own tokenizer; normalised by the mean/std stored beside it by `relay rm`, if present."""
+    """A sequence-classification model with one scalar output, scoring prompt + response with its
+    own tokenizer, through the function `relay rm` trained it with (reward_service.rm_input);
+    normalised by the mean/std stored beside it by `relay rm`, if present.
+
+    The prompt is `metadata[i]["prompt"]`, as the data gave it to the policy (text or chat
+    messages; the trainer and `relay eval` put it there). Without one (`relay serve-reward`,
+    remote callers), or when it is token ids (the policy's vocabulary, not the RM's), the service's
+    text `prompts[i]` is used: the prompt ids decoded with special tokens stripped."""
 
     def __init__(self, cfg: RewardSource, micro_batch_size: int):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -86,12 +106,18 @@ class RewardModelSource:
 
     @torch.no_grad()
     def score(self, prompts, responses, metadata) -> list[float]:
-        texts = [p + r for p, r in zip(prompts, responses)]
+        seqs = [rm_input_ids(self.tokenizer, _rm_prompt(p, m), r) for p, r, m in zip(prompts, responses, metadata)]
         out = []
-        for i in range(0, len(texts), self.micro_batch_size):
-            enc = self.tokenizer(texts[i: i + self.micro_batch_size], return_tensors="pt", padding=True)
-            out += self.model(**enc).logits[:, 0].float().tolist()
+        for i in range(0, len(seqs), self.micro_batch_size):
+            ids, attention = pad_right(seqs[i: i + self.micro_batch_size], self.tokenizer.pad_token_id)
+            out += self.model(input_ids=ids, attention_mask=attention).logits[:, 0].float().tolist()
         return [(r - self.mean) / self.std for r in out]
+
+
+def _rm_prompt(decoded: str, meta: dict):
+    """The data's own prompt (text or chat messages) when the caller passed it, else the decoded text."""
+    original = meta.get("prompt")
+    return original if isinstance(original, str) or is_chat(original) else decoded
 
 
 class RemoteSource:

@@ -78,6 +78,9 @@ def test_tasks_and_held_out_split():
     assert int(train[0]["answer"]) == a + b
     gym = make_task("basic_arithmetic", 3, seed=1)
     assert gym[0]["metadata"]["entry"]["answer"] == gym[0]["answer"]
+    # asked as reasoning-gym asks: a system prompt that wants the answer in tags its scorers read
+    assert [m["role"] for m in gym[0]["prompt"]] == ["system", "user"] and "<answer>" in gym[0]["prompt"][0]["content"]
+    assert gym[0]["prompt"][1]["content"] == gym[0]["metadata"]["entry"]["question"]
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         make_task("nope", 1, 0)
 

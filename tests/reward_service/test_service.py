@@ -74,11 +74,14 @@ def test_reasoning_gym_source_uses_the_task_scorer():
     data = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=1)
     entries = list(data)
     source = build_source(RewardSource(kind=SourceKind.reasoning_gym))
-    responses = [f"The result is {entries[0]['answer']}", "#### 123456", "#### 1"]
-    run = run_source(source, ["q"] * 3, responses, [{"entry": entries[0]}, {"entry": entries[1]}, {}], 5.0)
-    # the task's own scorer, on the extracted final answer (it gives partial credit when close)
-    assert run.scores == [1.0, data.score_answer("123456", entries[1]), None]
-    assert run.scores[1] < 1.0
+    responses = [f"so <answer>{entries[0]['answer']}</answer>", "<answer>123456</answer>", "#### 1",
+                 f"The result is {entries[0]['answer']}"]
+    meta = [{"entry": entries[0]}, {"entry": entries[1]}, {}, {"entry": entries[0]}]
+    run = run_source(source, ["q"] * 4, responses, meta, 5.0)
+    # the task's own scorer on the answer in reasoning-gym's tags; none in tags scores what the task
+    # gives no answer (0), never a number fished out of the text
+    assert run.scores == [1.0, data.score_answer("123456", entries[1]), None, data.score_answer(None, entries[0])]
+    assert run.scores[1] < 1.0 and run.scores[3] == 0.0
 
 
 def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
