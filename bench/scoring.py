@@ -2,10 +2,12 @@
 
     .venv/bin/python -m bench.scoring [--samples 256] [--response-tokens 32] [--repeats 5]
     .venv/bin/python -m bench.scoring --deadlines [--repeats 5]
+    .venv/bin/python -m bench.scoring --rules [--samples 512] [--repeats 5]
 
 Tiny GPT-2 models (~10M parameters, the bench/rollout.py "10M" shape) on the CPU, float32,
 micro-batches of 32; medians of the repeats. Prints a table and a final JSON line.
---deadlines instead measures what a source that never answers costs against its deadline.
+--deadlines instead measures what a source that never answers costs against its deadline; --rules
+times `math_answer` (math-verify) on plain integers (the fast path), LaTeX and GSM8K-style prose.
 """
 from __future__ import annotations
 
@@ -37,9 +39,13 @@ def main() -> None:
     p.add_argument("--response-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--deadlines", action="store_true", help="only the deadline overhead figures (no models)")
+    p.add_argument("--rules", action="store_true", help="only math_answer's cost per answer style (no models)")
     args = p.parse_args()
     if args.deadlines:
         deadline_overhead(args.repeats)
+        return
+    if args.rules:
+        rule_costs(args.samples, args.repeats)
         return
     g = torch.Generator().manual_seed(0)
     B, T = args.samples, args.response_tokens
@@ -68,6 +74,29 @@ def main() -> None:
         print(f"{k:28s} {v:12.1f}")
     print(json.dumps({"samples": B, "prompt_tokens": 16, "response_tokens": T, "params_m": 9.0,
                       "threads": torch.get_num_threads(), **{k: round(v, 1) for k, v in results.items()}}))
+
+
+def rule_costs(n: int, repeats: int) -> dict[str, float]:
+    """Milliseconds to score n answers with math_answer, by style, after one untimed pass."""
+    from reward_service.rules import math_answer
+
+    rng = torch.Generator().manual_seed(0)
+    nums = torch.randint(10, 999, (n, 2), generator=rng).tolist()
+    styles = {
+        "plain_int": [(str(a + b), str(a + b)) for a, b in nums],
+        "latex_frac": [(f"so the answer is $\\boxed{{\\frac{{{a}}}{{{b}}}}}$.", f"\\frac{{{a}}}{{{b}}}") for a, b in nums],
+        "gsm8k_prose": [(f"{a} apples and {b} more, so {a} + {b} = {a + b} apples in all.", f"... #### {a + b}")
+                        for a, b in nums],
+    }
+    results = {}
+    for name, pairs in styles.items():
+        score = lambda pairs=pairs: [math_answer(r, ref) for r, ref in pairs]  # noqa: E731
+        score()
+        results[f"{name}_ms"] = median_ms(score, repeats)
+    for k, v in results.items():
+        print(f"{k:28s} {v:12.1f}")
+    print(json.dumps({"answers": n, "repeats": repeats, **{k: round(v, 1) for k, v in results.items()}}))
+    return results
 
 
 def deadline_overhead(repeats: int, timeout_s: float = 0.2) -> dict[str, float]:

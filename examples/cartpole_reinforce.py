@@ -55,7 +55,7 @@ def train(episodes: int, seed: int = 0, batch: int = 8, lr: float = 1e-2, gamma:
         returns = discounted_returns(rewards, mask, gamma)
         valid = mask > 0
         adv = torch.zeros_like(returns)
-        adv[valid] = reinforce_baseline_advantages(returns[valid])
+        adv[valid] = reinforce_baseline_advantages(returns[valid], baseline="batch")  # one episode per 'prompt'
         adv = masked_whiten(adv, mask)
         logp = torch.log_softmax(policy(obs), -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         loss = -masked_mean(logp * adv, mask)

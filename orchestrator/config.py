@@ -32,7 +32,7 @@ class DataConfig:
     eval_files: list[str] = field(default_factory=list)  # held-out prompt files; empty = eval_size training prompts drawn at random (seeded) and removed from training
     task: str = ""  # prompts from a task instead of files (addition_2digit, a reasoning-gym name); "" = files
     task_size: int = 1000  # training prompts generated from task (task only)
-    prompt_key: str = "prompt"  # plain text or a list of chat messages
+    prompt_key: str = "prompt"  # the field holding the prompt: text, a list of chat messages, or token ids
     answer_key: str = "answer"  # optional reference answer, passed to rewards; other fields travel as metadata
     apply_chat_template: bool = False  # send a text prompt as one user message through the tokenizer's chat template
     rollout_batch_size: int = 8  # prompts per step (each sampled rollout.sampling.n_samples_per_prompt times)

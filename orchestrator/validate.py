@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from learner.config import CriticInit, Estimator, KLControllerKind, ValueHead
+from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, ValueHead
 from reward_service.config import SourceKind
 
 CRITIC_FREE = {Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline}
@@ -89,6 +89,10 @@ def _algorithm(cfg):
     if a.estimator in GROUPED and n < 2:
         yield "rollout.sampling.n_samples_per_prompt", (
             f"{a.estimator.value} compares samples of one prompt: needs >= 2, got {n}")
+    if a.estimator == Estimator.reinforce_baseline and a.reinforce_baseline == Baseline.group and n < 2:
+        yield "algorithm.reinforce_baseline", (
+            f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n}); "
+            "use batch")
     for key in ("gamma", "lam"):
         if not 0 <= getattr(a, key) <= 1:
             yield f"algorithm.{key}", f"must be in [0, 1], got {getattr(a, key)}"

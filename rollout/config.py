@@ -11,7 +11,7 @@ class PromptOverflow(str, Enum):
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 1.0  # softmax temperature, applied to the learner's logprobs too; 0 = greedy
+    temperature: float = 1.0  # softmax temperature, applied to the learner's logprobs too; must be > 0 for training (greedy is eval.greedy)
     top_k: int = -1  # sample among the k most likely tokens; -1 = off
     top_p: float = 1.0  # nucleus sampling: the smallest token set with this much probability; 1.0 = off
     repetition_penalty: float = 1.0  # vLLM's penalty on tokens already in the prompt or response; 1.0 = off

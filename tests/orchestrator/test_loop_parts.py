@@ -127,3 +127,17 @@ def test_evaluation_honours_eval_greedy_and_reads_only_raw_scores():
     ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=False, temperature=1.0)
     assert calls == [("generate", False), ("score", True)] and ev.greedy is None
     assert not any(k.startswith("eval/greedy/") for k in ev.metrics) and ev.metrics["eval/sampled/reward/mean"] == 1.0
+
+
+def test_dapo_clip_higher_is_set_from_config():
+    assert load_config(DEFAULT, ["algorithm.clip_eps_high=0.28"]).algorithm.clip_eps_high == 0.28
+    with pytest.raises(ConfigError, match="algorithm.clip_eps_high: must be >= 0"):
+        load_config(DEFAULT, ["algorithm.clip_eps_high=-0.1"])
+
+
+def test_a_group_baseline_needs_groups():
+    over = ["algorithm.estimator=reinforce_baseline", "rollout.sampling.n_samples_per_prompt=1",
+            "algorithm.mini_batch_size=64", "algorithm.micro_batch_size=64"]
+    with pytest.raises(ConfigError, match="algorithm.reinforce_baseline: a group baseline needs >= 2"):
+        load_config(DEFAULT, over)
+    assert load_config(DEFAULT, over + ["algorithm.reinforce_baseline=batch"]).algorithm.reinforce_baseline.value == "batch"
