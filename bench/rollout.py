@@ -85,7 +85,7 @@ def bench_generation(model: str, args) -> dict:
     pool = RolloutPool(cfg, model, num_workers=1, seed=0, num_cpus=1)
     # same process layout and threads as a RolloutWorker (engine core in the actor's process), but
     # plain vLLM: no relay code, no plain-linear CPU fix
-    env = engine_env(cfg, threads=2)
+    env = engine_env(cfg, threads=2, gpu=False)
     bare = ray.remote(BareVLLM).options(num_cpus=1, runtime_env={"env_vars": env}).remote(model, 128)
     tokenizer_ids = ray.get(pool.workers[0].generate.remote(prompts, 0, 0)).prompt_ids[:: args.n]
     pool_times, bare_times, pool_tokens, bare_tokens = [], [], 0, 0
@@ -149,7 +149,7 @@ def bench_sync(root: Path, arch: str, size: str, workers: int, repeats: int, buc
     pool = RolloutPool(cfg, model, num_workers=workers, seed=0, num_cpus=0.5)
     buckets = plan_buckets(tensor_metas(state.items()), cfg.sync_bucket_mb << 20)
     port = free_port()
-    joined = pool.init_weight_sync("127.0.0.1", port, "gloo")
+    joined = pool.init_weight_sync("127.0.0.1", port)
     group = SyncGroup("127.0.0.1", port, 0, pool.sync_world_size, "gloo")
     ray.get(joined)
     receivers = [ray.remote(RawReceiver).options(num_cpus=0).remote() for _ in range(workers)]

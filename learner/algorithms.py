@@ -61,7 +61,9 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
 
 
 def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
-    """log p(label) per position: logits (B, T, V), labels (B, T) -> (B, T)."""
+    """log p(label) per position: logits (B, T, V), labels (B, T) -> (B, T).
+    Holds a float32 copy of all the logits: the learner and the reference model use
+    rollout/logprobs.py's chunked version (the same numbers, a chunk of tokens at a time)."""
     logits = logits.float()
     return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
 

@@ -30,13 +30,15 @@ class GuardedAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
-    """The learner ranks' own process group (the default group of these processes)."""
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, backend: str) -> None:
+    """The learner ranks' own process group (the default group of these processes). `backend`
+    follows the rank's device (rollout.device.collective_backend). Ray makes exactly the actor's
+    own GPU visible, so it is always local device 0."""
     import deepspeed
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if not torch.cuda.is_available() else str(rank % max(torch.cuda.device_count(), 1)),
-                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", auto_mpi_discovery=False)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", MASTER_ADDR=master_addr,
+                      MASTER_PORT=str(master_port))
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
 
 
 def warmup_schedule(warmup_steps: int):

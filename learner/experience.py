@@ -15,6 +15,8 @@ from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
 from reward_service.types import ScoredBatch
 from rollout.config import SamplingConfig
+from rollout.device import to_device
+from rollout.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs, map_chunks
 from rollout.types import RolloutBatch, pack
 
 
@@ -44,9 +46,11 @@ def ragged_to_dense(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor
     return out
 
 
-def sharded_forward(fn, n: int, micro: int, rank: int, world: int) -> list[torch.Tensor | None]:
-    """Run fn(rows) -> tensors over this rank's rows in micro-batches (no grad), then assemble
-    the full (n, ...) results on every rank with one all-reduce each."""
+def sharded_forward(fn, n: int, micro: int, rank: int, world: int,
+                    device: torch.device = torch.device("cpu")) -> list[torch.Tensor | None]:
+    """Run fn(rows) -> tensors (on `device`) over this rank's rows in micro-batches (no grad), then
+    assemble the full (n, ...) results on every rank with one all-reduce each (on `device`: NCCL
+    reduces GPU tensors only), and return them on the CPU beside the rest of the experience."""
     mine = torch.arange(rank, n, world)
     parts = [fn(mine[i: i + micro]) for i in range(0, len(mine), micro)]
     outs = []
@@ -54,10 +58,11 @@ def sharded_forward(fn, n: int, micro: int, rank: int, world: int) -> list[torch
         if parts[0][k] is None:
             outs.append(None)
             continue
-        full = torch.zeros((n, *parts[0][k].shape[1:]), dtype=torch.float32)
-        full[mine] = torch.cat([p[k].float() for p in parts])
+        full = torch.zeros((n, *parts[0][k].shape[1:]), dtype=torch.float32, device=device)
+        full[mine.to(device)] = torch.cat([p[k].float() for p in parts])
         if world > 1:
             dist.all_reduce(full)  # rows of other ranks are zero here
+        full = full.cpu()
         outs.append(full)
     return outs
 
@@ -95,25 +100,28 @@ def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> to
 
 
 def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cfg: AlgorithmConfig, kl_coef: float,
-                    sampling: SamplingConfig, pad_id: int, micro: int, rank: int, world: int) -> Experience:
+                    sampling: SamplingConfig, pad_id: int, micro: int, rank: int, world: int,
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, device: torch.device = torch.device("cpu")) -> Experience:
+    """The experience stays on the CPU; each micro-batch goes to `device` (the models') for the forward."""
     input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, pad_id)
     valid = torch.tensor(scored.valid, dtype=torch.float32)[:, None]
     mask = response_mask * valid
 
     @torch.no_grad()
     def forward(rows):
-        inputs = (input_ids[rows], attention_mask[rows], position_ids[rows])
+        inputs = to_device((input_ids[rows], attention_mask[rows], position_ids[rows]), device)
         logits, values = policy(*inputs)
-        logits = logits.float() / sampling.temperature
-        logprobs = A.logprobs_from_logits(logits, input_ids[rows, 1:])
-        filtered = (A.filtered_logprobs(logits, input_ids[rows, 1:], sampling.top_k, sampling.top_p)
-                    if filters else None)
+        labels, t = inputs[0][:, 1:], sampling.temperature
+        # chunk by chunk: no float32 (rows, L-1, V) copy of the logits (learner.logprob_chunk_tokens)
+        logprobs = chunked_logprobs(logits, labels, t, chunk_tokens)
+        filtered = (map_chunks(lambda x, y: A.filtered_logprobs(x, y, sampling.top_k, sampling.top_p),
+                               logits, labels, t, chunk_tokens) if filters else None)
         if critic is not None:
             values = critic(*inputs)
         return logprobs, values, filtered
 
     filters = sampling.top_k > 0 or sampling.top_p < 1.0
-    old_logprobs, old_values, filtered = sharded_forward(forward, len(batch), micro, rank, world)
+    old_logprobs, old_values, filtered = sharded_forward(forward, len(batch), micro, rank, world, device)
     old_logprobs = old_logprobs * response_mask
     ref = ragged_to_dense(scored.ref_logprobs, response_mask)
     kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)

@@ -52,9 +52,10 @@ class LearnerGroup:
     def weight_buckets(self, bucket_mb: int):
         return ray.get(self.ranks[0].weight_buckets.remote(bucket_mb))
 
-    def init_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float = 300.0) -> list:
-        """Rank 0 joins the rollout sync group as its rank 0; returns the pending calls."""
-        return [r.init_weight_sync.remote(host, port, world_size, timeout_s) for r in self.ranks]
+    def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> list:
+        """Rank 0 joins the rollout sync group as its rank 0, on the rollout side's `backend`;
+        returns the pending calls."""
+        return [r.init_weight_sync.remote(host, port, world_size, backend, timeout_s) for r in self.ranks]
 
     def send_weights(self, buckets) -> list:
         plan = encode_plan(buckets)

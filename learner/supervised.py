@@ -17,27 +17,41 @@ from learner.engine import init_distributed, make_engine
 from learner.group import start_ranks
 from learner.models import no_dropout_config
 from learner.worker import seed_everything
+from rollout.device import collective_backend, process_device
+from rollout.logprobs import chunked_logprobs
 
 SFT, RM = "sft", "rm"
+
+
+def build_model(cfg: LearnerConfig, kind: str, pad_token_id: int | None) -> torch.nn.Module:
+    """The trained model: a causal LM (SFT) or a one-output sequence classifier (RM), without
+    dropout, in cfg.dtype, with gradient checkpointing when configured (as the policy and critic)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config, dtype = no_dropout_config(cfg.model_path), getattr(torch, cfg.dtype.value)
+    if kind == RM:
+        config.num_labels, config.pad_token_id = 1, pad_token_id  # pad marks each sequence's end
+        model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, config=config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, config=config, dtype=dtype)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 class SupervisedLearner:
     def __init__(self, cfg: LearnerConfig, train: SupervisedTrainConfig, kind: str, rank: int, world_size: int,
                  master_addr: str, master_port: int, seed: int, threads: int = 0):
-        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if threads:
             torch.set_num_threads(threads)
-        init_distributed(rank, world_size, master_addr, master_port)
+        self.device = process_device()
+        init_distributed(rank, world_size, master_addr, master_port, collective_backend(self.device))
         seed_everything(seed + rank)
         self.cfg, self.train, self.kind, self.rank, self.world = cfg, train, kind, rank, world_size
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-        config, dtype = no_dropout_config(cfg.model_path), getattr(torch, cfg.dtype.value)
-        if kind == RM:
-            config.num_labels, config.pad_token_id = 1, self.tokenizer.pad_token_id  # pad marks each sequence's end
-            model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, config=config, dtype=dtype)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(cfg.model_path, config=config, dtype=dtype)
+        model = build_model(cfg, kind, self.tokenizer.pad_token_id)
         self.grad_accum = train.batch_size // (train.micro_batch_size * world_size)
         self.engine = make_engine(model, cfg, cfg.lr, train.micro_batch_size, self.grad_accum)
 
@@ -75,7 +89,9 @@ class SupervisedLearner:
     def _loss(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         if self.kind == SFT:
             logits = self.engine(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]).logits
-            loss_sum = A.sft_loss_sum(logits.float(), batch["input_ids"][rows], batch["loss_mask"][rows])
+            ids = batch["input_ids"][rows]  # A.sft_loss_sum, without a float32 (B, L, V) copy of the logits
+            logprobs = chunked_logprobs(logits[:, :-1], ids[:, 1:], 1.0, self.cfg.logprob_chunk_tokens)
+            loss_sum = -A.masked_sum(logprobs, batch["loss_mask"][rows])
             return loss_sum, {"loss_sum": loss_sum.item(), "count": float(batch["loss_mask"][rows].sum())}
         chosen = self._reward(batch["chosen_ids"][rows], batch["chosen_attention"][rows])
         rejected = self._reward(batch["rejected_ids"][rows], batch["rejected_attention"][rows])

@@ -19,6 +19,8 @@ from learner.experience import Experience, make_experience
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
 from rollout.config import SamplingConfig
+from rollout.device import collective_backend, process_device, to_device
+from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy
 from rollout.types import RolloutBatch
 from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, plan_buckets, send_weights
 
@@ -34,7 +36,10 @@ class Learner:
                  master_addr: str, master_port: int, seed: int, threads: int = 0):
         if threads:
             torch.set_num_threads(threads)
-        init_distributed(rank, world_size, master_addr, master_port)
+        if cfg.logprob_chunk_tokens < 1:
+            raise ValueError(f"learner.logprob_chunk_tokens must be at least 1, got {cfg.logprob_chunk_tokens}")
+        self.device = process_device()  # from this actor's Ray resources: everything it computes lives there
+        init_distributed(rank, world_size, master_addr, master_port, collective_backend(self.device))
         seed_everything(seed + rank)
         self.cfg, self.algo, self.rank, self.world = cfg, algo, rank, world_size
         # the sampler's distribution: logprobs at its temperature, its filters for the gap metric
@@ -71,7 +76,8 @@ class Learner:
         skipped_before = self._skipped()
         self.policy_engine.eval()
         exp = make_experience(self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value,
-                              self.sampling, self.pad_id, self.algo.micro_batch_size, self.rank, self.world)
+                              self.sampling, self.pad_id, self.algo.micro_batch_size, self.rank, self.world,
+                              self.cfg.logprob_chunk_tokens, self.device)
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
         n_mini = 0
@@ -96,7 +102,7 @@ class Learner:
         mine = rows[self.rank:: self.world]
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
         for j in range(0, len(mine), self.algo.micro_batch_size):
-            mb = exp.rows(mine[j: j + self.algo.micro_batch_size])
+            mb = to_device(exp.rows(mine[j: j + self.algo.micro_batch_size]), self.device)
             policy_loss, values, m = self._policy_loss(mb, total, agg)
             if self.critic_engine is not None:
                 values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
@@ -118,27 +124,21 @@ class Learner:
 
     def _policy_loss(self, mb: dict, total: float, agg: str):
         logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-        logits = logits.float() / self.temperature
-        logprobs = A.logprobs_from_logits(logits, mb["input_ids"][:, 1:])
-        mask = mb["mask"]
-        pg, pm = A.ppo_policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask, self.algo.clip_eps,
-                                   self.algo.clip_eps_high or None, aggregation=agg, total=total)
-        entropy = A.aggregate(A.entropy_from_logits(logits, mask), mask, agg, total)
-        loss = pg - self.algo.entropy_coef * entropy
+        loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, self.temperature,
+                                  self.cfg.logprob_chunk_tokens, total, agg)
         share = _share(mb, total, agg)
-        m = {"loss/policy": pg.item(), "learner/entropy": entropy.item(),
-             "learner/clip_frac": pm["clip_frac"].item() * share, "learner/approx_kl": pm["approx_kl"].item() * share}
-        if self.algo.kl_placement == KLPlacement.loss:
-            kl = A.aggregate(A.kl_penalty(logprobs, mb["ref_logprobs"], self.algo.kl_estimator.value, mask), mask, agg, total)
-            loss = loss + self.kl_ctl.value * kl
-            m["loss/kl"] = kl.item()
+        m = {"loss/policy": terms["policy"].item(), "learner/entropy": terms["entropy"].item(),
+             "learner/clip_frac": terms["clip_frac"].item() * share,
+             "learner/approx_kl": terms["approx_kl"].item() * share}
+        if "kl" in terms:
+            m["loss/kl"] = terms["kl"].item()
         return loss, values, m
 
     def _reduce(self, sums: dict[str, float], n_mini: int) -> dict[str, float]:
         """Sum each metric over ranks, then average over mini-batches (each is a mini-batch mean)."""
         sums.setdefault("learner/nonfinite_losses", 0.0)
         keys = sorted(sums)
-        vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(vec)
         out = {k: v if k == "learner/nonfinite_losses" else v / max(n_mini, 1) for k, v in zip(keys, vec.tolist())}
@@ -181,9 +181,12 @@ class Learner:
                  for n, p in rollout_weights(self.policy)]
         return plan_buckets(metas, bucket_mb << 20)
 
-    def init_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float = 300.0) -> None:
+    def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
+        """Rank 0 joins the rollout side's group as its sender, on the rollout side's `backend`."""
         if self.rank == 0:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend != collective_backend(self.device):
+                raise ValueError(f"weight sync: the rollout engines use {backend}, but learner rank 0 is on "
+                                 f"{self.device}; give the learner GPUs too (cluster.gpus_per_learner) or neither")
             self.sync_group = SyncGroup(host, port, 0, world_size, backend, timeout_s)
 
     def send_weights(self, plan: bytes) -> int:
@@ -228,10 +231,11 @@ class Learner:
 
         self.policy_engine.eval()
         inputs = pack(batch.prompt_ids, batch.response_ids, self.pad_id)
-        logits, _ = self.policy_engine(*inputs[:3])
-        logprobs = A.logprobs_from_logits(logits.float() / self.temperature, inputs[0][:, 1:])
+        ids, attention, positions = to_device(inputs[:3], self.device)
+        logits, _ = self.policy_engine(ids, attention, positions)
+        logprobs = chunked_logprobs(logits, ids[:, 1:], self.temperature, self.cfg.logprob_chunk_tokens)
         self.policy_engine.train()
-        return unpad(logprobs, inputs[3])
+        return unpad(logprobs.cpu(), inputs[3])
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str) -> None:
@@ -243,6 +247,26 @@ class Learner:
         from learner.checkpoint import load_learner
 
         load_learner(self, path)
+
+
+def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: float, temperature: float,
+                chunk_tokens: int, total: float, agg: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A micro-batch's policy loss from its logits (B, L-1, V), and its terms (policy, entropy,
+    clip_frac, approx_kl, and kl when placed in the loss). Logprobs and entropy come chunk by chunk
+    (no float32 (B, L-1, V) tensor); the entropy enters the graph only when entropy_coef uses it."""
+    mask, use_entropy = mb["mask"], algo.entropy_coef != 0
+    logprobs, entropy = chunked_logprobs_entropy(logits, mb["input_ids"][:, 1:], temperature, chunk_tokens,
+                                                 entropy_grad=use_entropy)
+    pg, pm = A.ppo_policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask, algo.clip_eps,
+                               algo.clip_eps_high or None, aggregation=agg, total=total)
+    entropy = A.aggregate(entropy, mask, agg, total)
+    loss = pg - algo.entropy_coef * entropy if use_entropy else pg
+    terms = {"policy": pg, "entropy": entropy, "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"]}
+    if algo.kl_placement == KLPlacement.loss:
+        terms["kl"] = A.aggregate(A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask), mask, agg,
+                                  total)
+        loss = loss + kl_coef * terms["kl"]
+    return loss, terms
 
 
 def nonfinite_inputs(exp: Experience) -> list[str]:

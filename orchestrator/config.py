@@ -23,6 +23,7 @@ class ClusterConfig:
     colocate: bool = True  # true: roles share the devices (no placement group, actors reserve no CPUs); false: a bundle each
     gpus_per_rollout_worker: float = 0.0  # GPUs per rollout worker (a fraction shares one); > 0 also sends weights by NCCL, 0 by gloo
     gpus_per_learner: float = 0.0  # GPUs per learner rank (a fraction shares one); 0 = CPU
+    gpus_per_scoring: float = 0.0  # GPUs of the scoring service (reference and reward models); 0 = CPU
     max_restarts: int = 2  # Ray restarts of a dead rollout/scoring actor before the run fails
 
 

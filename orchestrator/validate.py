@@ -154,6 +154,12 @@ def _rewards(reward):
 
 def _cluster(cfg):
     c = cfg.cluster
+    if c.gpus_per_rollout_worker > 0 and c.gpus_per_learner == 0:
+        yield "cluster.gpus_per_learner", ("the rollout engines are on GPUs, so weights travel by NCCL, which the "
+                                           "learner can only join from a GPU: give it GPUs too")
+    if cfg.rollout.dtype != cfg.learner.dtype.value:
+        yield "rollout.dtype", (f"{cfg.rollout.dtype} differs from learner.dtype ({cfg.learner.dtype.value}): the "
+                                "behaviour logprobs would drift from the learner's; sample in the learner's dtype")
     for key in ("rollout_workers", "learner_ranks"):
         if getattr(c, key) < 1:
             yield f"cluster.{key}", f"must be >= 1, got {getattr(c, key)}"

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from reward_service.combine import combine, run_source, source_metrics
 from reward_service.config import InvalidPolicy, RewardConfig
 from reward_service.reference import ReferenceModel
 from reward_service.shaping import RunningMeanStd, shape
 from reward_service.sources import build_source
 from reward_service.types import ScoredBatch
+from rollout.device import process_device
+from rollout.logprobs import DEFAULT_CHUNK_TOKENS
 from rollout.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -30,10 +34,11 @@ class RewardFunction:
     """The configured sources with their weights, without any model of the policy: what
     `relay serve-reward` serves and what ScoringService uses for rewards."""
 
-    def __init__(self, cfg: RewardConfig):
+    def __init__(self, cfg: RewardConfig, device: torch.device = torch.device("cpu"), dtype: str = "float32"):
+        """`device`, `dtype`: where and in what precision reward models run (the scoring process's)."""
         self.cfg = cfg
         self.names = source_names(cfg)
-        self.sources = {n: build_source(s, cfg.micro_batch_size) for n, s in zip(self.names, cfg.sources)}
+        self.sources = {n: build_source(s, cfg.micro_batch_size, device, dtype) for n, s in zip(self.names, cfg.sources)}
         self.weights = {n: s.weight for n, s in zip(self.names, cfg.sources)}
         self.timeouts = {n: s.timeout_s for n, s in zip(self.names, cfg.sources)}
 
@@ -48,14 +53,17 @@ class RewardFunction:
 
 
 class ScoringService:
-    def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str = "float32", threads: int = 0):
+    def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str = "float32", threads: int = 0,
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+        """`dtype`: the learner's compute dtype (the reference's logprobs then match the policy's);
+        `chunk_tokens`: learner.logprob_chunk_tokens. The device is this process's (rollout.device)."""
         if threads:
-            import torch
-
             torch.set_num_threads(threads)
         self.cfg = cfg
-        self.reward = RewardFunction(cfg)
-        self.reference = ReferenceModel(cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size)
+        self.device = process_device()
+        self.reward = RewardFunction(cfg, self.device, dtype)
+        self.reference = ReferenceModel(cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size,
+                                        chunk_tokens, self.device)
         self.running = RunningMeanStd()
 
     def ready(self) -> bool:

@@ -18,6 +18,7 @@ from reward_service import rules
 from reward_service.config import RewardSource, SourceKind
 from reward_service.remote import RemoteReward
 from reward_service.rm_input import pad_right, rm_input_ids
+from rollout.device import to_device
 from rollout.prompts import is_chat
 
 REWARD_STATS_FILE = "relay_reward_stats.json"  # written next to a reward model by `relay rm`
@@ -90,12 +91,15 @@ class RewardModelSource:
     remote callers), or when it is token ids (the policy's vocabulary, not the RM's), the service's
     text `prompts[i]` is used: the prompt ids decoded with special tokens stripped."""
 
-    def __init__(self, cfg: RewardSource, micro_batch_size: int):
+    def __init__(self, cfg: RewardSource, micro_batch_size: int, device: torch.device = torch.device("cpu"),
+                 dtype: str = "float32"):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.tokenizer.padding_side = "right"
-        self.model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, num_labels=1).eval()
+        self.device = device
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            cfg.model_path, num_labels=1, dtype=getattr(torch, dtype)).eval().to(device)
         self.model.requires_grad_(False)
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -110,6 +114,7 @@ class RewardModelSource:
         out = []
         for i in range(0, len(seqs), self.micro_batch_size):
             ids, attention = pad_right(seqs[i: i + self.micro_batch_size], self.tokenizer.pad_token_id)
+            ids, attention = to_device((ids, attention), self.device)
             out += self.model(input_ids=ids, attention_mask=attention).logits[:, 0].float().tolist()
         return [(r - self.mean) / self.std for r in out]
 
@@ -128,7 +133,9 @@ class RemoteSource:
         return self.client.score(prompts, responses, metadata)  # a RemoteResult: the service reads its counts
 
 
-def build_source(cfg: RewardSource, micro_batch_size: int = 16):
+def build_source(cfg: RewardSource, micro_batch_size: int = 16, device: torch.device = torch.device("cpu"),
+                 dtype: str = "float32"):
+    """`device`, `dtype`: for a reward model (the scoring process's device, the learner's dtype)."""
     kind = cfg.kind
     if kind in (SourceKind.math_answer, SourceKind.exact_match, SourceKind.format, SourceKind.length_penalty):
         return RuleSource(cfg)
@@ -137,5 +144,5 @@ def build_source(cfg: RewardSource, micro_batch_size: int = 16):
     if kind == SourceKind.function:
         return FunctionSource(cfg)
     if kind == SourceKind.reward_model:
-        return RewardModelSource(cfg, micro_batch_size)
+        return RewardModelSource(cfg, micro_batch_size, device, dtype)
     return RemoteSource(cfg)

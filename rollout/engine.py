@@ -11,11 +11,7 @@ from rollout.config import RolloutConfig, SamplingConfig
 log = logging.getLogger(__name__)
 
 
-def on_gpu() -> bool:
-    return torch.cuda.is_available()
-
-
-def engine_env(cfg: RolloutConfig, threads: int) -> dict[str, str]:
+def engine_env(cfg: RolloutConfig, threads: int, gpu: bool) -> dict[str, str]:
     """Environment a worker process needs before vLLM is imported."""
     env = {
         # Run the engine core inside the worker's own process: the Ray actor is already a process of
@@ -27,7 +23,7 @@ def engine_env(cfg: RolloutConfig, threads: int) -> dict[str, str]:
     }
     if threads > 0:
         env["OMP_NUM_THREADS"] = str(threads)
-    if cfg.tensor_parallel_size > 1 and not on_gpu() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    if cfg.tensor_parallel_size > 1 and not gpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(cfg.tensor_parallel_size)
     return env
 
@@ -43,14 +39,16 @@ def cpu_bind(tp: int) -> str:
     return "|".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else str(p[0]) for p in parts)
 
 
-def make_engine(cfg: RolloutConfig, model_path: str, seed: int, sleep_mode: bool = False):
+def make_engine(cfg: RolloutConfig, model_path: str, seed: int, device: torch.device, sleep_mode: bool = False):
+    """`device`: the worker's (rollout.device.process_device); sleep mode needs a GPU."""
     from vllm import LLM  # imported late: the environment above must be in place first
 
-    if not on_gpu() and cfg.cpu_plain_linear:
+    gpu = device.type == "cuda"
+    if not gpu and cfg.cpu_plain_linear:
         from rollout.vllm_ext import use_plain_cpu_linear
 
         use_plain_cpu_linear()
-    if on_gpu():
+    if gpu:
         extra = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": sleep_mode}
     else:
         # A prompt split over two scheduler steps (chunked prefill) has its first sampled token

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import contextmanager
 
 import ray
 
 from rollout.config import RolloutConfig, SamplingConfig
+from rollout.device import collective_backend
 from rollout.engine import engine_env
 from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import TensorMeta, encode_plan
@@ -39,7 +41,7 @@ class RolloutPool:
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
-        env = engine_env(cfg, threads)
+        env = engine_env(cfg, threads, gpu=num_gpus > 0)
         self.workers = []
         for i in range(num_workers):
             options = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
@@ -49,6 +51,9 @@ class RolloutPool:
             actor = ray.remote(RolloutWorker).options(**options)
             self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode))
         ray.get([w.ready.remote() for w in self.workers])
+        # the engines' own device decision (rollout.device), and the weight-sync backend it implies
+        self.device = ray.get(self.workers[0].get_device.remote())
+        self.sync_backend = collective_backend(self.device)
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -64,11 +69,13 @@ class RolloutPool:
     def sync_world_size(self) -> int:
         return sync_ranks(len(self.workers), self.tensor_parallel_size)[0]
 
-    def init_weight_sync(self, host: str, port: int, backend: str, timeout_s: float = 300.0) -> list:
-        """Start every engine's side of the group (ranks 1..sync_world_size-1); the sender must join
-        as rank 0 while these are pending. Returns the futures to wait on after the sender has joined."""
+    def init_weight_sync(self, host: str, port: int, timeout_s: float = 300.0) -> list:
+        """Start every engine's side of the group (ranks 1..sync_world_size-1) on `sync_backend`;
+        the sender must join as rank 0, on the same backend, while these are pending. Returns the
+        futures to wait on after the sender has joined."""
         world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
-        return [w.init_weight_sync.remote(host, port, r, world, backend, timeout_s) for w, r in zip(self.workers, first)]
+        return [w.init_weight_sync.remote(host, port, r, world, self.sync_backend, timeout_s)
+                for w, r in zip(self.workers, first)]
 
     def receive_weights(self, buckets: list[list[TensorMeta]]) -> list:
         """Start every worker's receive; the sender broadcasts while these are pending."""
@@ -91,11 +98,25 @@ class RolloutPool:
     def weight_checksums(self) -> list[float]:
         return ray.get([w.weight_checksum.remote() for w in self.workers])
 
-    def sleep(self) -> None:
-        ray.get([w.sleep.remote() for w in self.workers])
+    def sleep(self) -> int:
+        """Every engine asleep (GPU: weights offloaded, KV cache freed); returns the bytes freed."""
+        return sum(ray.get([w.sleep.remote() for w in self.workers]))
 
     def wake_up(self) -> None:
         ray.get([w.wake_up.remote() for w in self.workers])
+
+    @contextmanager
+    def asleep(self, enabled: bool):
+        """The engines asleep inside the block when `enabled` (a learner colocated on their GPUs
+        updates there), awake again at its end, before the weight sync that needs their memory."""
+        if not enabled:
+            yield
+            return
+        self.sleep()
+        try:
+            yield
+        finally:
+            self.wake_up()
 
     def shutdown(self, timeout_s: float = 20.0) -> None:
         """Ask each engine to stop, then end the actors whatever they answered: a wedged engine

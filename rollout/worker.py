@@ -7,7 +7,8 @@ import os
 import torch
 
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.engine import engine_env, make_engine, on_gpu, request_seed, sampling_params
+from rollout.device import process_device
+from rollout.engine import engine_env, make_engine, request_seed, sampling_params
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
 
@@ -19,18 +20,22 @@ class RolloutWorker:
     RolloutPool does this for N workers."""
 
     def __init__(self, cfg: RolloutConfig, model_path: str, seed: int, threads: int = 0, sleep_mode: bool = False):
-        os.environ.update(engine_env(cfg, threads))
+        self.device = process_device()
+        os.environ.update(engine_env(cfg, threads, self.device.type == "cuda"))
         self.cfg, self.seed = cfg, seed
-        self.llm = make_engine(cfg, model_path, seed, sleep_mode=sleep_mode)
+        self.llm = make_engine(cfg, model_path, seed, self.device, sleep_mode=sleep_mode)
         self.tokenizer = self.llm.get_tokenizer()
         self.asleep = False
         self.prefix_stale = False
         # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
         # weight_loader after loading, so those engines take vLLM's reload path.
-        self.direct_load = on_gpu() or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
+        self.direct_load = self.device.type == "cuda" or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
 
     def ready(self) -> bool:
         return True
+
+    def get_device(self) -> torch.device:
+        return self.device
 
     def generate(self, prompts: list[Prompt], step: int, first_index: int = 0, greedy: bool = False,
                  sampling: SamplingConfig | None = None) -> RolloutBatch:
@@ -91,17 +96,20 @@ class RolloutWorker:
         return self.llm.collective_rpc("relay_weight_checksum")[0]
 
     # ---- lifecycle
-    def sleep(self) -> None:
-        """Free device memory for a colocated learner: weights offloaded, KV cache dropped (GPU)."""
-        if not on_gpu():
-            log.info("rollout: sleep is a no-op on CPU (nothing to free for the learner)")
-            return
+    def sleep(self) -> int:
+        """Free device memory for a colocated learner (vLLM sleep level 1: weights offloaded to
+        host memory, KV cache dropped); returns the bytes freed on the device (0 on CPU)."""
+        if self.device.type != "cuda":
+            return 0
+        free_before = torch.cuda.mem_get_info()[0]
         self.llm.sleep(level=1)
         self.asleep = True
+        freed = torch.cuda.mem_get_info()[0] - free_before
+        log.info("rollout: asleep, %.2f GiB freed on the GPU", freed / 2**30)
+        return freed
 
     def wake_up(self) -> None:
-        if not on_gpu():
-            log.info("rollout: wake_up is a no-op on CPU")
+        if self.device.type != "cuda":
             return
         self.llm.wake_up()
         self.asleep = False

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import make_scored_batch
 from learner import algorithms as A
-from learner.config import AlgorithmConfig, Estimator, LearnerConfig, LoraConfig, ValueHead
+from learner.config import AlgorithmConfig, Dtype, Estimator, LearnerConfig, LoraConfig, ValueHead
 from learner.group import LearnerGroup
 from rollout.config import SamplingConfig
 
@@ -31,26 +31,28 @@ def changed(a: dict, b: dict) -> set[str]:
     return {k for k in a if not torch.equal(a[k], b[k])}
 
 
-def test_one_update_changes_parameters_and_lowers_the_surrogate_loss(ray_cluster, tiny_model):
-    batch, scored = make_scored_batch(tiny_model, seed=1)
-    group = learners(tiny_model)
+def update_once(group, batch, scored):
+    """One update; the weights before and after, its metrics, the batch's response mask and the
+    PPO surrogate on the batch before (ratio 1) and after it."""
     try:
         before, lp0 = group.policy_state(), group.policy_logprobs(batch)
         metrics = group.update(batch, scored, step=0)
         after, lp1 = group.policy_state(), group.policy_logprobs(batch)
     finally:
         group.shutdown()
-    assert changed(before, after)
-    # the PPO surrogate on this batch, before (ratio 1) and after the update
     old, mask = batch.padded(0)[1] * 0, batch.padded(0)[2]
-    for i, row in enumerate(lp0):
-        old[i, : len(row)] = torch.tensor(row)
     new = torch.zeros_like(old)
-    for i, row in enumerate(lp1):
-        new[i, : len(row)] = torch.tensor(row)
+    for i, (row0, row1) in enumerate(zip(lp0, lp1)):
+        old[i, : len(row0)], new[i, : len(row1)] = torch.tensor(row0), torch.tensor(row1)
     adv = A.grpo_advantages(torch.tensor(scored.rewards), GROUP)[:, None] * mask  # GRPO's own scale, not re-whitened
-    loss_before, _ = A.ppo_policy_loss(old, old, adv, mask, 0.2)
-    loss_after, _ = A.ppo_policy_loss(new, old, adv, mask, 0.2)
+    surrogate = [A.ppo_policy_loss(lp, old, adv, mask, 0.2)[0] for lp in (old, new)]
+    return before, after, metrics, mask, surrogate
+
+
+def test_one_update_changes_parameters_and_lowers_the_surrogate_loss(ray_cluster, tiny_model):
+    batch, scored = make_scored_batch(tiny_model, seed=1)
+    before, after, metrics, mask, (loss_before, loss_after) = update_once(learners(tiny_model), batch, scored)
+    assert changed(before, after)
     assert loss_after < loss_before - 0.01
     # the controller's KL is per sequence: the per-token mean times tokens per sample
     assert metrics["kl/ref_seq"] == pytest.approx(metrics["kl/ref"] * float(mask.sum()) / len(batch), rel=1e-5)
@@ -58,6 +60,18 @@ def test_one_update_changes_parameters_and_lowers_the_surrogate_loss(ray_cluster
                 "kl/ref", "kl/coef", "advantages/mean", "learner/tokens_per_s"):
         assert math.isfinite(metrics[key]), key
     assert metrics["learner/grad_norm"] > 0 and metrics["learner/skipped_steps"] == 0
+
+
+def test_a_bf16_grpo_update_runs_and_lowers_the_surrogate_loss(ray_cluster, tiny_model):
+    """learner.dtype bfloat16 (DeepSpeed bf16): chunked logprobs from bf16 logits train as fp32 do."""
+    batch, scored = make_scored_batch(tiny_model, seed=1)
+    group = learners(tiny_model, dtype=Dtype.bfloat16, logprob_chunk_tokens=16)  # several chunks per micro-batch
+    before, after, metrics, mask, (loss_before, loss_after) = update_once(group, batch, scored)
+    assert all(v.dtype == torch.bfloat16 for v in after.values()) and changed(before, after)
+    assert loss_after < loss_before - 0.01
+    for key in ("loss/policy", "learner/entropy", "loss/kl", "learner/grad_norm"):
+        assert math.isfinite(metrics[key]), key
+    assert metrics["learner/skipped_steps"] == 0
 
 
 @pytest.fixture(scope="module")

@@ -40,8 +40,8 @@ def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero):
         buckets = group.weight_buckets(1)  # 1 MiB buckets: several per sync
         assert len(buckets) > 1
         port = free_port()
-        joining = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
-        ray.get(group.init_weight_sync("127.0.0.1", port, pool.sync_world_size, 60) + joining)
+        joining = pool.init_weight_sync("127.0.0.1", port, timeout_s=60)
+        ray.get(group.init_weight_sync("127.0.0.1", port, pool.sync_world_size, pool.sync_backend, 60) + joining)
         receiving = pool.receive_weights(buckets)
         ray.get(group.send_weights(buckets) + receiving)
         after = pool.generate(PROMPTS, step=0, greedy=True)

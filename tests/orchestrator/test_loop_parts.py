@@ -141,3 +141,28 @@ def test_a_group_baseline_needs_groups():
     with pytest.raises(ConfigError, match="algorithm.reinforce_baseline: a group baseline needs >= 2"):
         load_config(DEFAULT, over)
     assert load_config(DEFAULT, over + ["algorithm.reinforce_baseline=batch"]).algorithm.reinforce_baseline.value == "batch"
+
+
+@pytest.mark.parametrize("sleep", [True, False])
+def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(sleep):
+    """The call sequence of one training step (recorded; on GPU the memory itself is in
+    scripts/gpu_check.sh): engines asleep only while the learner updates, awake for the sync."""
+    from rollout.pool import RolloutPool
+
+    calls = []
+    n = 4
+    batch = RolloutBatch([0, 0, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
+    scored = ScoredBatch([1.0, 0.0, 1.0, 1.0], {}, [True] * n, [False] * n, [[0.0]] * n)
+    engines = SimpleNamespace(sleep=lambda: calls.append("sleep"), wake_up=lambda: calls.append("wake_up"))
+    stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
+    loop = SimpleNamespace(
+        cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False)), step=0, counters={}, sleep_engines=sleep,
+        generate=lambda: (calls.append("generate"), (batch, [{}, {}]))[1],
+        score=lambda b, e: (calls.append("score"), scored)[1],
+        rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled)),
+        learner=SimpleNamespace(update=lambda b, s, step: (calls.append("update"), stats)[1],
+                                update_kl=lambda kl, n: (calls.append("update_kl"), 0.01)[1]),
+        check_finite=lambda s: None, sync_weights=lambda: calls.append("sync"))
+    Trainer.train_step(loop)
+    middle = ["sleep", "update", "wake_up"] if sleep else ["update"]
+    assert calls == ["generate", "score", *middle, "sync", "update_kl"]

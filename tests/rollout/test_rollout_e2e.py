@@ -129,7 +129,7 @@ def perturbed(hf, scale=0.5, seed=1):
 def connect(pool) -> SyncGroup:
     """The learner's side of the group, from this process: join as rank 0."""
     port = free_port()
-    joined = pool.init_weight_sync("127.0.0.1", port, "gloo", timeout_s=60)
+    joined = pool.init_weight_sync("127.0.0.1", port, timeout_s=60)
     group = SyncGroup("127.0.0.1", port, 0, pool.sync_world_size, "gloo", timeout_s=60)
     ray.get(joined)
     return group

@@ -1,0 +1,46 @@
+"""The one device decision of a process, and the collective backend that follows from it.
+
+Every role (rollout worker, scoring service, learner rank) calls `process_device()` once and puts
+everything it computes on that device: models, inputs, reductions, weight-sync buffers. The
+decision comes from the Ray resources the process was given (a GPU when the actor was started
+with num_gpus > 0; Ray then makes exactly those GPUs visible), never from what happens to be
+installed, so a CPU actor on a GPU node stays on the CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def process_device() -> torch.device:
+    """cuda:0 (the first GPU Ray assigned to this actor) or cpu. Outside Ray (scripts such as
+    scripts/gpu_check.py, tests): $RELAY_DEVICE, default cpu."""
+    import os
+
+    try:
+        import ray
+    except ImportError:  # a machine without Ray (scripts/gpu_check.py on a bare GPU image)
+        ray = None
+    if ray is None or not ray.is_initialized():
+        return torch.device(os.environ.get("RELAY_DEVICE", "cpu"))
+    try:
+        gpus = ray.get_gpu_ids()
+    except Exception:  # the driver of a client connection has no worker context
+        return torch.device("cpu")
+    return torch.device("cuda", 0) if gpus else torch.device("cpu")
+
+
+def collective_backend(device: torch.device) -> str:
+    """NCCL between GPU processes, gloo between CPU ones: both ends of a group must agree."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def to_device(tensors, device: torch.device):
+    """Every tensor of a tuple/list/dict (or one tensor) on `device`; the one place inputs move,
+    so a test can check that nothing skipped the transfer (on the meta device, anything that did fails)."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors.to(device, non_blocking=True)
+    if isinstance(tensors, dict):
+        return {k: to_device(v, device) for k, v in tensors.items()}
+    if isinstance(tensors, (list, tuple)):
+        return type(tensors)(to_device(t, device) for t in tensors)
+    return tensors

@@ -1,0 +1,135 @@
+"""Token log-probabilities (and entropy) of a causal LM's logits at the sampler's temperature,
+computed a chunk of tokens at a time so no (B, T, V) float32 tensor is ever held.
+
+The sampler's distribution (temperature) is rollout's to define, and both the learner (old and new
+logprobs) and the reference model in reward_service need it: living here, both may import it
+(tests/test_architecture.py) and nothing is duplicated. Pure torch: no model, no config.
+
+Memory: each chunk of `chunk_tokens` tokens is upcast to float32 inside the chunk only (chunk *
+V * 4 bytes, plus a few temporaries of that size). Backward does not keep the float32 chunks
+either: `_ChunkedLogprobs` saves only the logits (alive anyway) and recomputes each chunk's
+softmax in backward, writing its gradient into one preallocated tensor of the logits' dtype. This
+is what torch.utils.checkpoint per chunk would do, minus its cost: there each chunk's slice
+backward materialises a zero-filled full-size gradient that autograd then adds up (n_chunks full
+(B, T, V) passes and two full gradients alive at once); here there is one, written in place.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+def chunk_spans(B: int, T: int, chunk_tokens: int) -> Iterator[tuple[slice, slice]]:
+    """(rows, positions) spans covering (B, T) with at most chunk_tokens tokens each: whole rows
+    when a row fits, else one row at a time in slices of chunk_tokens. Slicing (B, T, V) logits by
+    a span is a view (no copy), even when they are a non-contiguous [:, :-1] slice."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    if T <= chunk_tokens:
+        rows = max(1, chunk_tokens // max(T, 1))
+        for r in range(0, B, rows):
+            yield slice(r, r + rows), slice(0, T)
+    else:
+        for r in range(B):
+            for t in range(0, T, chunk_tokens):
+                yield slice(r, r + 1), slice(t, t + chunk_tokens)
+
+
+def _chunk_logprobs(logits: Tensor, labels: Tensor, temperature: float, with_entropy: bool):
+    """float32 (log p(label) (b, t), entropy (b, t) or None) of one chunk."""
+    x = logits.float() / temperature
+    # gather - logsumexp and log_softmax, as learner.algorithms' logprobs_from_logits and
+    # entropy_from_logits compute them: the same numbers, chunk by chunk
+    label_logp = x.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, -1)
+    if not with_entropy:
+        return label_logp, None
+    logp = torch.log_softmax(x, -1)
+    return label_logp, -(logp.exp() * logp).sum(-1)
+
+
+def _chunk_grad(logits: Tensor, labels: Tensor, temperature: float, g_logp: Tensor | None,
+                g_ent: Tensor | None) -> Tensor:
+    """d loss / d logits of one chunk, recomputed from the chunk (float32 (b, t, V)). The terms
+    are those autograd forms for the unchunked functions, in its order, to stay within float32
+    rounding of its gradient: d log p(y) / dx = onehot(y) - p and, through log_softmax,
+    d H / dx = -p (log p + H), with x = logits / temperature."""
+    x = logits.float() / temperature
+    g = torch.zeros_like(x)
+    if g_ent is not None:
+        logp = torch.log_softmax(x, -1)
+        p, g_out = logp.exp(), -g_ent.unsqueeze(-1)
+        g_logp_ent = g_out * p + (g_out * logp) * p
+        g = g_logp_ent - p * g_logp_ent.sum(-1, keepdim=True)
+    if g_logp is not None:
+        g_lse = -g_logp.unsqueeze(-1)
+        g = g + g_lse * (x - torch.logsumexp(x, -1, keepdim=True)).exp()
+        g.scatter_add_(-1, labels.unsqueeze(-1), g_logp.unsqueeze(-1))
+    return g / temperature
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """(logprobs, entropy) (B, T) of logits (B, T, V); backward recomputes each chunk."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, chunk_tokens, with_entropy, entropy_grad):
+        B, T = labels.shape
+        logprobs = logits.new_empty((B, T), dtype=torch.float32)
+        entropy = logits.new_zeros((B, T), dtype=torch.float32)
+        for rows, pos in chunk_spans(B, T, chunk_tokens):
+            lp, ent = _chunk_logprobs(logits[rows, pos], labels[rows, pos], temperature, with_entropy)
+            logprobs[rows, pos] = lp
+            if ent is not None:
+                entropy[rows, pos] = ent
+        ctx.save_for_backward(logits, labels)  # the logits are alive anyway: no extra memory
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: skipped
+        ctx.temperature, ctx.chunk_tokens, ctx.entropy_grad = temperature, chunk_tokens, with_entropy and entropy_grad
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)  # a metric only: it stays out of the graph
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        logits, labels = ctx.saved_tensors
+        g_ent = g_ent if ctx.entropy_grad else None
+        grad = torch.empty_like(logits)  # the one full-size gradient, in the logits' dtype
+        B, T = labels.shape
+        for rows, pos in chunk_spans(B, T, ctx.chunk_tokens):
+            grad[rows, pos] = _chunk_grad(logits[rows, pos], labels[rows, pos], ctx.temperature,
+                                          None if g_logp is None else g_logp[rows, pos],
+                                          None if g_ent is None else g_ent[rows, pos])
+        return grad, None, None, None, None, None
+
+
+def chunked_logprobs_entropy(logits: Tensor, labels: Tensor, temperature: float = 1.0,
+                             chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                             entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    """(log p(label), entropy) per position, float32 (B, T), of softmax(logits / temperature).
+
+    logits (B, T, V) in any dtype, labels (B, T). Differentiable w.r.t. logits through the
+    logprobs; through the entropy only with entropy_grad (else it has no grad_fn: a metric).
+    Padding positions get values like any other: mask them where they are used."""
+    logprobs, entropy = _ChunkedLogprobs.apply(logits, labels, float(temperature), int(chunk_tokens), True,
+                                               entropy_grad)
+    return logprobs, entropy
+
+
+def chunked_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0,
+                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Tensor:
+    """log p(label) per position, float32 (B, T), of softmax(logits / temperature); differentiable."""
+    return _ChunkedLogprobs.apply(logits, labels, float(temperature), int(chunk_tokens), False, False)[0]
+
+
+@torch.no_grad()
+def map_chunks(fn, logits: Tensor, labels: Tensor, temperature: float = 1.0,
+               chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Tensor:
+    """fn(float32 logits / temperature (b, t, V), labels (b, t)) -> (b, t), chunk by chunk, no grad:
+    for per-token quantities with their own math (e.g. top-k/top-p filtered logprobs)."""
+    B, T = labels.shape
+    out = logits.new_empty((B, T), dtype=torch.float32)
+    for rows, pos in chunk_spans(B, T, chunk_tokens):
+        out[rows, pos] = fn(logits[rows, pos].float() / temperature, labels[rows, pos])
+    return out

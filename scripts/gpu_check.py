@@ -1,0 +1,183 @@
+"""The GPU paths that need neither vLLM nor Ray, run on one machine, with figures.
+
+    python scripts/gpu_check.py [--device cuda|cpu] [--quick]     (scripts/gpu_check.sh wraps it)
+
+Sections, each printing one JSON line (and "skipped" with the reason when it cannot run here):
+  learner   one DeepSpeed rank (ZeRO 0 and 2) in bf16 on a tiny GPT, a few GRPO updates:
+            tokens/s, peak memory, MFU; the loss must fall
+  logprobs  chunked logprobs/entropy against the unchunked ones, and their peak memory
+  scoring   the reference model on the device, in bf16, against float32 on the CPU
+  sync      a weight broadcast between two processes (NCCL on GPUs, gloo on CPUs), GB/s
+On a CPU (`--device cpu`, what tests/test_gpu_check.py runs) the same code runs with gloo, so the
+script itself is tested; the figures that matter come from a GPU (docs/gpu.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense, per GPU (vendor figures)
+
+
+def report(section: str, **figures) -> None:
+    print(json.dumps({"section": section, **figures}), flush=True)
+
+
+def peak_memory_gb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def tiny_model(root: Path, quick: bool) -> str:
+    from learner.tiny_gpt import init_tiny_gpt
+
+    shape = dict(n_layer=2, n_embd=128, n_head=4) if quick else dict(n_layer=8, n_embd=512, n_head=8)
+    return str(init_tiny_gpt(root / "policy", n_positions=128, **shape))
+
+
+def check_learner(device: torch.device, model: str, quick: bool) -> None:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return report("learner", skipped="deepspeed is not installed")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import make_scored_batch
+    from learner.config import AlgorithmConfig, Dtype, LearnerConfig
+    from learner.worker import Learner
+    from rollout.config import SamplingConfig
+    from rollout.weight_sync import free_port
+
+    os.environ["DS_ACCELERATOR"] = device.type
+    from learner.algorithms import grpo_advantages
+
+    batch, scored = make_scored_batch(model, n_prompts=4 if quick else 16, group=4, seed=0)
+    advantages = grpo_advantages(torch.tensor(scored.rewards), 4).tolist()
+    dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
+    for zero in (0, 2):
+        reset_peak(device)
+        cfg = LearnerConfig(model_path=model, lr=1e-4, zero_stage=zero, dtype=dtype)
+        algo = AlgorithmConfig(mini_batch_size=len(batch), micro_batch_size=len(batch), init_kl_coef=0.01)
+        rank = Learner(cfg, algo, SamplingConfig(n_samples_per_prompt=4), 0, 1, "127.0.0.1", free_port(), 0)
+        before, start, steps = surrogate(rank, batch, advantages), time.perf_counter(), 2 if quick else 5
+        for step in range(steps):
+            rank.update(batch, scored, step)
+        seconds = time.perf_counter() - start
+        tokens = steps * sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
+        params = sum(p.numel() for p in rank.policy.parameters())
+        flops = 8 * params * tokens  # forward for old logprobs + forward/backward of the update
+        name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+        report("learner", device=name, zero_stage=zero, dtype=dtype.value, params_m=round(params / 1e6, 1),
+               tokens_per_s=round(tokens / seconds, 1), peak_memory_gb=peak_memory_gb(device),
+               mfu=round(flops / seconds / (peak * 1e12), 4) if peak else None,
+               surrogate_before=before, surrogate_after=surrogate(rank, batch, advantages))
+
+
+def surrogate(rank, batch, advantages: list[float]) -> float:
+    """Sum over samples of advantage x mean logprob of the response: what a GRPO update raises."""
+    logprobs = rank.policy_logprobs(batch)
+    return sum(a * sum(lp) / len(lp) for a, lp in zip(advantages, logprobs))
+
+
+def check_logprobs(device: torch.device, quick: bool) -> None:
+    from learner.algorithms import entropy_from_logits, logprobs_from_logits
+    from rollout.logprobs import chunked_logprobs_entropy
+
+    B, T, V = (2, 64, 1000) if quick else (4, 4096, 151_936)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    logits = torch.randn(B, T, V, device=device, dtype=dtype, generator=None)
+    labels = torch.randint(0, V, (B, T), device=device)
+    reset_peak(device)
+    lp, ent = chunked_logprobs_entropy(logits, labels, 1.0, 1024)
+    chunked_peak = peak_memory_gb(device)
+    reset_peak(device)
+    mask = torch.ones(B, T, device=device)
+    want_lp, want_ent = logprobs_from_logits(logits, labels), entropy_from_logits(logits, mask)
+    report("logprobs", shape=[B, T, V], dtype=str(dtype), max_diff_logprobs=float((lp - want_lp).abs().max()),
+           max_diff_entropy=float((ent - want_ent).abs().max()), peak_gb_chunked=chunked_peak,
+           peak_gb_unchunked=peak_memory_gb(device))
+
+
+def check_scoring(device: torch.device, model: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import make_scored_batch
+    from reward_service.reference import ReferenceModel
+
+    batch, _ = make_scored_batch(model, n_prompts=4, group=4, seed=1)
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    on_device = ReferenceModel(model, dtype, 8, 1024, device).logprobs(batch)
+    on_cpu = ReferenceModel(model, "float32", 8, 1024, torch.device("cpu")).logprobs(batch)
+    diff = max(abs(a - b) for x, y in zip(on_device, on_cpu) for a, b in zip(x, y))
+    report("scoring", device=str(device), dtype=dtype, max_diff_vs_cpu_float32=diff)
+
+
+def _sync_rank(rank: int, port: int, backend: str, numel: int, out) -> None:
+    from rollout.weight_sync import SyncGroup
+
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    group = SyncGroup("127.0.0.1", port, rank, 2, backend, timeout_s=60)
+    t = torch.full((numel,), float(rank == 0), device=group.device)
+    group.broadcast(t)  # warm-up
+    start = time.perf_counter()
+    for _ in range(5):
+        group.broadcast(t)
+    if backend == "nccl":
+        torch.cuda.synchronize()
+    if rank == 1:
+        out.put((time.perf_counter() - start) / 5 if t.min().item() == 1.0 else None)
+
+
+def check_sync(device: torch.device, quick: bool) -> None:
+    import multiprocessing as mp
+
+    from rollout.device import collective_backend
+    from rollout.weight_sync import free_port
+
+    backend = collective_backend(device)
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        return report("sync", skipped="NCCL needs two GPUs for two processes; this machine has one")
+    numel = (1 << 20) if quick else (256 << 20)
+    ctx, port = mp.get_context("spawn"), free_port()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_sync_rank, args=(r, port, backend, numel, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    seconds = out.get(timeout=120)
+    for p in procs:
+        p.join(60)
+    report("sync", backend=backend, bytes=numel * 4, arrived=seconds is not None,
+           gb_per_s=round(numel * 4 / seconds / 1e9, 2) if seconds else None)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="small shapes (the CPU test)")
+    args = p.parse_args()
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device(args.device)
+    os.environ["RELAY_DEVICE"] = str(device)  # the processes' device decision outside Ray (rollout.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_model(Path(tmp), args.quick)
+        check_logprobs(device, args.quick)
+        check_scoring(device, model)
+        check_sync(device, args.quick)
+        check_learner(device, model, args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
