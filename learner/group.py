@@ -9,36 +9,49 @@ import ray
 
 from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
-from learner.worker import Learner
+from learner.worker import Learner, node_address
 from rollout.config import SamplingConfig
-from rollout.weight_sync import encode_plan, free_port
+from rollout.weight_sync import encode_plan
+
+
+def rank_options(num_cpus: float, num_gpus: float, threads: int, resources: dict[str, float] | None = None) -> dict:
+    """Ray options of one learner rank. `resources`: custom Ray resources it requires (placement knobs)."""
+    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources or {}),
+            "runtime_env": {"env_vars": {"DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
+                                         "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}}}
 
 
 def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                threads: int = 0, scheduling: list | None = None) -> list:
-    """One Ray actor per DeepSpeed rank, `actor_cls(*make_args(rank, port, threads))`, all ready."""
-    port = free_port()
+                threads: int = 0, scheduling: list | None = None, resources: dict[str, float] | None = None) -> list:
+    """One Ray actor per DeepSpeed rank, `actor_cls(*make_args(rank, addr, port, threads))`, all ready.
+    The ranks rendezvous at addr:port on rank 0's node, which every rank needs before it is built:
+    a probe task placed as rank 0 (same bundle or resources) finds that node, its IP and a free port
+    there; rank 0 is then pinned to it (a placement-group bundle already is)."""
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-    ranks = []
-    for rank in range(world_size):
-        options = {"num_cpus": num_cpus, "num_gpus": num_gpus,
-                   "runtime_env": {"env_vars": {"DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
-                                                "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}}}
-        if scheduling:
-            options["scheduling_strategy"] = scheduling[rank]
-        ranks.append(ray.remote(actor_cls).options(**options).remote(*make_args(rank, port, threads)))
+    options = rank_options(num_cpus, num_gpus, threads, resources)
+    place = [{"scheduling_strategy": s} for s in scheduling] if scheduling else [{}] * world_size
+    probe = {k: v for k, v in options.items() if k != "runtime_env"} | place[0]
+    node, addr, port = ray.get(ray.remote(node_address).options(**probe).remote())
+    if not scheduling:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        place[0] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+    ranks = [ray.remote(actor_cls).options(**options, **place[rank]).remote(*make_args(rank, addr, port, threads))
+             for rank in range(world_size)]
     ray.get([r.ready.remote() for r in ranks])
     return ranks
 
 
 class LearnerGroup:
     def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, world_size: int, seed: int,
-                 num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0, scheduling: list | None = None):
-        """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt)."""
+                 num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0, scheduling: list | None = None,
+                 resources: dict[str, float] | None = None):
+        """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt);
+        `scheduling`/`resources`: where the ranks go (start_ranks)."""
         self.ranks = start_ranks(
             Learner, world_size,
-            lambda rank, port, threads: (cfg, algo, sampling, rank, world_size, "127.0.0.1", port, seed, threads),
-            num_cpus, num_gpus, threads or cfg.threads, scheduling)
+            lambda rank, addr, port, threads: (cfg, algo, sampling, rank, world_size, addr, port, seed, threads),
+            num_cpus, num_gpus, threads or cfg.threads, scheduling, resources)
 
     def _all(self, method: str, *args):
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
@@ -51,6 +64,10 @@ class LearnerGroup:
 
     def weight_buckets(self, bucket_mb: int):
         return ray.get(self.ranks[0].weight_buckets.remote(bucket_mb))
+
+    def sync_address(self) -> tuple[str, int]:
+        """(IP, port) for the weight-sync store, on rank 0's node: rank 0 serves it."""
+        return ray.get(self.ranks[0].sync_address.remote())
 
     def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> list:
         """Rank 0 joins the rollout sync group as its rank 0, on the rollout side's `backend`;

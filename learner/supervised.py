@@ -117,7 +117,7 @@ class SupervisedGroup:
     def __init__(self, cfg: LearnerConfig, train: SupervisedTrainConfig, kind: str, world_size: int, seed: int):
         self.ranks = start_ranks(
             SupervisedLearner, world_size,
-            lambda rank, port, threads: (cfg, train, kind, rank, world_size, "127.0.0.1", port, seed, threads),
+            lambda rank, addr, port, threads: (cfg, train, kind, rank, world_size, addr, port, seed, threads),
             threads=cfg.threads)
 
     def _all(self, method: str, *args) -> list:

@@ -22,13 +22,22 @@ from rollout.config import SamplingConfig
 from rollout.device import collective_backend, process_device, to_device
 from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy
 from rollout.types import RolloutBatch
-from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, plan_buckets, send_weights
+from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, free_port, plan_buckets, send_weights
 
 log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed), np.random.seed(seed % 2**32), torch.manual_seed(seed)
+
+
+def node_address() -> tuple[str, str, int]:
+    """(Ray node id, node IP, a port free there) of the node this process runs on: a rendezvous
+    served from here. The IP is the one Ray itself uses between nodes, so every node reaches it."""
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    return ray.get_runtime_context().get_node_id(), ip, free_port(ip)
 
 
 class Learner:
@@ -180,6 +189,11 @@ class Learner:
         metas = [TensorMeta(n, tuple(getattr(p, "ds_shape", p.shape)), str(p.dtype).removeprefix("torch."))
                  for n, p in rollout_weights(self.policy)]
         return plan_buckets(metas, bucket_mb << 20)
+
+    def sync_address(self) -> tuple[str, int]:
+        """Where the weight-sync store will listen: rank 0 serves it (SyncGroup rank 0 is its master),
+        so its node's IP and a port free on that node."""
+        return node_address()[1:]
 
     def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
         """Rank 0 joins the rollout side's group as its sender, on the rollout side's `backend`."""

@@ -9,6 +9,13 @@ from orchestrator.load_config import ConfigError, load_config, to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "grpo_tiny_cpu.yaml"
+TRAIN_EXIT_STATUS = """Run PPO/GRPO/RLOO/REINFORCE training.
+
+SIGTERM (preemption, eviction) or Ctrl-C: the current step finishes, a checkpoint of it is written,
+and relay exits with status 3; `checkpoint.resume=auto` continues from it. Ctrl-C again exits at once,
+without a checkpoint (status 130).
+exit status: 0 done, 1 training error, 2 config or data error, 3 stopped by a signal (resumable),
+130 interrupted without a checkpoint."""
 
 
 
@@ -38,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="relay", description="Distributed rollout/learner RLHF on Ray, vLLM and DeepSpeed.")
     sub = p.add_subparsers(metavar="COMMAND")
 
-    train = sub.add_parser("train", help="run PPO/GRPO/RLOO/REINFORCE training (default: the tiny CPU GRPO demo)")
+    train = sub.add_parser("train", help="run PPO/GRPO/RLOO/REINFORCE training (default: the tiny CPU GRPO demo)",
+                           description=TRAIN_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     _config_args(train, default=DEFAULT_CONFIG)
     train.set_defaults(func=_train)
 
@@ -86,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--out", required=True)
     data.set_defaults(func=_data)
+
+    plan = sub.add_parser("plan", help="memory per role and device (learner, vLLM, scoring) and whether the config fits")
+    _config_args(plan, default=None)
+    plan.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU to plan against (default 80)")
+    plan.add_argument("--host-memory-gb", type=float, default=None,
+                      help="host memory to judge host-side roles against (default: this machine's, when every role is on the host)")
+    plan.set_defaults(func=_plan)
     return p
 
 
@@ -118,13 +133,22 @@ def _train(args) -> int:
     path, overrides = _split(args)
     cfg = load_config(path, overrides)  # every config error surfaces here, before Ray starts
     print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
+    from orchestrator.signals import INTERRUPTED_EXIT_CODE, STOPPED_EXIT_CODE, StopRequest, Stopped, stop_on_signals
     from orchestrator.trainer import Trainer
 
-    trainer = Trainer(cfg)
-    try:
-        trainer.run()
-    finally:
-        trainer.shutdown()
+    trainer = Trainer(cfg)  # ray.init sets its own SIGTERM handler: ours go in after it
+    with stop_on_signals(StopRequest()) as stop:  # kept through shutdown: a repeated SIGTERM must not kill it
+        try:
+            trainer.run(stop)
+        except Stopped as e:
+            print(f"relay: {e}", file=sys.stderr, flush=True)
+            return STOPPED_EXIT_CODE
+        except KeyboardInterrupt:
+            print("relay: interrupted: exiting without a checkpoint; checkpoint.resume=auto continues from the newest "
+                  "one in the run folder, if any", file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT_CODE
+        finally:
+            trainer.shutdown()
     return 0
 
 
@@ -188,6 +212,16 @@ def _data(args) -> int:
     rows = (demonstrations if args.kind == "demos" else preferences)(args.task, args.n, args.seed)
     print(f"relay data: {len(rows)} rows -> {write_jsonl(rows, args.out)}")
     return 0
+
+
+def _plan(args) -> int:
+    from orchestrator.plan import load, make_plan, render
+
+    path, overrides = _split(args)
+    kind, cfg = load(path, overrides)
+    plan = make_plan(kind, cfg, args.gpu_memory_gb, args.host_memory_gb)
+    print(render(plan, path, args.gpu_memory_gb), end="")
+    return 0 if plan.fits else 1
 
 
 if __name__ == "__main__":

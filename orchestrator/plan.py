@@ -1,9 +1,9 @@
 """`relay plan`: the memory each role needs, per device, before anything is launched.
 
 Pure arithmetic on a model's shape (read from its config.json, or from a small table of known
-architectures when the folder is not on this machine). Bytes are counted as the code allocates
-them: DeepSpeed ZeRO 0-3 with AdamW, HF eager layers, rollout/logprobs.py's chunks, vLLM's memory
-fraction. Estimates, not measurements: tests/orchestrator/test_plan.py checks them against real CPU steps.
+architectures when the folder is not on this machine), counted as the code allocates: ZeRO 0-3 with AdamW,
+HF eager layers, rollout/logprobs.py's chunks, vLLM's memory fraction. tests/orchestrator/test_plan.py
+checks the estimates against real CPU steps.
 """
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from orchestrator.load_config import ConfigError
 GB = 1e9  # decimal, as GPUs are sold ("80 GB"); vLLM's kv_cache_space_gb is GiB and converted
 SAFETY = 0.9  # fits = peak <= 90% of the device: allocator fragmentation, CUDA context, NCCL buffers
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# float32 [chunk, vocab] temporaries alive at once in rollout/logprobs.py (measured with torch.profiler):
-# backward recomputes a chunk's softmax and gradient (more terms with the entropy's gradient); a no-grad
-# forward (the reference) holds the upcast chunk and logsumexp's exp
+# float32 [chunk, vocab] temporaries alive at once in rollout/logprobs.py (measured with torch.profiler): backward
+# recomputes a chunk's softmax and gradient (more with the entropy's); a no-grad forward: the chunk and its exp
 CHUNK_TEMPS = {"backward": 4, "backward with entropy": 7, "no grad": 2}
 
 

@@ -7,6 +7,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import ray
 
@@ -18,14 +19,13 @@ from orchestrator.evaluate import evaluate_policy, samples_table, shown, summary
 from orchestrator.load_config import to_dict
 from orchestrator.phases import TrainingError, batch_metrics, nonfinite_cause, offset, pick_groups, prompt_text, timed
 from orchestrator.builtin_models import resolve_model_path
+from orchestrator.signals import StopRequest, Stopped
 from orchestrator.tracking import Tracker
 from reward_service.service import ScoringService
 from rollout.pool import RolloutPool
 from rollout.types import RolloutBatch
-from rollout.weight_sync import free_port
 
 log = logging.getLogger(__name__)
-HOST = "127.0.0.1"
 
 
 class Trainer:
@@ -50,29 +50,42 @@ class Trainer:
     def _start_roles(self) -> None:
         c, cpus = self.cfg.cluster, (0 if self.cfg.cluster.colocate else 1)
         self.pg, place = placement(c)
+        free = place is None  # no bundles: the actors ask for their role's custom resource themselves
+        # engines and learner on the same GPUs: vLLM sleeps during the update (sleep_engines)
+        self.sleep_engines = c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0
         self.rollout = RolloutPool(self.cfg.rollout, self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
                                    num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
-                                   scheduling=place[: c.rollout_workers] if place else None)
+                                   sleep_mode=self.sleep_engines, scheduling=place[: c.rollout_workers] if place else None,
+                                   resources=unit(c.rollout_resource) if free else None)
         self.scoring = ray.remote(ScoringService).options(
-            num_cpus=cpus, max_restarts=c.max_restarts,  # retried by _score, which restores its state
-            **({"scheduling_strategy": place[-1]} if place else {})).remote(self.cfg.reward, self.model_path)
+            num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,  # retried by _scoring
+            resources=unit(c.scoring_resource) if free else {},
+            **({"scheduling_strategy": place[-1]} if place else {})).remote(
+                self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, 0, self.cfg.learner.logprob_chunk_tokens)
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path)
         self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, self.cfg.rollout.sampling, c.learner_ranks,
                                     self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
-                                    scheduling=place[c.rollout_workers: -1] if place else None)
+                                    scheduling=place[c.rollout_workers: -1] if place else None,
+                                    resources=unit(c.learner_resource) if free else None)
         self._scoring_state = ray.get(self.scoring.state_dict.remote())
         self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
         self.wire_planned = False
         self._connect_weight_sync()
 
     def _connect_weight_sync(self) -> None:
-        """(Re)build the broadcast group: learner rank 0 + every rollout engine, on a fresh port."""
-        port, backend = free_port(), "nccl" if self.cfg.cluster.gpus_per_rollout_worker else "gloo"
-        pending = self.rollout.init_weight_sync(HOST, port, backend, timeout_s=120)
-        ray.get(self.learner.init_weight_sync(HOST, port, self.rollout.sync_world_size, 120) + pending)
+        """(Re)build the broadcast group: learner rank 0 + every rollout engine, at a fresh port on
+        learner rank 0's node (it serves the group's store; the engines may be on other nodes)."""
+        host, port = self.learner.sync_address()
+        pending = self.rollout.init_weight_sync(host, port, timeout_s=120)  # the rollout side picks the backend
+        ray.get(self.learner.init_weight_sync(host, port, self.rollout.sync_world_size, self.rollout.sync_backend, 120)
+                + pending)
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> dict:
+    def run(self, stop: StopRequest | None = None) -> dict:
+        """Train to total_steps, then evaluate on the held-out prompts. A stop request (a signal, see
+        orchestrator.signals) is read between steps: the step in flight finishes (steps take seconds
+        to minutes; abandoning one would redo it anyway), then _stop checkpoints and raises Stopped."""
+        stop = stop or StopRequest()
         if self.step == 0:
             self.before = self.evaluate()
             self._write_json("eval_before.json", self.before)
@@ -81,7 +94,8 @@ class Trainer:
             self.before = json.loads((self.run_dir / "eval_before.json").read_text())
             saved = self.run_dir / "eval_reference_samples.json"
             self.reference_samples = json.loads(saved.read_text()) if saved.exists() else {}  # else: no reference column
-        while self.step < self.cfg.total_steps:
+        saved_at = None  # the step this process last checkpointed
+        while self.step < self.cfg.total_steps and not stop.requested:
             metrics = self.train_step()
             self.step += 1
             if self.cfg.eval.every_n_steps and self.step % self.cfg.eval.every_n_steps == 0 and self.step < self.cfg.total_steps:
@@ -91,6 +105,9 @@ class Trainer:
             every = self.cfg.checkpoint.every_n_steps
             if (every and self.step % every == 0) or self.step == self.cfg.total_steps:
                 self.save()
+                saved_at = self.step
+        if stop.requested:
+            self._stop(stop.signal, saved_at)
         after = self.evaluate()
         self.tracker.log(self.step, after, self.cfg.total_steps)
         self.tracker.log_table("eval/samples", self.step, self.samples)
@@ -99,6 +116,16 @@ class Trainer:
         print(samples_table(self.samples), flush=True)
         self.tracker.close()
         return after
+
+    def _stop(self, signal_name: str, saved_at: int | None) -> NoReturn:
+        """Keep the completed steps in a checkpoint (unless the loop just wrote this step's), close the
+        tracker and raise Stopped (the CLI reports it). No evaluation after training: the run has not
+        finished; the resumed one evaluates, from the same state, as an uninterrupted run would."""
+        if self.step > 0 and saved_at != self.step:
+            self.save()
+        checkpoint = self.run_dir / "checkpoints" / f"step_{self.step}" if self.step > 0 else None
+        self.tracker.close()
+        raise Stopped(signal_name, self.step, self.cfg.total_steps, checkpoint)
 
     def train_step(self) -> dict[str, float]:
         t: dict[str, float] = {}
@@ -110,7 +137,7 @@ class Trainer:
             if self.cfg.data.dynamic_sampling:
                 with timed(t, "dynamic_sampling"):
                     batch, examples, scored = self.keep_informative(batch, examples, scored)
-            with timed(t, "update"):
+            with timed(t, "update"), self.rollout.asleep(self.sleep_engines):  # awake again before the sync
                 stats = self.learner.update(batch, scored, self.step)
             self.check_finite(stats)
             with timed(t, "sync"):
@@ -336,9 +363,20 @@ def placement(c):
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    bundles = ([{"CPU": 1, "GPU": c.gpus_per_rollout_worker}] * c.rollout_workers
-               + [{"CPU": 1, "GPU": c.gpus_per_learner}] * c.learner_ranks + [{"CPU": 1}])
-    bundles = [{k: v for k, v in b.items() if v} for b in bundles]
-    pg = placement_group(bundles, strategy="PACK")
+    wanted = bundles(c)
+    pg = placement_group(wanted, strategy="PACK")
     ray.get(pg.ready(), timeout=600)
-    return pg, [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(bundles))]
+    return pg, [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(wanted))]
+
+
+def bundles(c) -> list[dict[str, float]]:
+    """The placement-group bundles of `colocate: false`, in placement()'s order: a CPU, the role's
+    GPUs and a unit of the role's custom resource (cluster.*_resource) per actor."""
+    roles = ([(c.gpus_per_rollout_worker, c.rollout_resource)] * c.rollout_workers
+             + [(c.gpus_per_learner, c.learner_resource)] * c.learner_ranks + [(c.gpus_per_scoring, c.scoring_resource)])
+    return [{k: v for k, v in {"CPU": 1, "GPU": gpus}.items() if v} | unit(resource) for gpus, resource in roles]
+
+
+def unit(resource: str) -> dict[str, float]:
+    """One unit of a custom Ray resource ({} for ""): a node started with --resources '{"X": 8}' hosts 8 such actors."""
+    return {resource: 1} if resource else {}

@@ -33,19 +33,26 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def worker_options(num_cpus: float, num_gpus: float, max_restarts: int, env: dict[str, str],
+                   resources: dict[str, float] | None = None) -> dict:
+    """Ray options of one rollout worker. `resources`: custom Ray resources it requires (placement knobs)."""
+    return dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts, runtime_env={"env_vars": env},
+                resources=dict(resources or {}), name=None)
+
+
 class RolloutPool:
     def __init__(self, cfg: RolloutConfig, model_path: str, num_workers: int, seed: int,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 0,
-                 sleep_mode: bool = False, scheduling: list | None = None):
-        """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles)."""
+                 sleep_mode: bool = False, scheduling: list | None = None, resources: dict[str, float] | None = None):
+        """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles);
+        `resources`: custom Ray resources each worker requires (e.g. {"rollout_node": 1})."""
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
         env = engine_env(cfg, threads, gpu=num_gpus > 0)
         self.workers = []
         for i in range(num_workers):
-            options = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
-                           runtime_env={"env_vars": env}, name=None)
+            options = worker_options(num_cpus, num_gpus, max_restarts, env, resources)
             if scheduling:
                 options["scheduling_strategy"] = scheduling[i]
             actor = ray.remote(RolloutWorker).options(**options)
@@ -71,7 +78,8 @@ class RolloutPool:
 
     def init_weight_sync(self, host: str, port: int, timeout_s: float = 300.0) -> list:
         """Start every engine's side of the group (ranks 1..sync_world_size-1) on `sync_backend`;
-        the sender must join as rank 0, on the same backend, while these are pending. Returns the
+        the sender must join as rank 0, on the same backend, while these are pending. host:port is
+        the sender's store (learner rank 0's node IP and a port free there). Returns the
         futures to wait on after the sender has joined."""
         world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
         return [w.init_weight_sync.remote(host, port, r, world, self.sync_backend, timeout_s)

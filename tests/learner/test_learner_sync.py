@@ -9,7 +9,6 @@ from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.group import LearnerGroup
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.pool import RolloutPool
-from rollout.weight_sync import free_port
 
 pytestmark = pytest.mark.e2e
 PROMPTS = ["12+34=", "7*8=", "hello"]
@@ -39,9 +38,9 @@ def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero):
         assert not close_logprobs(before.logprobs, group.policy_logprobs(before))
         buckets = group.weight_buckets(1)  # 1 MiB buckets: several per sync
         assert len(buckets) > 1
-        port = free_port()
-        joining = pool.init_weight_sync("127.0.0.1", port, timeout_s=60)
-        ray.get(group.init_weight_sync("127.0.0.1", port, pool.sync_world_size, pool.sync_backend, 60) + joining)
+        host, port = group.sync_address()  # rank 0's node and a port free there: it serves the store
+        joining = pool.init_weight_sync(host, port, timeout_s=60)
+        ray.get(group.init_weight_sync(host, port, pool.sync_world_size, pool.sync_backend, 60) + joining)
         receiving = pool.receive_weights(buckets)
         ray.get(group.send_weights(buckets) + receiving)
         after = pool.generate(PROMPTS, step=0, greedy=True)

@@ -146,7 +146,7 @@ def test_launch_commands_print_the_summary_not_the_config(command, tmp_path, cap
         def __init__(self, cfg):
             ran.append(cfg)
 
-        def run(self):
+        def run(self, stop=None):
             pass
 
         def shutdown(self):

@@ -21,7 +21,9 @@ def pipeline(ray_cluster, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("pipeline")
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [
-        f"run_root={root}", "name=p", "sft.train.steps=600", "sft.train.eval_every=300", "rm.train.steps=300",
+        # SFT at the preset's 1200 steps: at 600 this machine's run (2026-12-01) stopped at loss 0.73 and 12.5%
+        # greedy accuracy, answers off by a few (the same numbers on the code before that day's changes)
+        f"run_root={root}", "name=p", "sft.train.steps=1200", "sft.train.eval_every=600", "rm.train.steps=300",
         "rm.train.eval_every=150", "ppo.total_steps=40", "ppo.data.eval_size=64", "ppo.logging.progress_bar=false"],
         root=PipelineConfig)
     run_pipeline(cfg)
@@ -37,7 +39,7 @@ def test_sft_from_scratch_lowers_held_out_loss_and_learns_the_task(pipeline):
     assert summary["after"]["eval/loss"] < 0.5 * summary["before"]["eval/loss"]
     assert summary["after"]["eval/greedy_accuracy"] >= SFT_ACCURACY, summary
     assert (pipeline / "sft" / "init" / "tokenizer.json").exists()  # built from config, not downloaded
-    assert len([r for r in rows(pipeline / "sft" / "metrics.jsonl") if "train/loss" in r]) == 600
+    assert len([r for r in rows(pipeline / "sft" / "metrics.jsonl") if "train/loss" in r]) == 1200
 
 
 def test_reward_model_ranks_held_out_pairs_and_stores_its_stats(pipeline):

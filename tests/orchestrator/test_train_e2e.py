@@ -2,8 +2,10 @@
 relay trained itself: learning, weight sync every step, metrics, resume, worker restarts, errors."""
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,15 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 
 
-def config(policy, root, preset="grpo_tiny_cpu", **over):
+def overrides(policy, root, **over):
     base = {"learner.model_path": policy, "run_root": str(root), "logging.wandb.mode": "disabled",
             "logging.progress_bar": "false", "data.rollout_batch_size": 16, "data.eval_size": 32,
             "algorithm.mini_batch_size": 64, "algorithm.micro_batch_size": 64, "learner.lr": 2e-4, "total_steps": 4}
-    return load_config(REPO / "configs" / f"{preset}.yaml", [f"{k}={v}" for k, v in (base | over).items()])
+    return [f"{k}={v}" for k, v in (base | over).items()]
+
+
+def config(policy, root, preset="grpo_tiny_cpu", **over):
+    return load_config(REPO / "configs" / f"{preset}.yaml", overrides(policy, root, **over))
 
 
 def train(cfg, kill_before_step=None, kill="rollout"):
@@ -107,6 +113,49 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, t
     for w, g in zip(want[2:], got[2:]):
         same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s"))}
         assert {k: g[k] for k in same} == {k: w[k] for k in same}
+
+
+def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupted_one(policy, tmp_path):
+    """Preemption: SIGTERM mid-run finishes the step in flight, checkpoints it (no periodic checkpoints
+    here) and exits 3; checkpoint.resume=auto then ends exactly where a run nobody stopped ends."""
+    def args(name, **over):
+        return ["train", "configs/grpo_tiny_cpu.yaml", *overrides(policy, tmp_path, name=name, **over)]
+
+    def steps_done(run_dir):  # complete lines only: the run may be writing the next one
+        path = run_dir / "metrics.jsonl"
+        rows = path.read_text().split("\n")[:-1] if path.exists() else []
+        return [json.loads(r)["step"] for r in rows if "timing/total" in r]
+
+    stopped, log = tmp_path / "stopped", tmp_path / "stopped.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args("stopped", **{"checkpoint.every_n_steps": 0})],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 600
+            while 2 not in steps_done(stopped):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)  # polling the metrics file
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=300) == 3, log.read_text()[-3000:]
+        finally:
+            proc.kill()
+    done = steps_done(stopped)[-1]  # the step in flight (3), or 2 if the signal came between steps
+    assert steps_done(stopped) == list(range(1, done + 1)) and done >= 2
+    assert f"relay: stopped by SIGTERM after step {done}/4; checkpoint {stopped}/checkpoints/step_{done}" in log.read_text()
+    assert sorted(p.name for p in (stopped / "checkpoints").iterdir()) == [f"step_{done}"]
+    assert not (stopped / "eval_after.json").exists()  # the run has not finished: the resumed one evaluates
+
+    resumed = relay(*args("stopped", **{"checkpoint.resume": "auto"}), timeout=600)
+    assert resumed.returncode == 0 and f"resumed from {stopped}/checkpoints/step_{done}" in resumed.stdout, resumed.stderr[-3000:]
+    whole = relay(*args("whole"), timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    want = [r for r in metrics(tmp_path / "whole") if "timing/total" in r]
+    got = [r for r in metrics(stopped) if "timing/total" in r]
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for w, g in zip(want, got):
+        same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s"))}
+        assert {k: g[k] for k in same} == {k: w[k] for k in same}, g["step"]
+    assert json.loads((stopped / "eval_after.json").read_text()) == json.loads((tmp_path / "whole" / "eval_after.json").read_text())
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_run_completes(ray_cluster, policy, tmp_path):
