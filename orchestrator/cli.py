@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         _config_args(stage, default=None)
         stage.set_defaults(func=_stage, stage=name)
 
+    _report_parsers(sub)
+    return p
+
+
+def _report_parsers(sub) -> None:
+    """The commands around a run: eval, plot, data, plan."""
     ev = sub.add_parser("eval", help="policy vs reference on held-out prompts: report.md, report.json, curves")
     ev.add_argument("checkpoint", help="a model folder, or a checkpoint directory (runs/<name>/checkpoints/step_N)")
     ev.add_argument("--reference", required=True, help="the reference policy's model folder")
@@ -101,7 +107,6 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--host-memory-gb", type=float, default=None,
                       help="host memory to judge host-side roles against (default: this machine's, when every role is on the host)")
     plan.set_defaults(func=_plan)
-    return p
 
 
 def _config_args(p: argparse.ArgumentParser, default: Path | None) -> None:
