@@ -51,17 +51,16 @@ def _example(record, cfg: DataConfig) -> dict:
     return {"prompt": prompt, "answer": None if answer is None else str(answer), "metadata": metadata}
 
 
-def policy_prompt(example: dict, apply_chat_template: bool):
-    """The prompt the policy is given: text as is, or as one user message when the config asks for
-    the chat template; chat messages and token ids as they are."""
-    p = example["prompt"]
-    return [{"role": "user", "content": p}] if apply_chat_template and isinstance(p, str) else p
+def policy_prompt(prompt, apply_chat_template: bool):
+    """The prompt the policy is given (in RL, and in SFT/RM training): text as is, or as one user
+    message when the config asks for the chat template; chat messages and token ids as they are."""
+    return [{"role": "user", "content": prompt}] if apply_chat_template and isinstance(prompt, str) else prompt
 
 
 def reward_metadata(example: dict, apply_chat_template: bool) -> dict:
     """What rewards get about a prompt: its answer, the data's other fields, and the prompt as the
     policy was given it (a reward model renders it the way `relay rm` trained on it)."""
-    return {"answer": example["answer"], **example["metadata"], "prompt": policy_prompt(example, apply_chat_template)}
+    return {"answer": example["answer"], **example["metadata"], "prompt": policy_prompt(example["prompt"], apply_chat_template)}
 
 
 def read_examples(files: list[str], parse, on_bad_line: BadLinePolicy) -> tuple[list, int]:

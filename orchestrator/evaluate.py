@@ -140,7 +140,7 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
     run = Path(run_dir) if run_dir else found_run
     reward_model = reward_model or next((s.model_path for s in cfg.reward.sources if s.kind == SourceKind.reward_model), "")
     _, held_out, _ = load_split(cfg.data, cfg.seed)
-    prompts = [policy_prompt(e, cfg.data.apply_chat_template) for e in held_out]
+    prompts = [policy_prompt(e["prompt"], cfg.data.apply_chat_template) for e in held_out]
     meta = [reward_metadata(e, cfg.data.apply_chat_template) for e in held_out]
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)

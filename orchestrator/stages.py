@@ -20,7 +20,7 @@ import torch
 
 from learner.supervised import RM, SFT, SupervisedGroup
 from orchestrator.config import StageConfig
-from orchestrator.data import DataError, read_examples
+from orchestrator.data import DataError, policy_prompt, read_examples
 from orchestrator.datagen import demonstrations, preferences, write_jsonl
 from orchestrator.load_config import to_dict
 from orchestrator.tracking import Tracker
@@ -161,12 +161,6 @@ def _problem(record, fields: list[str]) -> str | None:
     return None
 
 
-def _policy_prompt(prompt, chat: bool):
-    """The prompt as the policy is given it in training (the trainer's `_prompt`): text, or one
-    user message when the config asks for the chat template."""
-    return [{"role": "user", "content": prompt}] if chat and isinstance(prompt, str) else prompt
-
-
 def encode_sft(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str, torch.Tensor], int]:
     """Prompt + response + EOS, right-padded; the loss covers the response and EOS only. The prompt's
     ids are those the rollout workers give the policy (encode_text/encode_chat: a BOS where the
@@ -174,7 +168,7 @@ def encode_sft(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str,
     d = cfg.data
     seqs, starts = [], []
     for r in rows:
-        p = _policy_prompt(r[d.prompt_key], d.apply_chat_template)
+        p = policy_prompt(r[d.prompt_key], d.apply_chat_template)
         prompt = encode_chat(tokenizer, p) if isinstance(p, list) else encode_text(tokenizer, p)
         response = tokenizer(r[d.response_key], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         if len(prompt) + len(response) <= cfg.train.max_length:
@@ -196,7 +190,7 @@ def encode_rm(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str, 
     """Prompt + response as the reward service will score them (reward_service.rm_input: the same
     function), right-padded, for the chosen and the rejected response of each pair."""
     d = cfg.data
-    prompts = [_policy_prompt(r[d.prompt_key], d.apply_chat_template) for r in rows]
+    prompts = [policy_prompt(r[d.prompt_key], d.apply_chat_template) for r in rows]
     chosen = [rm_input_ids(tokenizer, p, r[d.chosen_key]) for p, r in zip(prompts, rows)]
     rejected = [rm_input_ids(tokenizer, p, r[d.rejected_key]) for p, r in zip(prompts, rows)]
     keep = [i for i in range(len(rows)) if max(len(chosen[i]), len(rejected[i])) <= cfg.train.max_length]

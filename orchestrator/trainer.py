@@ -244,7 +244,7 @@ class Trainer:
             self.buckets, self.wire_planned = self.rollout.wire_plan(self.buckets), True
 
     def _prompt(self, example: dict):
-        return policy_prompt(example, self.cfg.data.apply_chat_template)
+        return policy_prompt(example["prompt"], self.cfg.data.apply_chat_template)
 
     def _meta(self, example: dict) -> dict:
         return reward_metadata(example, self.cfg.data.apply_chat_template)
