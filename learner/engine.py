@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from learner.config import Dtype, LearnerConfig, OptimizerKind
+from learner.config import LearnerConfig, OptimizerKind
 
 
 class GuardedAdamW(torch.optim.AdamW):
@@ -55,7 +55,8 @@ def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_ba
         "gradient_clipping": cfg.grad_clip if cfg.zero_stage > 0 or cfg.optimizer != OptimizerKind.torch_adamw else 0.0,
         "zero_optimization": {"stage": cfg.zero_stage},
         "zero_allow_untested_optimizer": True,  # GuardedAdamW is torch's AdamW plus a finiteness check
-        "bf16": {"enabled": cfg.dtype == Dtype.bfloat16},
+        # learner.dtype bfloat16 is autocast over float32 weights (learner.models.compute), not DeepSpeed's
+        # bf16 weights: one path on CPU and GPU, and DeepSpeed's bf16 optimizer is slow on CPU
         "steps_per_print": 2**31,
         "wall_clock_breakdown": False,
     }

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from learner.config import CriticInit, LearnerConfig, LoraConfig
+from learner.config import CriticInit, Dtype, LearnerConfig, LoraConfig
+from rollout.device import compute
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -28,18 +29,20 @@ def hidden_size(cfg) -> int:
 
 
 class PolicyValue(nn.Module):
-    """forward -> (logits for the next tokens (B, L-1, V), values (B, L-1) or None)."""
+    """forward -> (logits for the next tokens (B, L-1, V), values (B, L-1) or None), computed in
+    `dtype` (rollout.device.compute)."""
 
-    def __init__(self, lm: nn.Module, value_head: bool):
+    def __init__(self, lm: nn.Module, value_head: bool, dtype: Dtype = Dtype.float32):
         super().__init__()
-        self.lm = lm
+        self.lm, self.dtype = lm, dtype
         self.value_head = nn.Linear(hidden_size(lm.config), 1) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight), nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids, attention_mask, position_ids):
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      output_hidden_states=self.value_head is not None, use_cache=False)
+        with compute(self.dtype, input_ids.device):
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          output_hidden_states=self.value_head is not None, use_cache=False)
         values = None
         if self.value_head is not None:
             values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
@@ -49,24 +52,24 @@ class PolicyValue(nn.Module):
 class Critic(nn.Module):
     """A separate value model: a transformer trunk and a scalar head. forward -> values (B, L-1)."""
 
-    def __init__(self, trunk: nn.Module, head: nn.Linear):
+    def __init__(self, trunk: nn.Module, head: nn.Linear, dtype: Dtype = Dtype.float32):
         super().__init__()
-        self.trunk, self.head = trunk, head
+        self.trunk, self.head, self.dtype = trunk, head, dtype
 
     def forward(self, input_ids, attention_mask, position_ids):
-        h = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).last_hidden_state
+        with compute(self.dtype, input_ids.device):
+            h = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False).last_hidden_state
         return self.head(h[:, :-1].float()).squeeze(-1)
 
 
 def build_policy(cfg: LearnerConfig, value_head: bool) -> PolicyValue:
-    dtype = getattr(torch, cfg.dtype.value)
-    lm = AutoModelForCausalLM.from_pretrained(cfg.model_path, config=no_dropout_config(cfg.model_path), dtype=dtype)
+    lm = AutoModelForCausalLM.from_pretrained(cfg.model_path, config=no_dropout_config(cfg.model_path), dtype=torch.float32)
     if cfg.gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora.rank > 0:
         lm = add_lora(lm, cfg.lora)
-    return PolicyValue(lm, value_head)
+    return PolicyValue(lm, value_head, cfg.dtype)
 
 
 def add_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
@@ -81,11 +84,10 @@ def build_critic(cfg: LearnerConfig) -> Critic:
     """Trunk and head from the policy, a reward model (its scalar `score` head too) or scratch."""
     path = cfg.critic_model_path if cfg.critic_init == CriticInit.reward_model else cfg.model_path
     config = no_dropout_config(path)
-    dtype = getattr(torch, cfg.dtype.value)
     if cfg.critic_init == CriticInit.scratch:
-        trunk = AutoModel.from_config(config, dtype=dtype)
+        trunk = AutoModel.from_config(config, dtype=torch.float32)
     else:
-        trunk = AutoModel.from_pretrained(path, config=config, dtype=dtype)
+        trunk = AutoModel.from_pretrained(path, config=config, dtype=torch.float32)
     if cfg.gradient_checkpointing:
         trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     head = nn.Linear(hidden_size(config), 1)
@@ -93,7 +95,7 @@ def build_critic(cfg: LearnerConfig) -> Critic:
     if cfg.critic_init == CriticInit.reward_model:
         score = _reward_model_head(path)
         head.weight.data.copy_(score.reshape(1, -1)), head.bias.data.zero_()
-    return Critic(trunk, head)
+    return Critic(trunk, head, cfg.dtype)
 
 
 def _reward_model_head(path: str) -> torch.Tensor:

@@ -16,6 +16,7 @@ from learner.config import LearnerConfig, SupervisedTrainConfig
 from learner.engine import init_distributed, make_engine
 from learner.group import start_ranks
 from learner.models import no_dropout_config
+from rollout.device import compute
 from learner.worker import seed_everything
 from rollout.device import collective_backend, process_device
 from rollout.logprobs import chunked_logprobs
@@ -25,10 +26,11 @@ SFT, RM = "sft", "rm"
 
 def build_model(cfg: LearnerConfig, kind: str, pad_token_id: int | None) -> torch.nn.Module:
     """The trained model: a causal LM (SFT) or a one-output sequence classifier (RM), without
-    dropout, in cfg.dtype, with gradient checkpointing when configured (as the policy and critic)."""
+    dropout, float32 weights (cfg.dtype is the compute dtype, learner.models.compute), with gradient
+    checkpointing when configured (as the policy and critic)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    config, dtype = no_dropout_config(cfg.model_path), getattr(torch, cfg.dtype.value)
+    config, dtype = no_dropout_config(cfg.model_path), torch.float32
     if kind == RM:
         config.num_labels, config.pad_token_id = 1, pad_token_id  # pad marks each sequence's end
         model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, config=config, dtype=dtype)
@@ -88,7 +90,8 @@ class SupervisedLearner:
 
     def _loss(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         if self.kind == SFT:
-            logits = self.engine(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]).logits
+            with compute(self.cfg.dtype, self.device):
+                logits = self.engine(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]).logits
             ids = batch["input_ids"][rows]  # A.sft_loss_sum, without a float32 (B, L, V) copy of the logits
             logprobs = chunked_logprobs(logits[:, :-1], ids[:, 1:], 1.0, self.cfg.logprob_chunk_tokens)
             loss_sum = -A.masked_sum(logprobs, batch["loss_mask"][rows])
@@ -101,7 +104,8 @@ class SupervisedLearner:
                           "rewards": chosen.tolist() + rejected.tolist()}
 
     def _reward(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        return self.engine(input_ids=ids, attention_mask=attention).logits[:, 0].float()
+        with compute(self.cfg.dtype, self.device):
+            return self.engine(input_ids=ids, attention_mask=attention).logits[:, 0].float()
 
     def save(self, path: str) -> None:
         """The model as a plain Hugging Face folder, with its tokenizer (rank 0 writes)."""

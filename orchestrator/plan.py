@@ -109,11 +109,12 @@ def lora_params(s: ModelShape, rank: int, targets: list[str]) -> int:
 
 # ---------------------------------------------------------------- learner
 def training_states(n_params: int, trainable: int, dtype: str, zero_stage: int, ranks: int) -> dict[str, float]:
-    """Bytes per rank of weights, gradients and AdamW state. float32: the weights are the master
-    copy (2 moments, 8 B/param). bfloat16 (DeepSpeed bf16): fp32 master + 2 moments = 12 B/param.
-    ZeRO shards over the ranks: 1 the optimizer state, 2 also gradients, 3 also weights."""
-    b = DTYPE_BYTES[dtype]
-    optim = (8 if dtype == "float32" else 12) * trainable
+    """Bytes per rank of weights, gradients and AdamW state (2 moments, 8 B/param). The weights and
+    gradients are float32 in either dtype: bfloat16 is autocast over float32 master weights
+    (rollout.device.compute), which changes activations, not states. ZeRO shards over the ranks:
+    1 the optimizer state, 2 also gradients, 3 also weights. `dtype` is kept for the caller's label."""
+    b = DTYPE_BYTES["float32"]
+    optim = 8 * trainable
     shard = lambda x, stage: x / ranks if zero_stage >= stage else x  # noqa: E731
     return {"weights": shard(n_params * b, 3), "gradients": shard(trainable * b, 2), "optimizer": shard(optim, 1)}
 
@@ -180,7 +181,7 @@ def learner_lines(s: ModelShape, lc, ranks: int, micro_batch: int, tokens: int, 
         how += f", LoRA rank {lc.lora.rank}: {fmt_params(adapters)} of {fmt_params(n)} params trained"
     lines = [(f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, lc.zero_stage, ranks).items()]
     if lc.zero_stage == 3:  # each layer's weights are gathered whole to compute it
-        lines.append((f"{who} gathered layer", layer_params(s) * DTYPE_BYTES[lc.dtype.value], "ZeRO-3: one layer's full weights"))
+        lines.append((f"{who} gathered layer", layer_params(s) * DTYPE_BYTES["float32"], "ZeRO-3: one layer's full weights"))
     ckpt = lc.gradient_checkpointing
     other = activation_bytes(s, micro_batch, tokens, lc.dtype.value, not ckpt)
     lines.append((f"{who} activations", activation_bytes(s, micro_batch, tokens, lc.dtype.value, ckpt),
@@ -194,10 +195,11 @@ def learner_lines(s: ModelShape, lc, ranks: int, micro_batch: int, tokens: int, 
 
 def scoring_lines(ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, dtype: str,
                   chunk_tokens: int) -> Lines:
-    """The frozen scoring service in the learner's dtype: reference policy, reward models, and the
-    reference's logits (its peak: the layers' smaller temporaries are freed by then)."""
+    """The frozen scoring service in the learner's dtype: reference policy (float32 weights computed
+    in `dtype`, as the policy's, rollout.device.compute), reward models, and the reference's logits
+    (its peak: the layers' smaller temporaries are freed by then)."""
     b = DTYPE_BYTES[dtype]
-    lines = [("reference weights", param_count(ref) * b, dtype),
+    lines = [("reference weights", param_count(ref) * DTYPE_BYTES["float32"], f"float32, computed in {dtype}"),
              ("reference logits", *logits_bytes(ref, micro_batch, tokens, dtype, chunk_tokens, "no grad"))]
     lines += [(f"reward model {i} weights", (param_count(s, lm_head=False) + s.hidden + 1) * b, dtype)
               for i, s in enumerate(rms)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rollout.device import to_device
+from rollout.device import compute, to_device
 from rollout.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 from rollout.types import RolloutBatch, pack, unpad
 
@@ -20,11 +20,14 @@ def response_logprobs(model, input_ids, attention_mask, position_ids, response_m
 class ReferenceModel:
     def __init__(self, path: str, dtype: str = "float32", micro_batch_size: int = 16,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, device: torch.device = torch.device("cpu")):
-        """`dtype`: the learner's compute dtype; `device`: the scoring process's (rollout.device)."""
+        """`dtype`: the learner's compute dtype, applied as the learner does (rollout.device.compute:
+        float32 weights, bf16 autocast), so at step 0 the reference's logprobs are the policy's;
+        `device`: the scoring process's (rollout.device)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval().to(device)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().to(device)
+        self.dtype = dtype
         self.model.requires_grad_(False)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -36,6 +39,7 @@ class ReferenceModel:
         for i in range(0, len(batch), self.micro_batch_size):
             sl = slice(i, i + self.micro_batch_size)
             inputs = pack(batch.prompt_ids[sl], batch.response_ids[sl], self.pad_id)
-            logprobs = response_logprobs(self.model, *to_device(inputs, self.device), temperature, self.chunk_tokens)
+            with compute(self.dtype, self.device):
+                logprobs = response_logprobs(self.model, *to_device(inputs, self.device), temperature, self.chunk_tokens)
             out += unpad(logprobs.cpu(), inputs[-1])
         return out

@@ -24,13 +24,15 @@ class SamplingConfig:
 
 @dataclass
 class RolloutConfig:
-    dtype: str = "float32"  # must equal the learner's compute dtype, or behaviour logprobs drift
+    dtype: str = "float32"  # the engine's weights and compute; must equal learner.dtype (weights are sent in it), or behaviour logprobs drift
     enforce_eager: bool = True  # CPU: eager starts in ~13 s, compiled ~38 s; worth it only for larger models
     max_model_len: int = 512  # vLLM context length in tokens; must hold max_prompt_tokens + max_new_tokens
     max_prompt_tokens: int = 256  # longest prompt, in tokens; longer ones follow prompt_overflow
     prompt_overflow: PromptOverflow = PromptOverflow.truncate_left  # a prompt over max_prompt_tokens: truncate_left, skip (counted) or error
     gpu_memory_utilization: float = 0.5  # GPU only: fraction of the GPU's memory vLLM may take (weights + KV cache)
     tensor_parallel_size: int = 1  # devices one engine is split over (on CPU: groups of cores)
+    max_num_seqs: int = 0  # sequences vLLM decodes at once; 0 = on CPU every sample of a step's share (vLLM's 256 splits a bigger one into waves), on GPU vLLM's default
+    enable_prefix_caching: bool = True  # reuse the KV of a prompt's shared prefix (the n samples of a group, a shared system prompt)
     kv_cache_space_gb: int = 1  # CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
     cpu_threads: int = 0  # CPU only: threads per engine; 0 = the machine's cores split among the workers
     cpu_plain_linear: bool = True  # CPU only: keep plain F.linear so reloaded weights take effect (see vllm_ext)

@@ -8,6 +8,8 @@ installed, so a CPU actor on a GPU node stays on the CPU.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 
@@ -44,3 +46,12 @@ def to_device(tensors, device: torch.device):
     if isinstance(tensors, (list, tuple)):
         return type(tensors)(to_device(t, device) for t in tensors)
     return tensors
+
+
+def compute(dtype: str, device: torch.device):
+    """The context a forward runs in. "bfloat16" is mixed precision: float32 weights, matmuls in bf16
+    under torch.autocast (CPU cores with AVX512-BF16/AMX and GPUs run them 2-4x faster), softmax and
+    norms as autocast keeps them; optimizer, weights and gradients stay float32, and backward, run
+    after the context, follows the forward's dtypes (PyTorch's AMP rule). The learner, the reference
+    and the SFT/RM stages all use it, so their logprobs are the same function."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()

@@ -16,17 +16,17 @@ LLAMA_8B = P.KNOWN[1][1]
 
 
 def test_zero_stages_on_a_1b_model_over_4_ranks():
-    # bf16: weights 2 B, gradients 2 B, AdamW fp32 master + 2 moments 12 B per param
+    # either dtype: float32 master weights 4 B, gradients 4 B, AdamW 2 moments 8 B per param
+    # (bfloat16 is autocast: it changes activations, not states)
     n = 10**9
     by_stage = {s: P.training_states(n, n, "bfloat16", s, 4) for s in range(4)}
-    assert by_stage[0] == {"weights": 2e9, "gradients": 2e9, "optimizer": 12e9}
-    assert by_stage[1] == {"weights": 2e9, "gradients": 2e9, "optimizer": 3e9}  # optimizer / 4
-    assert by_stage[2] == {"weights": 2e9, "gradients": 0.5e9, "optimizer": 3e9}  # + gradients / 4
-    assert by_stage[3] == {"weights": 0.5e9, "gradients": 0.5e9, "optimizer": 3e9}  # + weights / 4
-    # float32: the weights are the master copy, AdamW keeps 2 moments (8 B)
-    assert P.training_states(n, n, "float32", 0, 4) == {"weights": 4e9, "gradients": 4e9, "optimizer": 8e9}
+    assert by_stage[0] == {"weights": 4e9, "gradients": 4e9, "optimizer": 8e9}
+    assert by_stage[1] == {"weights": 4e9, "gradients": 4e9, "optimizer": 2e9}  # optimizer / 4
+    assert by_stage[2] == {"weights": 4e9, "gradients": 1e9, "optimizer": 2e9}  # + gradients / 4
+    assert by_stage[3] == {"weights": 1e9, "gradients": 1e9, "optimizer": 2e9}  # + weights / 4
+    assert P.training_states(n, n, "float32", 0, 4) == by_stage[0]
     # LoRA: 1B frozen weights, 10M trained
-    assert P.training_states(n, 10**7, "bfloat16", 0, 1) == {"weights": 2e9, "gradients": 2e7, "optimizer": 12e7}
+    assert P.training_states(n, 10**7, "bfloat16", 0, 1) == {"weights": 4e9, "gradients": 4e7, "optimizer": 8e7}
 
 
 def test_lora_adapter_count_by_hand():
@@ -115,27 +115,27 @@ def test_ppo_llama_8b_on_80gb_by_hand(capsys):
     print(out)
     assert "built-in table (llama-3.1-8b)" in out and "8.030B params" in out
     rows = _rows(out)
-    # policy 8.03B params, ZeRO-3 over 16 ranks, bf16: weights 8.03e9 x 2 B / 16 = 1.00 GB, gradients the same,
-    # AdamW fp32 master + 2 moments 12 B x 8.03e9 / 16 = 6.02 GB; one gathered layer 218M x 2 B = 0.44 GB
-    assert rows["policy weights"] == "1.00 GB" and rows["policy gradients"] == "1.00 GB"
-    assert rows["policy optimizer"] == "6.02 GB" and rows["policy gathered layer"] == "0.44 GB"
-    # critic from the RM: 8.03B - 0.525B LM head = 7.505B: 2 B / 16 = 0.94 GB, 12 B / 16 = 5.63 GB
-    assert rows["critic weights"] == "0.94 GB" and rows["critic optimizer"] == "5.63 GB"
+    # policy 8.03B params, ZeRO-3 over 16 ranks, bf16 autocast over float32 weights: weights 8.03e9 x 4 B / 16
+    # = 2.01 GB, gradients the same, AdamW 2 moments 8 B x 8.03e9 / 16 = 4.02 GB; one gathered layer 218M x 4 B = 0.87 GB
+    assert rows["policy weights"] == "2.01 GB" and rows["policy gradients"] == "2.01 GB"
+    assert rows["policy optimizer"] == "4.02 GB" and rows["policy gathered layer"] == "0.87 GB"
+    # critic from the RM: 8.03B - 0.525B LM head = 7.505B: 4 B / 16 = 1.88 GB, 8 B / 16 = 3.75 GB
+    assert rows["critic weights"] == "1.88 GB" and rows["critic optimizer"] == "3.75 GB"
     # logits (chunked): bf16 2 x 2048 x 128256 x 2 B = 1.05 GB, and its gradient 1.05 GB; 2048 tokens > 1024:
     # chunks of 1024 tokens, 4 float32 temporaries (entropy_coef 0) 4 x 1024 x 128256 x 4 B = 2.10 GB -> 4.20 GB
     assert rows["policy logits"] == "4.20 GB"
     # checkpointed: 2 x 2048 x (32 x 4096 + 8 x 4096 + 5 x 14336 + 2 x 4096) x 2 B = 2.00 GB
-    # total: 1.00 + 1.00 + 6.02 + 0.44 + 2.00 + 4.20 + critic 0.94 + 0.94 + 5.63 + 0.44 + 2.00 = 24.60 GB
-    assert rows["policy activations"] == "2.00 GB" and rows["total"] == "24.60 GB"
+    # total: 2.01 + 2.01 + 4.02 + 0.87 + 2.00 + 4.20 + critic 1.88 + 1.88 + 3.75 + 0.87 + 2.00 = 25.49 GB (25.48 unrounded)
+    assert rows["policy activations"] == "2.00 GB" and rows["total"] == "25.48 GB"
     # vLLM, TP 2: 16.06 GB bf16 / 2 = 8.03 GB; KV 0.85 x 80 - 8.03 = 59.97 GB at 65,536 B/token
     assert rows["vLLM weights"] == "8.03 GB" and rows["vLLM KV cache"] == "59.97 GB" and "915,066 tokens" in out
-    # scoring on its own GPU in the learner's bf16: reference 8.03B x 2 B = 16.06 GB, reward model 7.505B x 2 B
-    # = 15.01 GB (31.07 GB of weights); reference logits bf16 16 x 2048 x 128256 x 2 B = 8.41 GB + 2 float32
-    # chunks 2 x 1024 x 128256 x 4 B = 1.05 GB = 9.46 GB; 40.53 GB in all
-    assert rows["reference weights"] == "16.06 GB" and rows["reward model 0 weights"] == "15.01 GB"
+    # scoring on its own GPU: reference float32 weights computed in bf16 (as the policy), 8.03B x 4 B = 32.12 GB,
+    # reward model 7.505B x 2 B = 15.01 GB; reference logits bf16 16 x 2048 x 128256 x 2 B = 8.41 GB + 2 float32
+    # chunks 2 x 1024 x 128256 x 4 B = 1.05 GB = 9.46 GB; 56.59 GB in all
+    assert rows["reference weights"] == "32.12 GB" and rows["reward model 0 weights"] == "15.01 GB"
     assert rows["reference logits"] == "9.46 GB"
-    assert _devices(out) == {"learner GPU (1 rank(s) each)": "24.60 GB", "rollout GPU (1 worker(s) each)": "68.00 GB",
-                             "scoring GPU (reference + reward models)": "40.53 GB"}  # nothing left on the host
+    assert _devices(out) == {"learner GPU (1 rank(s) each)": "25.48 GB", "rollout GPU (1 worker(s) each)": "68.00 GB",
+                             "scoring GPU (reference + reward models)": "56.59 GB"}  # nothing left on the host
     assert "verdict: fits" in out
 
 
@@ -149,10 +149,10 @@ def test_grpo_qwen_preset_by_hand(capsys):
     # policy logits: bf16 8 x 1536 x 151936 x 2 B = 3.73 GB, x 2 with the gradient = 7.47 GB; rows of 1536
     # tokens > 1024: chunks of 1024, 4 x 1024 x 151936 x 4 B = 2.49 GB -> 9.96 GB
     assert rows["policy logits"] == "9.96 GB"
-    # reference: 494.03M x 2 B = 0.99 GB; logits 16 x 1536 x 151936 x 2 B = 7.47 GB + 2 x 1024 x 151936 x 4 B
-    # = 1.24 GB -> 8.71 GB; 9.70 GB on the scoring GPU
-    assert rows["reference weights"] == "0.99 GB" and rows["reference logits"] == "8.71 GB"
-    assert _devices(out)["scoring GPU (reference + reward models)"] == "9.70 GB"
+    # reference: 494.03M x 4 B (float32 weights) = 1.98 GB; logits 16 x 1536 x 151936 x 2 B = 7.47 GB
+    # + 2 x 1024 x 151936 x 4 B = 1.24 GB -> 8.71 GB; 10.69 GB on the scoring GPU
+    assert rows["reference weights"] == "1.98 GB" and rows["reference logits"] == "8.71 GB"
+    assert _devices(out)["scoring GPU (reference + reward models)"] == "10.69 GB"
 
 
 def test_scoring_joins_the_colocated_gpu(capsys):
@@ -162,14 +162,15 @@ def test_scoring_joins_the_colocated_gpu(capsys):
     assert main(base) == 1  # vLLM's 0.85 of the GPU leaves no room for the scoring service awake
     devices = _devices(capsys.readouterr().out)
     assert list(devices) == ["GPU awake: vLLM + learner states + scoring", "GPU asleep: learner update + scoring weights"]
-    # awake: vLLM 68.00 + learner states 0.99 + 0.25 + 1.48 = 2.72 + scoring 9.70 = 80.42 GB (over 72)
-    # asleep: learner 14.02 + reference weights 0.99 = 15.01 GB
-    assert devices["GPU awake: vLLM + learner states + scoring"] == "80.42 GB"
-    assert devices["GPU asleep: learner update + scoring weights"] == "15.01 GB"
+    # awake: vLLM 68.00 + learner states (ZeRO-2 over 4, float32 master) 1.98 + 0.49 + 0.99 = 3.46 + scoring 10.69
+    # = 82.15 GB (over 72); asleep: learner 14.76 + reference weights 1.98 = 16.74 GB
+    assert devices["GPU awake: vLLM + learner states + scoring"] == "82.15 GB"
+    assert devices["GPU asleep: learner update + scoring weights"] == "16.74 GB"
     # without a GPU it is back in host memory, next to nothing else
     assert main(base + ["cluster.gpus_per_scoring=0"]) == 0
     devices = _devices(capsys.readouterr().out)
-    assert devices["GPU awake: vLLM + learner states"] == "70.72 GB" and devices["host: scoring"] == "9.70 GB"
+    # 68.00 + 3.46 = 71.46 GB (under 72)
+    assert devices["GPU awake: vLLM + learner states"] == "71.46 GB" and devices["host: scoring"] == "10.69 GB"
 
 
 def test_smaller_gpu_does_not_fit(capsys):
