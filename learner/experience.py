@@ -99,13 +99,31 @@ def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> to
     return A.masked_whiten(adv, mask)
 
 
+def single_pass(cfg: AlgorithmConfig, batch_size: int) -> bool:
+    """True when the old logprobs cannot differ from the ones the update's own forward computes:
+    one epoch, one mini-batch (one optimizer step, taken after every micro-batch's forward), and
+    nothing needed before the update (no critic values, no KL in the reward). Then that forward's
+    logprobs, detached, are the old ones (TRL's rule) and the recompute forward is skipped."""
+    return (cfg.ppo_epochs == 1 and cfg.mini_batch_size >= batch_size and cfg.estimator != Estimator.gae
+            and cfg.kl_placement == KLPlacement.loss)
+
+
 def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cfg: AlgorithmConfig, kl_coef: float,
                     sampling: SamplingConfig, pad_id: int, micro: int, rank: int, world: int,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, device: torch.device = torch.device("cpu")) -> Experience:
-    """The experience stays on the CPU; each micro-batch goes to `device` (the models') for the forward."""
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, device: torch.device = torch.device("cpu"),
+                    recompute: bool = True) -> Experience:
+    """The experience stays on the CPU; each micro-batch goes to `device` (the models') for the forward.
+    recompute=False (see single_pass): no forward here; old_logprobs and sampler_logprobs are zeros
+    that the update fills from its own forward (Learner._train_mini_batch) before any metric reads them."""
     input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, pad_id)
     valid = torch.tensor(scored.valid, dtype=torch.float32)[:, None]
     mask = response_mask * valid
+    if not recompute:
+        zeros = torch.zeros_like(mask)
+        scores = torch.tensor(scored.rewards, dtype=torch.float32)
+        adv, _ = advantages(cfg, scores, zeros, kl_coef, mask, None, sampling.n_samples_per_prompt, valid[:, 0] > 0)
+        return Experience(input_ids, attention_mask, position_ids, mask, zeros, ragged_to_dense(scored.ref_logprobs, response_mask),
+                          ragged_to_dense(batch.logprobs, response_mask), zeros.clone(), None, adv, None)
 
     @torch.no_grad()
     def forward(rows):

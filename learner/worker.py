@@ -15,12 +15,13 @@ import torch.distributed as dist
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, ValueHead
 from learner.engine import init_distributed, make_engine, skipped_steps
-from learner.experience import Experience, make_experience
+from learner.experience import Experience, make_experience, single_pass
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
 from rollout.config import SamplingConfig
 from rollout.device import collective_backend, process_device, to_device
-from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy
+from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy, map_chunks
+from rollout.profiling import Profiled
 from rollout.types import RolloutBatch
 from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, free_port, plan_buckets, send_weights
 
@@ -40,7 +41,7 @@ def node_address() -> tuple[str, str, int]:
     return ray.get_runtime_context().get_node_id(), ip, free_port(ip)
 
 
-class Learner:
+class Learner(Profiled):
     def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, rank: int, world_size: int,
                  master_addr: str, master_port: int, seed: int, threads: int = 0):
         if threads:
@@ -70,6 +71,7 @@ class Learner:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.sync_group: SyncGroup | None = None
         self.updates = 0
+        self.single_pass = True  # skip the recompute forward where experience.single_pass allows (tests turn it off)
 
     def ready(self) -> bool:
         return True
@@ -83,18 +85,24 @@ class Learner:
         """One PPO/GRPO update on a scored batch: recompute, advantages, epochs of mini-batches."""
         start = time.perf_counter()
         skipped_before = self._skipped()
+        one_pass = self.single_pass and single_pass(self.algo, len(batch))  # the update's forward gives the old logprobs
         self.policy_engine.eval()
         exp = make_experience(self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value,
                               self.sampling, self.pad_id, self.algo.micro_batch_size, self.rank, self.world,
-                              self.cfg.logprob_chunk_tokens, self.device)
+                              self.cfg.logprob_chunk_tokens, self.device, recompute=not one_pass)
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
         n_mini = 0
         for epoch in range(self.algo.ppo_epochs):
             order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step * 101 + epoch))
             for i in range(0, len(batch), self.algo.mini_batch_size):
-                self._train_mini_batch(exp, order[i: i + self.algo.mini_batch_size], sums)
+                self._train_mini_batch(exp, order[i: i + self.algo.mini_batch_size], sums, one_pass)
                 n_mini += 1
+        if one_pass and self.world > 1:  # each rank filled its own rows: assemble them everywhere
+            for t in (exp.old_logprobs, exp.sampler_logprobs):
+                full = t.to(self.device)  # NCCL reduces device tensors only
+                dist.all_reduce(full)
+                t.copy_(full.cpu())
         metrics = self._reduce(sums, n_mini)
         metrics.update(self._experience_metrics(exp))
         metrics["learner/skipped_steps"] = float(self._skipped() - skipped_before)
@@ -105,14 +113,15 @@ class Learner:
         self.updates += 1
         return metrics
 
-    def _train_mini_batch(self, exp: Experience, rows: torch.Tensor, sums: dict[str, float]) -> None:
+    def _train_mini_batch(self, exp: Experience, rows: torch.Tensor, sums: dict[str, float], one_pass: bool) -> None:
         agg = self.algo.loss_aggregation.value
         total = max(A.aggregate_total(exp.mask[rows], agg), 1e-8)
         mine = rows[self.rank:: self.world]
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
         for j in range(0, len(mine), self.algo.micro_batch_size):
-            mb = to_device(exp.rows(mine[j: j + self.algo.micro_batch_size]), self.device)
-            policy_loss, values, m = self._policy_loss(mb, total, agg)
+            idx = mine[j: j + self.algo.micro_batch_size]
+            mb = to_device(exp.rows(idx), self.device)
+            policy_loss, values, m = self._policy_loss(mb, total, agg, exp if one_pass else None, idx)
             if self.critic_engine is not None:
                 values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
             if values is not None:
@@ -131,10 +140,14 @@ class Learner:
             for k, v in m.items():
                 sums[k] += v
 
-    def _policy_loss(self, mb: dict, total: float, agg: str):
+    def _policy_loss(self, mb: dict, total: float, agg: str, fill: Experience | None = None, idx=None):
+        """fill (single pass): the old logprobs are this forward's, detached; they are written into
+        fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics."""
         logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
         loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, self.temperature,
-                                  self.cfg.logprob_chunk_tokens, total, agg)
+                                  self.cfg.logprob_chunk_tokens, total, agg, old_from_forward=fill is not None)
+        if fill is not None:
+            self._fill_old(fill, idx, logits, mb, terms["logprobs"])
         share = _share(mb, total, agg)
         m = {"loss/policy": terms["policy"].item(), "learner/entropy": terms["entropy"].item(),
              "learner/clip_frac": terms["clip_frac"].item() * share,
@@ -142,6 +155,17 @@ class Learner:
         if "kl" in terms:
             m["loss/kl"] = terms["kl"].item()
         return loss, values, m
+
+    def _fill_old(self, exp: Experience, idx: torch.Tensor, logits: torch.Tensor, mb: dict, logprobs: torch.Tensor) -> None:
+        mask = mb["mask"]
+        exp.old_logprobs[idx] = (logprobs * mask).cpu()
+        s = self.sampling
+        if s.top_k > 0 or s.top_p < 1.0:
+            filtered = map_chunks(lambda x, y: A.filtered_logprobs(x, y, s.top_k, s.top_p), logits.detach(),
+                                  mb["input_ids"][:, 1:], self.temperature, self.cfg.logprob_chunk_tokens)
+            exp.sampler_logprobs[idx] = torch.where(mask > 0, filtered, 0.0).cpu()
+        else:
+            exp.sampler_logprobs[idx] = exp.old_logprobs[idx]
 
     def _reduce(self, sums: dict[str, float], n_mini: int) -> dict[str, float]:
         """Sum each metric over ranks, then average over mini-batches (each is a mini-batch mean)."""
@@ -186,7 +210,10 @@ class Learner:
 
     # ------------------------------------------------------------------ weights to the rollout engines
     def weight_buckets(self, bucket_mb: int) -> list[list[TensorMeta]]:
-        metas = [TensorMeta(n, tuple(getattr(p, "ds_shape", p.shape)), str(p.dtype).removeprefix("torch."))
+        # sent in the engines' dtype (rollout.dtype = learner.dtype): bf16 runs cast the float32 master
+        # weights on the way, as autocast casts them for the learner's own matmuls
+        metas = [TensorMeta(n, tuple(getattr(p, "ds_shape", p.shape)),
+                            self.cfg.dtype.value if p.is_floating_point() else str(p.dtype).removeprefix("torch."))
                  for n, p in rollout_weights(self.policy)]
         return plan_buckets(metas, bucket_mb << 20)
 
@@ -264,18 +291,23 @@ class Learner:
 
 
 def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: float, temperature: float,
-                chunk_tokens: int, total: float, agg: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                chunk_tokens: int, total: float, agg: str,
+                old_from_forward: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A micro-batch's policy loss from its logits (B, L-1, V), and its terms (policy, entropy,
-    clip_frac, approx_kl, and kl when placed in the loss). Logprobs and entropy come chunk by chunk
-    (no float32 (B, L-1, V) tensor); the entropy enters the graph only when entropy_coef uses it."""
+    clip_frac, approx_kl, kl when placed in the loss, and the detached logprobs). Logprobs and
+    entropy come chunk by chunk (no float32 (B, L-1, V) tensor); the entropy enters the graph only
+    when entropy_coef uses it. old_from_forward (experience.single_pass): the old logprobs are these
+    logprobs, detached, instead of mb["old_logprobs"]."""
     mask, use_entropy = mb["mask"], algo.entropy_coef != 0
     logprobs, entropy = chunked_logprobs_entropy(logits, mb["input_ids"][:, 1:], temperature, chunk_tokens,
                                                  entropy_grad=use_entropy)
-    pg, pm = A.ppo_policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask, algo.clip_eps,
+    old = logprobs.detach() if old_from_forward else mb["old_logprobs"]
+    pg, pm = A.ppo_policy_loss(logprobs, old, mb["advantages"], mask, algo.clip_eps,
                                algo.clip_eps_high or None, aggregation=agg, total=total)
     entropy = A.aggregate(entropy, mask, agg, total)
     loss = pg - algo.entropy_coef * entropy if use_entropy else pg
-    terms = {"policy": pg, "entropy": entropy, "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"]}
+    terms = {"policy": pg, "entropy": entropy, "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"],
+             "logprobs": logprobs.detach()}
     if algo.kl_placement == KLPlacement.loss:
         terms["kl"] = A.aggregate(A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask), mask, agg,
                                   total)

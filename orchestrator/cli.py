@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="run PPO/GRPO/RLOO/REINFORCE training (default: the tiny CPU GRPO demo)",
                            description=TRAIN_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     _config_args(train, default=DEFAULT_CONFIG)
+    train.add_argument("--profile", action="store_true",
+                       help="profile step 3 in every role (logging.profile_step=3): runs/<name>/profile/")
     train.set_defaults(func=_train)
 
     config = sub.add_parser("config", help="inspect configs")
@@ -136,6 +138,8 @@ def _train(args) -> int:
     from orchestrator.config_docs import record_launch
 
     path, overrides = _split(args)
+    if args.profile:  # step 3: after the warm-up steps (first calls, allocations, vLLM's first batches)
+        overrides = ["logging.profile_step=3", *overrides]
     cfg = load_config(path, overrides)  # every config error surfaces here, before Ray starts
     print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
     from orchestrator.signals import INTERRUPTED_EXIT_CODE, STOPPED_EXIT_CODE, StopRequest, Stopped, stop_on_signals

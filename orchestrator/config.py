@@ -65,6 +65,7 @@ class LoggingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases; metrics.jsonl in the run folder is written either way
     log_every: int = 1  # steps between console lines (metrics.jsonl and wandb get every step)
     progress_bar: bool = True  # print a console line per log_every steps (progress, reward, KL, time); false = quiet
+    profile_step: int = 0  # profile this step in every role (torch and Python profiles, runs/<name>/profile/); 0 = off
 
 
 @dataclass

@@ -17,6 +17,8 @@ from orchestrator.config import TrainConfig
 from orchestrator.data import PromptSampler, load_split, policy_prompt, reward_metadata
 from orchestrator.evaluate import evaluate_policy, samples_table, shown, summary_table
 from orchestrator.load_config import to_dict
+from orchestrator.placement import placement, scoring_threads, unit
+from orchestrator.profiling import profiled
 from orchestrator.phases import TrainingError, batch_metrics, nonfinite_cause, offset, pick_groups, prompt_text, timed
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.signals import StopRequest, Stopped
@@ -56,12 +58,14 @@ class Trainer:
         self.rollout = RolloutPool(self.cfg.rollout, self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
                                    num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
                                    sleep_mode=self.sleep_engines, scheduling=place[: c.rollout_workers] if place else None,
-                                   resources=unit(c.rollout_resource) if free else None)
+                                   resources=unit(c.rollout_resource) if free else None,
+                                   step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt)
         self.scoring = ray.remote(ScoringService).options(
             num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,  # retried by _scoring
             resources=unit(c.scoring_resource) if free else {},
             **({"scheduling_strategy": place[-1]} if place else {})).remote(
-                self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, 0, self.cfg.learner.logprob_chunk_tokens)
+                self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, scoring_threads(c),
+                self.cfg.learner.logprob_chunk_tokens)
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path)
         self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, self.cfg.rollout.sampling, c.learner_ranks,
                                     self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
@@ -129,7 +133,8 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         t: dict[str, float] = {}
-        with timed(t, "total"):
+        with profiled(self.roles(), self.run_dir / "profile", t, on=self.step + 1 == self.cfg.logging.profile_step), \
+                timed(t, "total"):
             with timed(t, "generate"):
                 batch, examples = self.generate()
             with timed(t, "score"):
@@ -146,6 +151,11 @@ class Trainer:
         tokens = sum(batch.response_lengths)
         return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
                 "throughput/tokens_per_s": tokens / t["timing/total"], "throughput/samples_per_s": len(batch) / t["timing/total"]}
+
+    def roles(self) -> dict:
+        """Every actor by role name (rollout_i, scoring, learner_i)."""
+        return ({f"rollout_{i}": w for i, w in enumerate(self.rollout.workers)} | {"scoring": self.scoring}
+                | {f"learner_{i}": r for i, r in enumerate(self.learner.ranks)})
 
     @property
     def _temperature(self) -> float:
@@ -351,32 +361,3 @@ def _await_ready(actors: list, timeout_s: float = 300.0) -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)
-
-
-def placement(c):
-    """colocate: false -> one placement group with a bundle per actor (rollout workers, learner
-    ranks, then the scoring service), so each role holds its own CPUs/GPUs on any number of nodes.
-    colocate: true -> no group: actors reserve nothing and take turns on the same devices.
-    Returns (the group or None, a scheduling strategy per bundle or None)."""
-    if c.colocate:
-        return None, None
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    wanted = bundles(c)
-    pg = placement_group(wanted, strategy="PACK")
-    ray.get(pg.ready(), timeout=600)
-    return pg, [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(wanted))]
-
-
-def bundles(c) -> list[dict[str, float]]:
-    """The placement-group bundles of `colocate: false`, in placement()'s order: a CPU, the role's
-    GPUs and a unit of the role's custom resource (cluster.*_resource) per actor."""
-    roles = ([(c.gpus_per_rollout_worker, c.rollout_resource)] * c.rollout_workers
-             + [(c.gpus_per_learner, c.learner_resource)] * c.learner_ranks + [(c.gpus_per_scoring, c.scoring_resource)])
-    return [{k: v for k, v in {"CPU": 1, "GPU": gpus}.items() if v} | unit(resource) for gpus, resource in roles]
-
-
-def unit(resource: str) -> dict[str, float]:
-    """One unit of a custom Ray resource ({} for ""): a node started with --resources '{"X": 8}' hosts 8 such actors."""
-    return {resource: 1} if resource else {}

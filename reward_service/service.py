@@ -16,6 +16,7 @@ from reward_service.sources import build_source
 from reward_service.types import ScoredBatch
 from rollout.device import process_device
 from rollout.logprobs import DEFAULT_CHUNK_TOKENS
+from rollout.profiling import Profiled
 from rollout.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class RewardFunction:
         return [None if bad else t for t, bad in zip(total, invalid)]
 
 
-class ScoringService:
+class ScoringService(Profiled):
     def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str = "float32", threads: int = 0,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
         """`dtype`: the learner's compute dtype (the reference's logprobs then match the policy's);

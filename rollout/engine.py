@@ -39,8 +39,10 @@ def cpu_bind(tp: int) -> str:
     return "|".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else str(p[0]) for p in parts)
 
 
-def make_engine(cfg: RolloutConfig, model_path: str, seed: int, device: torch.device, sleep_mode: bool = False):
-    """`device`: the worker's (rollout.device.process_device); sleep mode needs a GPU."""
+def make_engine(cfg: RolloutConfig, model_path: str, seed: int, device: torch.device, sleep_mode: bool = False,
+                step_samples: int = 0):
+    """`device`: the worker's (rollout.device.process_device); sleep mode needs a GPU. `step_samples`:
+    this worker's share of a step's samples (RolloutPool), decoded in one wave on CPU."""
     from vllm import LLM  # imported late: the environment above must be in place first
 
     gpu = device.type == "cuda"
@@ -65,8 +67,19 @@ def make_engine(cfg: RolloutConfig, model_path: str, seed: int, device: torch.de
         worker_extension_cls="rollout.vllm_ext.WorkerExtension",
         # logprobs of the distribution actually sampled from (after temperature), not the raw one
         logprobs_mode="processed_logprobs",
+        **engine_batch(cfg, gpu, step_samples),
+        enable_prefix_caching=cfg.enable_prefix_caching,
         **extra,
     )
+
+
+def engine_batch(cfg: RolloutConfig, gpu: bool, step_samples: int) -> dict:
+    """vLLM's max_num_seqs: rollout.max_num_seqs if set; else on CPU the step's samples in one wave
+    (a second wave repeats every decode step's fixed cost, which dominates small models on CPU); on
+    GPU vLLM's own default, sized for its memory."""
+    if cfg.max_num_seqs:
+        return {"max_num_seqs": cfg.max_num_seqs}
+    return {} if gpu else {"max_num_seqs": max(256, step_samples)}
 
 
 def request_seed(base: int, step: int, prompt_index: int) -> int:
@@ -89,5 +102,7 @@ def sampling_params(s: SamplingConfig, seed: int, greedy: bool = False):
         stop_token_ids=list(s.stop_token_ids) or None,
         seed=None if greedy else seed,
         logprobs=0,  # the sampled token's own logprob
-        detokenize=True,
+        # vLLM detokenizes every sequence token by token in Python, a large share of a small model's
+        # step on CPU; only stop strings need that. Without them, RolloutWorker decodes in one batch.
+        detokenize=bool(s.stop),
     )

@@ -43,9 +43,11 @@ def worker_options(num_cpus: float, num_gpus: float, max_restarts: int, env: dic
 class RolloutPool:
     def __init__(self, cfg: RolloutConfig, model_path: str, num_workers: int, seed: int,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 0,
-                 sleep_mode: bool = False, scheduling: list | None = None, resources: dict[str, float] | None = None):
+                 sleep_mode: bool = False, scheduling: list | None = None, resources: dict[str, float] | None = None,
+                 step_samples: int = 0):
         """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles);
-        `resources`: custom Ray resources each worker requires (e.g. {"rollout_node": 1})."""
+        `resources`: custom Ray resources each worker requires (e.g. {"rollout_node": 1});
+        `step_samples`: samples of one training step (sizes the engines' batch, rollout.engine.engine_batch)."""
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
@@ -56,7 +58,8 @@ class RolloutPool:
             if scheduling:
                 options["scheduling_strategy"] = scheduling[i]
             actor = ray.remote(RolloutWorker).options(**options)
-            self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode))
+            share = -(-step_samples // num_workers)
+            self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode, share))
         ray.get([w.ready.remote() for w in self.workers])
         # the engines' own device decision (rollout.device), and the weight-sync backend it implies
         self.device = ray.get(self.workers[0].get_device.remote())

@@ -9,21 +9,23 @@ import torch
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.device import process_device
 from rollout.engine import engine_env, make_engine, request_seed, sampling_params
+from rollout.profiling import Profiled
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
 
 log = logging.getLogger(__name__)
 
 
-class RolloutWorker:
+class RolloutWorker(Profiled):
     """Create with `ray.remote(RolloutWorker).options(...).remote(cfg, model_path, seed)`;
     RolloutPool does this for N workers."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: str, seed: int, threads: int = 0, sleep_mode: bool = False):
+    def __init__(self, cfg: RolloutConfig, model_path: str, seed: int, threads: int = 0, sleep_mode: bool = False,
+                 step_samples: int = 0):
         self.device = process_device()
         os.environ.update(engine_env(cfg, threads, self.device.type == "cuda"))
         self.cfg, self.seed = cfg, seed
-        self.llm = make_engine(cfg, model_path, seed, self.device, sleep_mode=sleep_mode)
+        self.llm = make_engine(cfg, model_path, seed, self.device, sleep_mode, step_samples)
         self.tokenizer = self.llm.get_tokenizer()
         self.asleep = False
         self.prefix_stale = False
@@ -67,6 +69,8 @@ class RolloutWorker:
                 batch.logprobs.append([step_lps[tok].logprob for step_lps, tok in zip(c.logprobs, c.token_ids)])
                 batch.response_text.append(c.text)
                 batch.finish_reason.append("length" if c.finish_reason == "length" else "stop")
+        if not sampling.stop:  # not detokenized by vLLM (engine.sampling_params): one batch decode, as vLLM would
+            batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
 
     # ---- weights: see rollout/weight_sync.py for the protocol

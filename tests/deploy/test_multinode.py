@@ -13,7 +13,7 @@ import pytest
 
 from learner.group import rank_options
 from orchestrator.config import ClusterConfig
-from orchestrator.trainer import bundles, unit
+from orchestrator.placement import bundles, unit
 from rollout.pool import worker_options
 from rollout.weight_sync import free_port
 

@@ -159,3 +159,25 @@ def test_supervised_model_honours_gradient_checkpointing(tiny_model, kind):
     on = build_model(LearnerConfig(model_path=tiny_model, gradient_checkpointing=True), kind, 0)
     off = build_model(LearnerConfig(model_path=tiny_model), kind, 0)
     assert on.is_gradient_checkpointing and not off.is_gradient_checkpointing
+
+
+def test_old_logprobs_from_the_update_forward_give_the_same_loss_and_gradients():
+    """experience.single_pass: with one optimizer step, the old logprobs a separate no-grad forward
+    computes equal the update forward's own, detached; the loss and its gradients are the same."""
+    cfg = AlgorithmConfig(kl_placement=KLPlacement.loss, init_kl_coef=0.05, entropy_coef=0.01)
+    results = []
+    for fused in (False, True):
+        logits, labels, mask = inputs()
+        g = torch.Generator().manual_seed(1)
+        ids = torch.cat([torch.zeros(B, 1, dtype=torch.long), labels], 1)
+        with torch.no_grad():
+            old = chunked_logprobs(logits, labels, TEMP, 4)
+        mb = {"input_ids": ids, "mask": mask, "old_logprobs": old, "advantages": torch.randn(B, T, generator=g),
+              "ref_logprobs": old + 0.1 * torch.randn(B, T, generator=g)}
+        loss, terms = policy_loss(logits, mb, cfg, 0.05, TEMP, 4, float(mask.sum()), "token_mean", old_from_forward=fused)
+        loss.backward()
+        results.append((loss.detach(), logits.grad, terms["logprobs"]))
+    (loss0, grad0, lp0), (loss1, grad1, lp1) = results
+    assert torch.equal(lp0, lp1)
+    assert torch.allclose(loss0, loss1, atol=1e-7) and torch.allclose(grad0, grad1, atol=1e-7)
+    assert grad1.abs().sum() > 0

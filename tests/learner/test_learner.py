@@ -63,11 +63,12 @@ def test_one_update_changes_parameters_and_lowers_the_surrogate_loss(ray_cluster
 
 
 def test_a_bf16_grpo_update_runs_and_lowers_the_surrogate_loss(ray_cluster, tiny_model):
-    """learner.dtype bfloat16 (DeepSpeed bf16): chunked logprobs from bf16 logits train as fp32 do."""
+    """learner.dtype bfloat16 (autocast over float32 master weights): chunked logprobs from bf16
+    logits train as fp32 do, and the weights stay float32."""
     batch, scored = make_scored_batch(tiny_model, seed=1)
     group = learners(tiny_model, dtype=Dtype.bfloat16, logprob_chunk_tokens=16)  # several chunks per micro-batch
     before, after, metrics, mask, (loss_before, loss_after) = update_once(group, batch, scored)
-    assert all(v.dtype == torch.bfloat16 for v in after.values()) and changed(before, after)
+    assert all(v.dtype == torch.float32 for v in after.values()) and changed(before, after)
     assert loss_after < loss_before - 0.01
     for key in ("loss/policy", "learner/entropy", "loss/kl", "learner/grad_norm"):
         assert math.isfinite(metrics[key]), key
@@ -189,3 +190,29 @@ def test_resume_is_bit_identical(ray_cluster, tiny_model, tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(saved / "policy").state_dict()
     assert all(torch.equal(hf[k], after_save[k]) for k in after_save)
     assert not (tmp_path / "ckpt.tmp").exists()
+
+
+def test_the_single_pass_update_equals_the_recompute_forward(ray_cluster, tiny_model):
+    """One epoch of one mini-batch: the update's forward supplies the old logprobs (the recompute
+    forward is skipped, experience.single_pass). Metrics (top-k on, so the filtered gap is filled
+    too) and the weights after the step equal those of the two-forward update."""
+    from learner.experience import single_pass
+
+    batch, scored = make_scored_batch(tiny_model, seed=3)
+    a = algo(mini_batch_size=len(batch), micro_batch_size=4)
+    assert single_pass(a, len(batch))
+    runs = []
+    for fused in (True, False):
+        group = LearnerGroup(LearnerConfig(model_path=tiny_model, lr=1e-3), a,
+                             SamplingConfig(n_samples_per_prompt=GROUP, top_k=20), 1, seed=0, num_cpus=0, threads=1)
+        try:
+            group.ranks[0].__ray_call__.remote(lambda self, f=fused: setattr(self, "single_pass", f))
+            runs.append((group.update(batch, scored, step=0), group.policy_state()))
+        finally:
+            group.shutdown()
+    (m1, w1), (m0, w0) = runs
+    for key in ("loss/policy", "loss/kl", "kl/ref", "kl/ref_seq", "rollout/logprob_gap", "rollout/outside_filter_frac",
+                "learner/grad_norm", "learner/approx_kl"):
+        assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+    assert m1["rollout/outside_filter_frac"] > 0  # the filter did exclude tokens
+    assert all(torch.allclose(w1[k], w0[k], atol=1e-6) for k in w0)

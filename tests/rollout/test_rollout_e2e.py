@@ -275,3 +275,40 @@ def test_sentinel_weight_sync_into_a_tensor_parallel_engine(ray_cluster, tiny_mo
         assert_engines_follow(tp, changed, checksum=False)  # each shard sums a part: generation is the proof
     finally:
         tp.shutdown()
+
+
+def test_the_batch_decoded_text_is_the_text_vllm_detokenizes(pool):
+    """Without stop strings vLLM does not detokenize (rollout.engine.sampling_params) and the worker
+    decodes all responses at once; a stop string that never occurs turns vLLM's detokenizer on for
+    the same samples, and the texts agree."""
+    def run(**sampling):
+        return pool.generate(PROMPTS, step=2, sampling=make_cfg(max_new_tokens=8, **sampling).sampling)
+
+    ours, vllms = run(), run(stop=["\x00never"])
+    assert ours.response_ids == vllms.response_ids
+    assert ours.response_text == vllms.response_text and any(ours.response_text)
+
+
+BF16_GAP_TOL = 2e-2  # vLLM's bf16 kernels vs the learner's bf16 autocast (rollout.device.compute); seen ~1e-3
+
+
+def test_a_bf16_engine_samples_with_the_learners_bf16_logprobs(ray_cluster, tiny_model, hf):
+    """rollout.dtype bfloat16 against the learner's bf16 (autocast over float32 weights): the
+    behaviour logprobs agree within BF16_GAP_TOL nats per token."""
+    from rollout.device import compute
+
+    cfg = make_cfg()
+    cfg.dtype = "bfloat16"
+    p = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=0)
+    try:
+        b = p.generate(PROMPTS, step=1)
+    finally:
+        p.shutdown()
+    gaps = []
+    for prompt, response, lp in zip(b.prompt_ids, b.response_ids, b.logprobs):
+        with compute("bfloat16", torch.device("cpu")):
+            learner = hf_logprobs(hf, prompt, response)
+        gaps.append((torch.tensor(lp) - learner).abs())
+    gap = torch.cat(gaps)
+    print(f"bf16 engine vs learner: mean {gap.mean():.2e}, max {gap.max():.2e}")
+    assert gap.max() < BF16_GAP_TOL

@@ -1,0 +1,42 @@
+"""Where the roles run: Ray placement groups (colocate: false), custom node resources, threads."""
+from __future__ import annotations
+
+import os
+
+import ray
+
+
+def placement(c):
+    """colocate: false -> one placement group with a bundle per actor (rollout workers, learner
+    ranks, then the scoring service), so each role holds its own CPUs/GPUs on any number of nodes.
+    colocate: true -> no group: actors reserve nothing and take turns on the same devices.
+    Returns (the group or None, a scheduling strategy per bundle or None)."""
+    if c.colocate:
+        return None, None
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    wanted = bundles(c)
+    pg = placement_group(wanted, strategy="PACK")
+    ray.get(pg.ready(), timeout=600)
+    return pg, [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(wanted))]
+
+
+def bundles(c) -> list[dict[str, float]]:
+    """The placement-group bundles of `colocate: false`, in placement()'s order: a CPU, the role's
+    GPUs and a unit of the role's custom resource (cluster.*_resource) per actor."""
+    roles = ([(c.gpus_per_rollout_worker, c.rollout_resource)] * c.rollout_workers
+             + [(c.gpus_per_learner, c.learner_resource)] * c.learner_ranks + [(c.gpus_per_scoring, c.scoring_resource)])
+    return [{k: v for k, v in {"CPU": 1, "GPU": gpus}.items() if v} | unit(resource) for gpus, resource in roles]
+
+
+def scoring_threads(c) -> int:
+    """Colocated roles take turns on the same cores (synchronous loop), so the scoring service's
+    reference forward uses all of them; Ray would give a 0-CPU actor one thread. With its own
+    bundle, Ray's setting (its CPUs) stands."""
+    return (os.cpu_count() or 1) if c.colocate else 0
+
+
+def unit(resource: str) -> dict[str, float]:
+    """One unit of a custom Ray resource ({} for ""): a node started with --resources '{"X": 8}' hosts 8 such actors."""
+    return {resource: 1} if resource else {}

@@ -1,0 +1,57 @@
+"""Profile one call per role: torch.profiler (op times and a Chrome trace, `chrome://tracing` or
+Perfetto) and cProfile (Python time: schedulers, serialisation, bookkeeping, which a small model
+on a CPU spends most of its step in). The trainer switches every role on for one step
+(logging.profile_step, `relay train --profile`); each writes its trace where it runs and returns
+its tables to the driver, which writes runs/<name>/profile/.
+"""
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+
+import torch
+
+
+class Profiler:
+    def __init__(self):
+        self.ops: torch.profiler.profile | None = None
+        self.python: cProfile.Profile | None = None
+
+    def start(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.ops = torch.profiler.profile(activities=activities)
+        self.ops.__enter__()
+        self.python = cProfile.Profile()
+        self.python.enable()
+
+    def stop(self, trace_path: str = "") -> str:
+        """Stop; write the Chrome trace to trace_path (if given); return the two tables as text."""
+        if self.ops is None or self.python is None:
+            raise RuntimeError("Profiler.stop() without start()")
+        self.python.disable()
+        self.ops.__exit__(None, None, None)
+        if trace_path:
+            self.ops.export_chrome_trace(trace_path)
+        ops = self.ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+        out = io.StringIO()
+        pstats.Stats(self.python, stream=out).sort_stats("tottime").print_stats(25)
+        self.ops = self.python = None
+        return f"== torch ops (self CPU time)\n{ops}\n== Python (cProfile, by own time)\n{out.getvalue()}"
+
+
+class Profiled:
+    """Mixin for a role's actor class: profile(True) before the step's calls, profile(False, path) after."""
+
+    _profiler: Profiler | None = None
+
+    def profile(self, on: bool, trace_path: str = "") -> str:
+        if on:
+            self._profiler = Profiler()
+            self._profiler.start()
+            return ""
+        text = self._profiler.stop(trace_path) if self._profiler else ""
+        self._profiler = None
+        return text
