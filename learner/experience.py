@@ -35,14 +35,27 @@ class Experience:
     returns: torch.Tensor | None  # (B, L-1) value targets, or None without a critic
 
     def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {k: (v[idx] if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        """Rows `idx`, without the padding columns all of them share (right padding: exact, and a
+        micro-batch of short rows no longer pays for the batch's longest)."""
+        width = int(self.attention_mask[idx].sum(-1).max())
+        return {k: (v[idx, : width if k in FULL_WIDTH else width - 1] if isinstance(v, torch.Tensor) else v)
+                for k, v in vars(self).items()}
+
+    def by_length(self, idx: torch.Tensor) -> torch.Tensor:
+        """`idx` longest first: consecutive micro-batches then hold rows of similar length (bucketing)."""
+        return idx[torch.argsort(self.attention_mask[idx].sum(-1), descending=True, stable=True)]
+
+
+FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # (B, L); every other tensor is (B, L-1)
 
 
 def ragged_to_dense(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
-    """Scatter per-response-token values into the (B, L-1) positions `mask` marks."""
+    """Scatter per-response-token values into the (B, L-1) positions `mask` marks (row-major, one copy)."""
     out = torch.zeros_like(mask)
-    for i, row in enumerate(rows):
-        out[i, mask[i] > 0] = torch.tensor(row, dtype=out.dtype)
+    counts = (mask > 0).sum(-1).tolist()
+    if [len(r) for r in rows] != counts:
+        raise ValueError(f"ragged_to_dense: row lengths {[len(r) for r in rows][:8]}... differ from the mask's {counts[:8]}...")
+    out[mask > 0] = torch.tensor([v for row in rows for v in row], dtype=out.dtype)
     return out
 
 
@@ -127,7 +140,8 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
 
     @torch.no_grad()
     def forward(rows):
-        inputs = to_device((input_ids[rows], attention_mask[rows], position_ids[rows]), device)
+        width = int(attention_mask[rows].sum(-1).max())  # these rows' own padding only (back to L-1 below)
+        inputs = to_device((input_ids[rows, :width], attention_mask[rows, :width], position_ids[rows, :width]), device)
         logits, values = policy(*inputs)
         labels, t = inputs[0][:, 1:], sampling.temperature
         # chunk by chunk: no float32 (rows, L-1, V) copy of the logits (learner.logprob_chunk_tokens)
@@ -136,10 +150,15 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
                                logits, labels, t, chunk_tokens) if filters else None)
         if critic is not None:
             values = critic(*inputs)
-        return logprobs, values, filtered
+        pad = input_ids.shape[1] - width
+        return tuple(None if x is None else torch.nn.functional.pad(x, (0, pad)) for x in (logprobs, values, filtered))
 
     filters = sampling.top_k > 0 or sampling.top_p < 1.0
-    old_logprobs, old_values, filtered = sharded_forward(forward, len(batch), micro, rank, world, device)
+    order = torch.argsort(attention_mask.sum(-1), descending=True, stable=True)  # micro-batches of similar lengths
+    old_logprobs, old_values, filtered = sharded_forward(lambda rows: forward(order[rows]), len(batch), micro, rank,
+                                                         world, device)
+    inverse = torch.argsort(order)
+    old_logprobs, old_values, filtered = (None if x is None else x[inverse] for x in (old_logprobs, old_values, filtered))
     old_logprobs = old_logprobs * response_mask
     ref = ragged_to_dense(scored.ref_logprobs, response_mask)
     kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)

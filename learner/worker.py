@@ -116,7 +116,7 @@ class Learner(Profiled):
     def _train_mini_batch(self, exp: Experience, rows: torch.Tensor, sums: dict[str, float], one_pass: bool) -> None:
         agg = self.algo.loss_aggregation.value
         total = max(A.aggregate_total(exp.mask[rows], agg), 1e-8)
-        mine = rows[self.rank:: self.world]
+        mine = exp.by_length(rows)[self.rank:: self.world]  # similar lengths per micro-batch (and per rank)
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
         for j in range(0, len(mine), self.algo.micro_batch_size):
             idx = mine[j: j + self.algo.micro_batch_size]
@@ -157,15 +157,15 @@ class Learner(Profiled):
         return loss, values, m
 
     def _fill_old(self, exp: Experience, idx: torch.Tensor, logits: torch.Tensor, mb: dict, logprobs: torch.Tensor) -> None:
-        mask = mb["mask"]
-        exp.old_logprobs[idx] = (logprobs * mask).cpu()
+        mask, w = mb["mask"], mb["mask"].shape[1]  # the micro-batch is trimmed to its own width (Experience.rows)
+        exp.old_logprobs[idx, :w] = (logprobs * mask).cpu()
         s = self.sampling
         if s.top_k > 0 or s.top_p < 1.0:
             filtered = map_chunks(lambda x, y: A.filtered_logprobs(x, y, s.top_k, s.top_p), logits.detach(),
                                   mb["input_ids"][:, 1:], self.temperature, self.cfg.logprob_chunk_tokens)
-            exp.sampler_logprobs[idx] = torch.where(mask > 0, filtered, 0.0).cpu()
+            exp.sampler_logprobs[idx, :w] = torch.where(mask > 0, filtered, 0.0).cpu()
         else:
-            exp.sampler_logprobs[idx] = exp.old_logprobs[idx]
+            exp.sampler_logprobs[idx, :w] = exp.old_logprobs[idx, :w]
 
     def _reduce(self, sums: dict[str, float], n_mini: int) -> dict[str, float]:
         """Sum each metric over ranks, then average over mini-batches (each is a mini-batch mean)."""

@@ -16,9 +16,9 @@ from orchestrator.load_config import ConfigError
 GB = 1e9  # decimal, as GPUs are sold ("80 GB"); vLLM's kv_cache_space_gb is GiB and converted
 SAFETY = 0.9  # fits = peak <= 90% of the device: allocator fragmentation, CUDA context, NCCL buffers
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# float32 [chunk, vocab] temporaries alive at once in rollout/logprobs.py (measured with torch.profiler): backward
-# recomputes a chunk's softmax and gradient (more with the entropy's); a no-grad forward: the chunk and its exp
-CHUNK_TEMPS = {"backward": 4, "backward with entropy": 7, "no grad": 2}
+# float32 [chunk, vocab] temporaries alive at once in rollout/logprobs.py (measured, torch.profiler): training forward
+# with the entropy metric: chunk and p; backward: 1, in place (7 with an entropy gradient); no-grad: chunk and exp
+CHUNK_TEMPS = {"backward": 2, "backward with entropy": 7, "no grad": 2}
 
 
 @dataclass(frozen=True)
@@ -109,12 +109,10 @@ def lora_params(s: ModelShape, rank: int, targets: list[str]) -> int:
 
 # ---------------------------------------------------------------- learner
 def training_states(n_params: int, trainable: int, dtype: str, zero_stage: int, ranks: int) -> dict[str, float]:
-    """Bytes per rank of weights, gradients and AdamW state (2 moments, 8 B/param). The weights and
-    gradients are float32 in either dtype: bfloat16 is autocast over float32 master weights
-    (rollout.device.compute), which changes activations, not states. ZeRO shards over the ranks:
-    1 the optimizer state, 2 also gradients, 3 also weights. `dtype` is kept for the caller's label."""
-    b = DTYPE_BYTES["float32"]
-    optim = 8 * trainable
+    """Bytes per rank of float32 weights and gradients and AdamW's 2 moments (8 B/param), in either
+    `dtype` (bfloat16 is autocast over float32 weights: it changes activations, not states). ZeRO
+    shards over the ranks: 1 the optimizer state, 2 also gradients, 3 also weights."""
+    b, optim = DTYPE_BYTES["float32"], 8 * trainable
     shard = lambda x, stage: x / ranks if zero_stage >= stage else x  # noqa: E731
     return {"weights": shard(n_params * b, 3), "gradients": shard(trainable * b, 2), "optimizer": shard(optim, 1)}
 

@@ -39,25 +39,40 @@ def chunk_spans(B: int, T: int, chunk_tokens: int) -> Iterator[tuple[slice, slic
                 yield slice(r, r + 1), slice(t, t + chunk_tokens)
 
 
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """A float32 copy of a chunk's logits / temperature, ours to overwrite in place."""
+    x = logits.to(torch.float32, copy=True)
+    return x.div_(temperature) if temperature != 1.0 else x
+
+
 def _chunk_logprobs(logits: Tensor, labels: Tensor, temperature: float, with_entropy: bool):
-    """float32 (log p(label) (b, t), entropy (b, t) or None) of one chunk."""
-    x = logits.float() / temperature
-    # gather - logsumexp and log_softmax, as learner.algorithms' logprobs_from_logits and
-    # entropy_from_logits compute them: the same numbers, chunk by chunk
-    label_logp = x.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, -1)
+    """float32 (log p(label) (b, t), entropy (b, t) or None, logsumexp (b, t)) of one chunk.
+
+    gather - logsumexp, as learner.algorithms' logprobs_from_logits computes it, with or without
+    the entropy (so a forward with the entropy metric gives the very numbers of one without); the
+    entropy from the same log-softmax, x - lse in place. A full-vocabulary pass costs as much as a
+    small model's layer on a CPU: one exp pass in the logsumexp, one for p."""
+    x = _scaled(logits, temperature)
+    lse = torch.logsumexp(x, -1)
+    label_logp = x.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
-        return label_logp, None
-    logp = torch.log_softmax(x, -1)
-    return label_logp, -(logp.exp() * logp).sum(-1)
+        return label_logp, None, lse
+    logp = x.sub_(lse.unsqueeze(-1))  # x is ours: log_softmax in place, then p, then p log p in p
+    return label_logp, -logp.exp().mul_(logp).sum(-1), lse
 
 
 def _chunk_grad(logits: Tensor, labels: Tensor, temperature: float, g_logp: Tensor | None,
-                g_ent: Tensor | None) -> Tensor:
-    """d loss / d logits of one chunk, recomputed from the chunk (float32 (b, t, V)). The terms
-    are those autograd forms for the unchunked functions, in its order, to stay within float32
-    rounding of its gradient: d log p(y) / dx = onehot(y) - p and, through log_softmax,
-    d H / dx = -p (log p + H), with x = logits / temperature."""
-    x = logits.float() / temperature
+                g_ent: Tensor | None, lse: Tensor) -> Tensor:
+    """d loss / d logits of one chunk, recomputed from the chunk (float32 (b, t, V)); `lse` is the
+    forward's logsumexp. d log p(y) / dx = onehot(y) - p and, through log_softmax,
+    d H / dx = -p (log p + H), with x = logits / temperature. Without an entropy gradient (the
+    usual case) it is one exp pass, in place: p = exp(x - lse), then -g p + onehot g."""
+    if g_ent is None and g_logp is not None:
+        p = _scaled(logits, temperature).sub_(lse.unsqueeze(-1)).exp_()
+        g = p.mul_(-g_logp.unsqueeze(-1))
+        g.scatter_add_(-1, labels.unsqueeze(-1), g_logp.unsqueeze(-1))
+        return g.div_(temperature) if temperature != 1.0 else g
+    x = _scaled(logits, temperature)
     g = torch.zeros_like(x)
     if g_ent is not None:
         logp = torch.log_softmax(x, -1)
@@ -66,7 +81,7 @@ def _chunk_grad(logits: Tensor, labels: Tensor, temperature: float, g_logp: Tens
         g = g_logp_ent - p * g_logp_ent.sum(-1, keepdim=True)
     if g_logp is not None:
         g_lse = -g_logp.unsqueeze(-1)
-        g = g + g_lse * (x - torch.logsumexp(x, -1, keepdim=True)).exp()
+        g = g + g_lse * (x - torch.logsumexp(x, -1, keepdim=True)).exp()  # exact: this path is rare (entropy_coef != 0)
         g.scatter_add_(-1, labels.unsqueeze(-1), g_logp.unsqueeze(-1))
     return g / temperature
 
@@ -79,12 +94,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
         B, T = labels.shape
         logprobs = logits.new_empty((B, T), dtype=torch.float32)
         entropy = logits.new_zeros((B, T), dtype=torch.float32)
+        lse = logits.new_empty((B, T), dtype=torch.float32)
         for rows, pos in chunk_spans(B, T, chunk_tokens):
-            lp, ent = _chunk_logprobs(logits[rows, pos], labels[rows, pos], temperature, with_entropy)
+            lp, ent, lse[rows, pos] = _chunk_logprobs(logits[rows, pos], labels[rows, pos], temperature, with_entropy)
             logprobs[rows, pos] = lp
             if ent is not None:
                 entropy[rows, pos] = ent
-        ctx.save_for_backward(logits, labels)  # the logits are alive anyway: no extra memory
+        # the logits are alive anyway: no extra memory; lse is (B, T), and saves backward an exp pass
+        ctx.save_for_backward(logits, labels, lse)
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: skipped
         ctx.temperature, ctx.chunk_tokens, ctx.entropy_grad = temperature, chunk_tokens, with_entropy and entropy_grad
         if not ctx.entropy_grad:
@@ -93,14 +110,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        logits, labels = ctx.saved_tensors
+        logits, labels, lse = ctx.saved_tensors
         g_ent = g_ent if ctx.entropy_grad else None
         grad = torch.empty_like(logits)  # the one full-size gradient, in the logits' dtype
         B, T = labels.shape
         for rows, pos in chunk_spans(B, T, ctx.chunk_tokens):
             grad[rows, pos] = _chunk_grad(logits[rows, pos], labels[rows, pos], ctx.temperature,
                                           None if g_logp is None else g_logp[rows, pos],
-                                          None if g_ent is None else g_ent[rows, pos])
+                                          None if g_ent is None else g_ent[rows, pos], lse[rows, pos])
         return grad, None, None, None, None, None
 
 

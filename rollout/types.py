@@ -65,19 +65,26 @@ def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int
     logits `[:, :-1]`). Position ids are given explicitly: a forward pass that derives them from
     nothing would score left-padded or packed tokens at the wrong positions.
     """
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    B, L = len(lengths), max(lengths, default=1)
+    prompt_len = torch.tensor([len(p) for p in prompt_ids])
+    lengths = prompt_len + torch.tensor([len(r) for r in response_ids], dtype=torch.long)
+    B, L = len(lengths), int(lengths.max()) if len(lengths) else 1
+    columns = torch.arange(L)
+    attention_mask = (columns < lengths[:, None]).long()
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros(B, L, dtype=torch.long)
-    response_mask = torch.zeros(B, max(L - 1, 1))
-    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r, dtype=torch.long)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) - 1: len(p) - 1 + len(r)] = 1.0
+    # one tensor for all tokens, scattered in row-major order (a Python loop of B copies cost more than a small model's forward)
+    input_ids[attention_mask.bool()] = torch.tensor([t for p, r in zip(prompt_ids, response_ids) for t in (*p, *r)],
+                                                    dtype=torch.long)
+    target = columns[: max(L - 1, 1)] + 1  # response_mask[:, j] is about token j + 1
+    response_mask = ((target >= prompt_len[:, None]) & (target < lengths[:, None])).float()
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids, response_mask
 
 
 def unpad(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
     """Rows of `values` where `mask` is set, as ragged lists (e.g. per-token logprobs of responses)."""
-    return [row[m > 0].tolist() for row, m in zip(values, mask)]
+    flat = values[mask > 0].tolist()  # row-major: each row's values in order
+    out, start = [], 0
+    for n in (mask > 0).sum(-1).tolist():
+        out.append(flat[start: start + n])
+        start += n
+    return out

@@ -111,10 +111,13 @@ def test_the_learner_moves_every_batch_it_computes_on(tiny_model, spy):
     rank = SimpleNamespace(policy_engine=Engine(), critic_engine=None, algo=algo, rank=0, world=1, grad_accum=1,
                            device=torch.device("cpu"), kl_ctl=SimpleNamespace(value=0.01), temperature=1.0,
                            cfg=SimpleNamespace(logprob_chunk_tokens=16))
-    rank._policy_loss = lambda mb, total, agg: Learner._policy_loss(rank, mb, total, agg)
-    sums = defaultdict(float)
-    Learner._train_mini_batch(rank, exp, torch.arange(8), sums)
-    assert sums["loss/policy"] == sums["loss/policy"]  # ran, and was finite
+    rank.sampling = sampling
+    rank._policy_loss = lambda mb, total, agg, fill=None, idx=None: Learner._policy_loss(rank, mb, total, agg, fill, idx)
+    rank._fill_old = lambda *args: Learner._fill_old(rank, *args)
+    for one_pass in (False, True):  # old logprobs recomputed, or taken from this forward (experience.single_pass)
+        sums = defaultdict(float)
+        Learner._train_mini_batch(rank, exp, torch.arange(8), sums, one_pass)
+        assert sums["loss/policy"] == sums["loss/policy"]  # ran, and was finite
 
 
 def test_the_scoring_models_get_their_inputs_on_their_device(tiny_model, spy, tmp_path):

@@ -122,11 +122,11 @@ def test_ppo_llama_8b_on_80gb_by_hand(capsys):
     # critic from the RM: 8.03B - 0.525B LM head = 7.505B: 4 B / 16 = 1.88 GB, 8 B / 16 = 3.75 GB
     assert rows["critic weights"] == "1.88 GB" and rows["critic optimizer"] == "3.75 GB"
     # logits (chunked): bf16 2 x 2048 x 128256 x 2 B = 1.05 GB, and its gradient 1.05 GB; 2048 tokens > 1024:
-    # chunks of 1024 tokens, 4 float32 temporaries (entropy_coef 0) 4 x 1024 x 128256 x 4 B = 2.10 GB -> 4.20 GB
-    assert rows["policy logits"] == "4.20 GB"
+    # chunks of 1024 tokens, 2 float32 temporaries (entropy_coef 0) 2 x 1024 x 128256 x 4 B = 1.05 GB -> 3.15 GB
+    assert rows["policy logits"] == "3.15 GB"
     # checkpointed: 2 x 2048 x (32 x 4096 + 8 x 4096 + 5 x 14336 + 2 x 4096) x 2 B = 2.00 GB
-    # total: 2.01 + 2.01 + 4.02 + 0.87 + 2.00 + 4.20 + critic 1.88 + 1.88 + 3.75 + 0.87 + 2.00 = 25.49 GB (25.48 unrounded)
-    assert rows["policy activations"] == "2.00 GB" and rows["total"] == "25.48 GB"
+    # total: 2.01 + 2.01 + 4.02 + 0.87 + 2.00 + 3.15 + critic 1.88 + 1.88 + 3.75 + 0.87 + 2.00 = 24.44 GB (24.43 unrounded)
+    assert rows["policy activations"] == "2.00 GB" and rows["total"] == "24.43 GB"
     # vLLM, TP 2: 16.06 GB bf16 / 2 = 8.03 GB; KV 0.85 x 80 - 8.03 = 59.97 GB at 65,536 B/token
     assert rows["vLLM weights"] == "8.03 GB" and rows["vLLM KV cache"] == "59.97 GB" and "915,066 tokens" in out
     # scoring on its own GPU: reference float32 weights computed in bf16 (as the policy), 8.03B x 4 B = 32.12 GB,
@@ -134,7 +134,7 @@ def test_ppo_llama_8b_on_80gb_by_hand(capsys):
     # chunks 2 x 1024 x 128256 x 4 B = 1.05 GB = 9.46 GB; 56.59 GB in all
     assert rows["reference weights"] == "32.12 GB" and rows["reward model 0 weights"] == "15.01 GB"
     assert rows["reference logits"] == "9.46 GB"
-    assert _devices(out) == {"learner GPU (1 rank(s) each)": "25.48 GB", "rollout GPU (1 worker(s) each)": "68.00 GB",
+    assert _devices(out) == {"learner GPU (1 rank(s) each)": "24.43 GB", "rollout GPU (1 worker(s) each)": "68.00 GB",
                              "scoring GPU (reference + reward models)": "56.59 GB"}  # nothing left on the host
     assert "verdict: fits" in out
 
@@ -147,8 +147,8 @@ def test_grpo_qwen_preset_by_hand(capsys):
     assert "rollout worker (x3, per device)" in out and "learner rank (x4)" in out
     assert "scoring service (GPU: cluster.gpus_per_scoring 1)" in out
     # policy logits: bf16 8 x 1536 x 151936 x 2 B = 3.73 GB, x 2 with the gradient = 7.47 GB; rows of 1536
-    # tokens > 1024: chunks of 1024, 4 x 1024 x 151936 x 4 B = 2.49 GB -> 9.96 GB
-    assert rows["policy logits"] == "9.96 GB"
+    # tokens > 1024: chunks of 1024, 2 x 1024 x 151936 x 4 B = 1.24 GB -> 8.71 GB
+    assert rows["policy logits"] == "8.71 GB"
     # reference: 494.03M x 4 B (float32 weights) = 1.98 GB; logits 16 x 1536 x 151936 x 2 B = 7.47 GB
     # + 2 x 1024 x 151936 x 4 B = 1.24 GB -> 8.71 GB; 10.69 GB on the scoring GPU
     assert rows["reference weights"] == "1.98 GB" and rows["reference logits"] == "8.71 GB"
@@ -163,9 +163,10 @@ def test_scoring_joins_the_colocated_gpu(capsys):
     devices = _devices(capsys.readouterr().out)
     assert list(devices) == ["GPU awake: vLLM + learner states + scoring", "GPU asleep: learner update + scoring weights"]
     # awake: vLLM 68.00 + learner states (ZeRO-2 over 4, float32 master) 1.98 + 0.49 + 0.99 = 3.46 + scoring 10.69
-    # = 82.15 GB (over 72); asleep: learner 14.76 + reference weights 1.98 = 16.74 GB
+    # = 82.15 GB (over 72); asleep: learner 13.52 (logits 1.25 GB below the old 4-temporary backward) + reference
+    # weights 1.98 = 15.49 GB (15.50 from rounded parts)
     assert devices["GPU awake: vLLM + learner states + scoring"] == "82.15 GB"
-    assert devices["GPU asleep: learner update + scoring weights"] == "16.74 GB"
+    assert devices["GPU asleep: learner update + scoring weights"] == "15.49 GB"
     # without a GPU it is back in host memory, next to nothing else
     assert main(base + ["cluster.gpus_per_scoring=0"]) == 0
     devices = _devices(capsys.readouterr().out)

@@ -174,3 +174,21 @@ def test_a_tensor_marked_transposed_travels_transposed_and_arrives_in_its_own_la
     assert torch.equal(flats[0][15:], weights["bias"])
     for name, t in weights.items():  # handed to a loader: the Hugging Face layout again
         assert received[name].shape == t.shape and torch.equal(received[name], t)
+
+
+def test_pack_unpad_and_ragged_to_dense_by_hand():
+    """Prompt + response rows right-padded in one scatter; the response mask lines up with the
+    logits [:, :-1] (position j predicts token j + 1); unpad and ragged_to_dense invert each other."""
+    from learner.experience import ragged_to_dense
+    from rollout.types import pack, unpad
+
+    ids, attention, positions, response = pack([[1, 2], [3]], [[4], [5, 6, 7]], pad_id=0)
+    assert ids.tolist() == [[1, 2, 4, 0], [3, 5, 6, 7]]
+    assert attention.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert positions.tolist() == [[0, 1, 2, 2], [0, 1, 2, 3]]
+    assert response.tolist() == [[0.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    values = torch.tensor([[9.0, 0.5, 9.0], [0.25, 1.5, 2.5]])
+    assert unpad(values, response) == [[0.5], [0.25, 1.5, 2.5]]
+    assert torch.equal(ragged_to_dense([[0.5], [0.25, 1.5, 2.5]], response), values * response)
+    with pytest.raises(ValueError, match="row lengths"):
+        ragged_to_dense([[0.5, 1.0], [0.25]], response)
