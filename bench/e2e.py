@@ -33,7 +33,7 @@ ACCURACY = "eval/greedy/reward/accuracy"
 def run_relay(cfg, steps: int) -> dict:
     trainer = Trainer(cfg)
     try:
-        before = trainer.evaluate()[ACCURACY]
+        before = trainer.evaluate().get(ACCURACY, float("nan"))  # nan with eval.greedy: false
         rows = []
         for _ in range(steps):
             m = trainer.train_step()
@@ -41,7 +41,7 @@ def run_relay(cfg, steps: int) -> dict:
             rows.append({"generate": m["timing/generate"], "score": m["timing/score"], "sync": m["timing/sync"],
                          "update": m["timing/update"] + m["timing/sync"], "total": m["timing/total"],
                          "gap": m["rollout/logprob_gap"]})
-        after = trainer.evaluate()[ACCURACY]
+        after = trainer.evaluate().get(ACCURACY, float("nan"))
     finally:
         trainer.shutdown()
         ray.shutdown()

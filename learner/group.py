@@ -11,24 +11,29 @@ from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.worker import Learner, node_address
 from rollout.config import SamplingConfig
+from rollout.device import malloc_env
 from rollout.weight_sync import encode_plan
 
 
-def rank_options(num_cpus: float, num_gpus: float, threads: int, resources: dict[str, float] | None = None) -> dict:
-    """Ray options of one learner rank. `resources`: custom Ray resources it requires (placement knobs)."""
+def rank_options(num_cpus: float, num_gpus: float, threads: int, resources: dict[str, float] | None = None,
+                 env: dict[str, str] | None = None) -> dict:
+    """Ray options of one learner rank. `resources`: custom Ray resources it requires (placement knobs);
+    `env`: more environment (rollout.device.malloc_env)."""
     return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources or {}),
             "runtime_env": {"env_vars": {"DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
-                                         "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}}}
+                                         "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+                                         **(env or {})}}}
 
 
 def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                threads: int = 0, scheduling: list | None = None, resources: dict[str, float] | None = None) -> list:
+                threads: int = 0, scheduling: list | None = None, resources: dict[str, float] | None = None,
+                env: dict[str, str] | None = None) -> list:
     """One Ray actor per DeepSpeed rank, `actor_cls(*make_args(rank, addr, port, threads))`, all ready.
     The ranks rendezvous at addr:port on rank 0's node, which every rank needs before it is built:
     a probe task placed as rank 0 (same bundle or resources) finds that node, its IP and a free port
     there; rank 0 is then pinned to it (a placement-group bundle already is)."""
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-    options = rank_options(num_cpus, num_gpus, threads, resources)
+    options = rank_options(num_cpus, num_gpus, threads, resources, env)
     place = [{"scheduling_strategy": s} for s in scheduling] if scheduling else [{}] * world_size
     probe = {k: v for k, v in options.items() if k != "runtime_env"} | place[0]
     node, addr, port = ray.get(ray.remote(node_address).options(**probe).remote())
@@ -45,13 +50,14 @@ def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, nu
 class LearnerGroup:
     def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, world_size: int, seed: int,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0, scheduling: list | None = None,
-                 resources: dict[str, float] | None = None):
+                 resources: dict[str, float] | None = None, keep_freed_memory: bool = False):
         """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt);
-        `scheduling`/`resources`: where the ranks go (start_ranks)."""
+        `scheduling`/`resources`: where the ranks go (start_ranks); keep_freed_memory: see
+        rollout.device.malloc_env."""
         self.ranks = start_ranks(
             Learner, world_size,
             lambda rank, addr, port, threads: (cfg, algo, sampling, rank, world_size, addr, port, seed, threads),
-            num_cpus, num_gpus, threads or cfg.threads, scheduling, resources)
+            num_cpus, num_gpus, threads or cfg.threads, scheduling, resources, malloc_env(keep_freed_memory, num_gpus > 0))
 
     def _all(self, method: str, *args):
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])

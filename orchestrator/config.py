@@ -25,6 +25,7 @@ class ClusterConfig:
     gpus_per_learner: float = 0.0  # GPUs per learner rank (a fraction shares one); 0 = CPU
     gpus_per_scoring: float = 0.0  # GPUs of the scoring service (reference and reward models); 0 = CPU
     max_restarts: int = 2  # Ray restarts of a dead rollout/scoring actor before the run fails
+    cpu_keep_freed_memory: bool = True  # CPU roles reuse freed memory (glibc malloc without mmap or trim): a step's big tensors no longer page-fault anew; each process keeps its peak memory
     rollout_resource: str = ""  # a custom Ray resource each rollout worker requires one unit of (a node started with --resources '{"rollout_node": 8}' hosts 8); "" = any node
     learner_resource: str = ""  # likewise for each learner rank (e.g. "learner_node"); "" = any node
     scoring_resource: str = ""  # likewise for the scoring service (e.g. "scoring_node"); "" = any node

@@ -24,6 +24,7 @@ from orchestrator.builtin_models import resolve_model_path
 from orchestrator.signals import StopRequest, Stopped
 from orchestrator.tracking import Tracker
 from reward_service.service import ScoringService
+from rollout.device import malloc_env
 from rollout.pool import RolloutPool
 from rollout.types import RolloutBatch
 
@@ -59,10 +60,12 @@ class Trainer:
                                    num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
                                    sleep_mode=self.sleep_engines, scheduling=place[: c.rollout_workers] if place else None,
                                    resources=unit(c.rollout_resource) if free else None,
-                                   step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt)
+                                   step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt,
+                                   keep_freed_memory=c.cpu_keep_freed_memory)
         self.scoring = ray.remote(ScoringService).options(
             num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,  # retried by _scoring
             resources=unit(c.scoring_resource) if free else {},
+            runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0)},
             **({"scheduling_strategy": place[-1]} if place else {})).remote(
                 self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, scoring_threads(c),
                 self.cfg.learner.logprob_chunk_tokens)
@@ -70,7 +73,8 @@ class Trainer:
         self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, self.cfg.rollout.sampling, c.learner_ranks,
                                     self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
                                     scheduling=place[c.rollout_workers: -1] if place else None,
-                                    resources=unit(c.learner_resource) if free else None)
+                                    resources=unit(c.learner_resource) if free else None,
+                                    keep_freed_memory=c.cpu_keep_freed_memory)
         self._scoring_state = ray.get(self.scoring.state_dict.remote())
         self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
         self.wire_planned = False

@@ -55,3 +55,15 @@ def compute(dtype: str, device: torch.device):
     after the context, follows the forward's dtypes (PyTorch's AMP rule). The learner, the reference
     and the SFT/RM stages all use it, so their logprobs are the same function."""
     return torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+
+
+def malloc_env(keep_freed_memory: bool, gpu: bool) -> dict[str, str]:
+    """Environment for a role's process. keep_freed_memory on a CPU process: glibc malloc serves
+    every allocation from its heap (no mmap) and never trims it, so the large tensors a step
+    allocates again and again (logits, their float32 chunks, gradients) reuse memory instead of
+    being mapped, page-faulted and zeroed anew each time: measured on SmolLM2, the scoring
+    service spent 1.6-3.9 s of a 3-6 s phase in the kernel, and the learner 4-14 s of an update.
+    The cost: a process keeps its peak memory until it exits. GPU processes keep glibc's default."""
+    if not keep_freed_memory or gpu:
+        return {}
+    return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**46)}

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import ray
 
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.device import collective_backend
+from rollout.device import collective_backend, malloc_env
 from rollout.engine import engine_env
 from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import TensorMeta, encode_plan
@@ -44,14 +44,15 @@ class RolloutPool:
     def __init__(self, cfg: RolloutConfig, model_path: str, num_workers: int, seed: int,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 0,
                  sleep_mode: bool = False, scheduling: list | None = None, resources: dict[str, float] | None = None,
-                 step_samples: int = 0):
+                 step_samples: int = 0, keep_freed_memory: bool = False):
         """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles);
         `resources`: custom Ray resources each worker requires (e.g. {"rollout_node": 1});
-        `step_samples`: samples of one training step (sizes the engines' batch, rollout.engine.engine_batch)."""
+        `step_samples`: samples of one training step (sizes the engines' batch, rollout.engine.engine_batch);
+        keep_freed_memory: see rollout.device.malloc_env."""
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
-        env = engine_env(cfg, threads, gpu=num_gpus > 0)
+        env = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(keep_freed_memory, num_gpus > 0)
         self.workers = []
         for i in range(num_workers):
             options = worker_options(num_cpus, num_gpus, max_restarts, env, resources)
