@@ -14,12 +14,9 @@ import ray
 
 
 @contextmanager
-def profiled(roles: dict, out_dir: Path, timings: dict[str, float], on: bool = True):
+def profiled(roles: dict, out_dir: Path, timings: dict[str, float]):
     """Profile every actor in `roles` (name -> actor with rollout.profiling.Profiled) and this process
     around the block; afterwards write the files above, with `timings` (filled by the block) as the phases."""
-    if not on:
-        yield
-        return
     out_dir.mkdir(parents=True, exist_ok=True)
     ray.get([actor.profile.remote(True) for actor in roles.values()])
     driver = cProfile.Profile()

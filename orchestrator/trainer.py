@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
 
@@ -137,8 +138,8 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         t: dict[str, float] = {}
-        with profiled(self.roles(), self.run_dir / "profile", t, on=self.step + 1 == self.cfg.logging.profile_step), \
-                timed(t, "total"):
+        profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
+        with profiled(self.roles(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
             with timed(t, "generate"):
                 batch, examples = self.generate()
             with timed(t, "score"):

@@ -156,7 +156,8 @@ def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(slee
     engines = SimpleNamespace(sleep=lambda: calls.append("sleep"), wake_up=lambda: calls.append("wake_up"))
     stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
     loop = SimpleNamespace(
-        cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False)), step=0, counters={}, sleep_engines=sleep,
+        cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0)),
+        step=0, counters={}, sleep_engines=sleep,
         generate=lambda: (calls.append("generate"), (batch, [{}, {}]))[1],
         score=lambda b, e: (calls.append("score"), scored)[1],
         rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled)),

@@ -116,7 +116,8 @@ def test_the_service_scores_what_the_stage_forward_computes(tmp_path, rm_dir):
     rows = [{"prompt": "12+3=", "chosen": "15", "rejected": "0"}, {"prompt": CHAT, "chosen": "1", "rejected": "0"}]
     batch, _ = encode_rm(tok, rows, stage(tmp_path, False))
     with torch.no_grad():
-        trained = SupervisedLearner._reward(SimpleNamespace(engine=model), batch["chosen_ids"], batch["chosen_attention"])
+        stage_rank = SimpleNamespace(engine=model, cfg=SimpleNamespace(dtype="float32"), device=torch.device("cpu"))
+        trained = SupervisedLearner._reward(stage_rank, batch["chosen_ids"], batch["chosen_attention"])
     scores = source.score(["x", "x"], ["15", "1"], [{"prompt": r["prompt"]} for r in rows])
     assert scores == pytest.approx(((trained - 0.5) / 2.0).tolist(), abs=1e-5)
     assert abs(scores[0] - scores[1]) > 1e-4  # the two inputs really differ
