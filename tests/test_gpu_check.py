@@ -17,7 +17,8 @@ def test_gpu_check_runs_every_section_on_the_cpu():
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     by = {(r["section"], r.get("zero_stage")): r for r in rows}
-    assert by[("logprobs", None)]["max_diff_logprobs"] < 1e-6 and by[("logprobs", None)]["max_diff_entropy"] < 1e-6
+    # the entropy (~6.9 nats here) is p log p over x - lse where the unchunked core uses log_softmax: float32 rounding
+    assert by[("logprobs", None)]["max_diff_logprobs"] < 1e-6 and by[("logprobs", None)]["max_diff_entropy"] < 1e-5
     assert by[("scoring", None)]["max_diff_vs_cpu_float32"] < 1e-5
     assert by[("sync", None)]["backend"] == "gloo" and by[("sync", None)]["arrived"]
     for zero in (0, 2):
