@@ -131,12 +131,12 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
     input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, pad_id)
     valid = torch.tensor(scored.valid, dtype=torch.float32)[:, None]
     mask = response_mask * valid
+    ref, behaviour = ragged_to_dense(scored.ref_logprobs, response_mask), ragged_to_dense(batch.logprobs, response_mask)
+    scores = torch.tensor(scored.rewards, dtype=torch.float32)
     if not recompute:
         zeros = torch.zeros_like(mask)
-        scores = torch.tensor(scored.rewards, dtype=torch.float32)
         adv, _ = advantages(cfg, scores, zeros, kl_coef, mask, None, sampling.n_samples_per_prompt, valid[:, 0] > 0)
-        return Experience(input_ids, attention_mask, position_ids, mask, zeros, ragged_to_dense(scored.ref_logprobs, response_mask),
-                          ragged_to_dense(batch.logprobs, response_mask), zeros.clone(), None, adv, None)
+        return Experience(input_ids, attention_mask, position_ids, mask, zeros, ref, behaviour, zeros.clone(), None, adv, None)
 
     @torch.no_grad()
     def forward(rows):
@@ -160,13 +160,11 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
     inverse = torch.argsort(order)
     old_logprobs, old_values, filtered = (None if x is None else x[inverse] for x in (old_logprobs, old_values, filtered))
     old_logprobs = old_logprobs * response_mask
-    ref = ragged_to_dense(scored.ref_logprobs, response_mask)
     kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)
-    scores = torch.tensor(scored.rewards, dtype=torch.float32)
     needs_values = cfg.estimator == Estimator.gae
     adv, returns = advantages(cfg, scores, kl, kl_coef, mask, old_values if needs_values else None,
                               sampling.n_samples_per_prompt, valid[:, 0] > 0)
     sampler_logprobs = old_logprobs if filtered is None else torch.where(response_mask > 0, filtered, 0.0)
     return Experience(input_ids, attention_mask, position_ids, mask, old_logprobs, ref,
-                      ragged_to_dense(batch.logprobs, response_mask), sampler_logprobs,
+                      behaviour, sampler_logprobs,
                       old_values if needs_values else None, adv, returns)
