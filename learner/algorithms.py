@@ -1,12 +1,10 @@
-"""The RL math of relay: advantage estimators, policy/value losses, KL estimators and controllers.
+"""The RL math of relay: advantage estimators, policy/value losses, KL estimators, off-policy corrections.
 
 Pure functions on tensors. Shapes: B = samples, T = response tokens. Every token-level function takes
 `mask` (B, T), 1.0 on response tokens and 0.0 on padding, and padding never changes a result.
 This module imports torch and nothing distributed, no model and no config (tests/test_architecture.py).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -256,18 +254,22 @@ def ppo_policy_loss(
     clip_eps_high: float | None = None,
     aggregation: str = "token_mean",
     total: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), negated to be minimised.
 
     `advantages` is per token (B, T); broadcast an outcome advantage with `adv[:, None] * mask`.
-    clip_eps_high (DAPO's clip-higher) defaults to clip_eps.
+    clip_eps_high (DAPO's clip-higher) defaults to clip_eps. `weights` (B, T), detached, multiply
+    each token's term (off-policy correction, `off_policy_weights`); a zero weight keeps the token in
+    the denominator, as AReaL and IcePop do, so masking tokens does not rescale the others.
     """
     log_ratio = torch.where(mask > 0, logprobs.float() - old_logprobs.float(), 0.0)
     ratio = log_ratio.exp()
     high = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation, total)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = aggregate(per_token if weights is None else per_token * weights, mask, aggregation, total)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean((clipped > unclipped).float(), mask),
@@ -295,44 +297,71 @@ def ppo_value_loss(
     return 0.5 * aggregate(loss_tok, mask, aggregation, total), {"vf_clip_frac": clip_frac.detach()}
 
 
-# ---------------------------------------------------------------- KL coefficient controllers
+# ---------------------------------------------------------------- off-policy correction
+# The samples come from a behaviour policy mu: the engine that sampled them, some policy versions
+# behind in asynchronous training and numerically apart from the learner always (another kernel,
+# another dtype). PPO's ratio is taken to the proximal policy pi_prox, the learner's weights at the
+# start of the update (the old logprobs, which relay always recomputes); these weights carry the
+# estimate from mu to pi_prox. Each correction: (ratio pi_prox/mu (B, T), mask, cap, low, high) ->
+# (weights (B, T), 1.0 where the correction cut the ratio).
 
 
-class FixedKLController:
-    def __init__(self, kl_coef: float):
-        self.value = float(kl_coef)
+def behaviour_ratio(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, level: str = "token") -> Tensor:
+    """pi_prox/mu per token (level "token"), or per sequence broadcast over its tokens: the product of
+    its token ratios ("sequence") or their geometric mean ("geometric"). 1 on padding; log-ratios
+    are clamped to +-20 so a sequence product cannot overflow."""
+    log_ratio = torch.where(mask > 0, prox_logprobs.float() - behaviour_logprobs.float(), 0.0)
+    if level == "sequence":
+        log_ratio = masked_sum(log_ratio, mask, dim=-1)[:, None].expand_as(log_ratio)
+    elif level == "geometric":
+        log_ratio = masked_mean(log_ratio, mask, dim=-1)[:, None].expand_as(log_ratio)
+    elif level != "token":
+        raise ValueError(f"unknown off-policy level {level!r}; expected token, sequence or geometric")
+    return torch.where(mask > 0, log_ratio.clamp(-20.0, 20.0).exp(), 1.0)
 
-    def update(self, current_kl: float, n_steps: int) -> None:
-        pass
 
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
+def truncated_is(ratio: Tensor, mask: Tensor, cap: float, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """TIS (Yao et al. 2025): the ratio, truncated at `cap`."""
+    return ratio.clamp(max=cap), ((ratio > cap) & (mask > 0)).float()
 
 
-class AdaptiveKLController:
-    """Ziegler et al. 2019: move the coefficient towards `target` KL, proportionally, error clipped
-    to +-20%, at a rate of n_steps / horizon per update. Its value is checkpointed with the run.
+def icepop(ratio: Tensor, mask: Tensor, cap: float, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """IcePop (Ling team, Ring-1T 2025): the ratio where it lies in [low, high], 0 outside: tokens (or
+    whole sequences, with a sequence level) the two policies disagree on too much teach nothing."""
+    outside = ((ratio < low) | (ratio > high)) & (mask > 0)
+    return torch.where(outside, 0.0, ratio), outside.float()
 
-    The KL is per sequence (`sequence_kl`: summed over a response's tokens, averaged over samples),
-    the unit of Ziegler et al.'s and TRL's targets (6.0 in their sentiment runs)."""
 
-    def __init__(self, init_kl_coef: float, target: float, horizon: int):
-        self.value, self.target, self.horizon = float(init_kl_coef), float(target), int(horizon)
+def decoupled(ratio: Tensor, mask: Tensor, cap: float, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """Decoupled PPO (Hilton et al. 2021; AReaL, Fu et al. 2025): the ratio as it is, with the tokens
+    above `cap` masked out rather than truncated."""
+    over = (ratio > cap) & (mask > 0)
+    return torch.where(over, 0.0, ratio), over.float()
 
-    def update(self, current_kl: float, n_steps: int) -> None:
-        if not math.isfinite(current_kl):
-            return  # a broken measurement must not wreck the coefficient
-        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)  # current_kl: `sequence_kl`
-        self.value *= 1.0 + error * n_steps / self.horizon
 
-    def state_dict(self) -> dict:
-        return {"value": self.value, "target": self.target, "horizon": self.horizon}
+OFF_POLICY_CORRECTIONS = {"tis": truncated_is, "icepop": icepop, "decoupled": decoupled}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.value, self.target, self.horizon = float(state["value"]), float(state["target"]), int(state["horizon"])
+
+def off_policy_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, kind: str, level: str = "token",
+                       cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> Tensor | None:
+    """The detached per-token weights of `kind` (a key of OFF_POLICY_CORRECTIONS), 0 on padding,
+    for ppo_policy_loss; None for "none" (plain PPO on the proximal ratio)."""
+    if kind == "none":
+        return None
+    ratio = behaviour_ratio(prox_logprobs.detach(), behaviour_logprobs, mask, level)
+    weights, _ = OFF_POLICY_CORRECTIONS[kind](ratio, mask, cap, low, high)
+    return torch.where(mask > 0, weights, 0.0)
+
+
+def ratio_stats(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, kind: str, level: str = "token",
+                cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> dict[str, float]:
+    """What a user watches of pi_prox/mu at `level`: its mean and max over tokens, and the fraction of
+    tokens `kind` truncated or masked (0 for "none")."""
+    ratio = behaviour_ratio(prox_logprobs, behaviour_logprobs, mask, level)
+    cut = OFF_POLICY_CORRECTIONS[kind](ratio, mask, cap, low, high)[1] if kind != "none" else torch.zeros_like(mask)
+    inside = mask > 0
+    return {"ratio_mean": float(masked_mean(ratio, mask)), "ratio_max": float(ratio[inside].max()) if inside.any() else 1.0,
+            "clipped_frac": float(masked_mean(cut, mask))}
 
 
 # ----------------------------------------------------------------------------- SFT and reward models

@@ -36,6 +36,30 @@ class LossAggregation(str, Enum):
     seq_mean = "seq_mean"  # mean over tokens of each sequence, then over sequences (GRPO paper)
 
 
+class OffPolicyKind(str, Enum):
+    none = "none"  # plain PPO on the ratio to the proximal policy (the learner at the update's start)
+    tis = "tis"  # truncated importance sampling: each token's loss times min(pi_prox/mu, cap)
+    icepop = "icepop"  # IcePop: times pi_prox/mu inside [low, high], 0 outside
+    decoupled = "decoupled"  # decoupled PPO (AReaL): times pi_prox/mu, tokens above cap masked
+
+
+class RatioLevel(str, Enum):
+    token = "token"  # each token's own ratio
+    sequence = "sequence"  # the product of the sequence's token ratios, for all its tokens
+    geometric = "geometric"  # their geometric mean, for all its tokens
+
+
+@dataclass
+class OffPolicyConfig:
+    """Correction for samples drawn by a policy other than the learner's: engines some versions behind
+    (async_training) and numerically apart (another kernel or dtype). mu = the engine's logprobs."""
+    correction: OffPolicyKind = OffPolicyKind.none  # none, tis, icepop or decoupled (see learner/algorithms.py)
+    level: RatioLevel = RatioLevel.token  # the ratio pi_prox/mu per token, per sequence (product) or geometric mean
+    cap: float = 2.0  # tis: weights truncated at this; decoupled: tokens whose ratio exceeds it are masked
+    low: float = 0.5  # icepop: ratios below this are masked
+    high: float = 2.0  # icepop: ratios above this are masked
+
+
 @dataclass
 class AlgorithmConfig:
     estimator: Estimator = Estimator.grpo  # advantage estimator: gae (PPO with a critic), grpo, rloo or reinforce_baseline
@@ -61,6 +85,7 @@ class AlgorithmConfig:
     ppo_epochs: int = 1  # passes over each step's batch
     mini_batch_size: int = 16  # samples per optimizer step, all ranks together; must divide the step's samples
     micro_batch_size: int = 8  # samples per forward/backward on one learner rank
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)  # importance correction towards the behaviour policy
 
 
 class ValueHead(str, Enum):

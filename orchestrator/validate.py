@@ -106,6 +106,11 @@ def _algorithm(cfg):
         yield "algorithm.ppo_epochs", f"must be >= 1, got {a.ppo_epochs}"
     if a.init_kl_coef < 0:
         yield "algorithm.init_kl_coef", f"must be >= 0, got {a.init_kl_coef}"
+    o = a.off_policy
+    if o.cap <= 0:
+        yield "algorithm.off_policy.cap", f"must be > 0, got {o.cap}"
+    if not 0 <= o.low < 1 < o.high:
+        yield "algorithm.off_policy.low", f"need 0 <= low < 1 < high, got low {o.low}, high {o.high}"
     if a.kl_controller == KLControllerKind.adaptive:
         if a.target_kl <= 0:
             yield "algorithm.target_kl", f"the adaptive controller needs a target > 0, got {a.target_kl}"
@@ -160,6 +165,12 @@ def _cluster(cfg):
     if cfg.rollout.dtype != cfg.learner.dtype.value:
         yield "rollout.dtype", (f"{cfg.rollout.dtype} differs from learner.dtype ({cfg.learner.dtype.value}): the "
                                 "behaviour logprobs would drift from the learner's; sample in the learner's dtype")
+    a = cfg.async_training
+    if a.max_staleness < 1:
+        yield "async_training.max_staleness", f"must be >= 1 (mode sync trains on fresh samples), got {a.max_staleness}"
+    if a.mode.value != "sync" and c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:
+        yield "async_training.mode", ("engines colocated with the learner on GPUs sleep while it trains, so nothing can "
+                                      "overlap: use mode sync, or cluster.colocate false")
     for key in ("rollout_workers", "learner_ranks"):
         if getattr(c, key) < 1:
             yield f"cluster.{key}", f"must be >= 1, got {getattr(c, key)}"
