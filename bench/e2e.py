@@ -4,6 +4,14 @@ each reaches (issue 16).
 
     .venv/bin/python -m bench.e2e [--config configs/grpo_tiny_cpu.yaml] [--steps 12] [--relay-only] [key=value ...]
 
+With --modes, relay alone runs once per async_training mode and seed instead (issue 17):
+
+    .venv/bin/python -m bench.e2e --modes sync,one_step,full:1,full:2 --seeds 0,1,2 --steps 25 [key=value ...]
+
+and prints steps/s, completions/s, each role's idle share and the held-out accuracy after the same
+number of samples (every mode trains on the same prompts, in the same order). In the async modes the
+engines and the learner get separate halves of the cores (orchestrator.placement.cpu_threads).
+
 Relay runs through the real stack (vLLM worker, scoring service, DeepSpeed rank, colocated on this
 machine), then shuts down before the baseline starts, so each has every core. The first 2 steps
 of each are warm-up; medians over the rest. Phases compared: generate; score (reference logprobs +
@@ -48,6 +56,62 @@ def run_relay(cfg, steps: int) -> dict:
     return {"rows": rows, "before": before, "after": after}
 
 
+def run_mode(cfg, steps: int, warmup: int) -> dict:
+    """One run of `cfg` with eval before and after; step rates from the wall clock between step
+    ends after the warm-up (in async modes a step's own timer misses the overlap)."""
+    trainer = Trainer(cfg)
+    try:
+        before = trainer.evaluate()
+        ends, rows = [], []
+        for _ in range(steps):
+            rows.append(trainer.train_step())
+            trainer.step += 1
+            ends.append(time.perf_counter())
+        trainer.channel.settle()
+        after = trainer.evaluate()
+    finally:
+        trainer.shutdown()
+        ray.shutdown()
+    step_s = (ends[-1] - ends[warmup - 1]) / (steps - warmup)
+    idle = {role: statistics.median(r[f"pipeline/idle/{role}"] for r in rows[warmup:])
+            for role in ("rollout", "scoring", "learner")}
+    return {"steps_per_s": 1 / step_s, "completions_per_s": len_samples(cfg) / step_s, "idle": idle,
+            "staleness": statistics.fmean(r["async/staleness_mean"] for r in rows),
+            "accuracy": [before.get(ACCURACY, float("nan")), after.get(ACCURACY, float("nan"))],
+            "sampled_reward": after["eval/sampled/reward/mean"]}
+
+
+def len_samples(cfg) -> int:
+    return cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt
+
+
+def compare_modes(config: str, modes: list[str], seeds: list[int], steps: int, warmup: int, overrides: list[str]) -> dict:
+    out = {}
+    for mode in modes:
+        name, _, staleness = mode.partition(":")
+        extra = [f"async_training.mode={name}"] + ([f"async_training.max_staleness={staleness}"] if staleness else [])
+        for seed in seeds:
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = load_config(config, [f"total_steps={steps}", f"run_root={tmp}", "logging.wandb.mode=disabled",
+                                           "logging.progress_bar=false", f"seed={seed}", *extra, *overrides])
+                cfg.learner.model_path = resolve_model_path(cfg.learner.model_path, str(REPO / "runs"))
+                out[(mode, seed)] = run_mode(cfg, steps, warmup)
+            print(mode, seed, json.dumps(out[(mode, seed)]), flush=True)
+    base = statistics.median(out[(modes[0], s)]["steps_per_s"] for s in seeds)
+    print(f"\n{Path(config).stem}: {steps} steps, medians over seeds {seeds} (accuracy: each seed)")
+    print("| mode | steps/s | vs first | completions/s | idle rollout / scoring / learner | staleness | held-out greedy acc. after |")
+    print("|---|---|---|---|---|---|---|")
+    for mode in modes:
+        runs = [out[(mode, s)] for s in seeds]
+        med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
+        sps = med(lambda r: r["steps_per_s"])
+        idle = " / ".join(f"{med(lambda r: r['idle'][k]):.2f}" for k in ("rollout", "scoring", "learner"))
+        acc = ", ".join(f"{r['accuracy'][1]:.3f}" for r in runs)
+        print(f"| {mode} | {sps:.3f} | {sps / base:.2f}x | {med(lambda r: r['completions_per_s']):.1f} | {idle} | "
+              f"{med(lambda r: r['staleness']):.2f} | {acc} |")
+    return {f"{m}/{s}": v for (m, s), v in out.items()}
+
+
 def report(cfg_name: str, relay: dict, base: dict | None, dtype: str, warmup: int) -> dict:
     r = medians(relay["rows"], ("generate", "score", "update", "sync", "total"), warmup)
     b = medians(base["rows"], warmup=warmup) if base else {}
@@ -76,9 +140,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
     p.add_argument("--relay-only", action="store_true", help="skip the baseline loop")
+    p.add_argument("--modes", default="", help="compare async_training modes instead, e.g. sync,one_step,full:2")
+    p.add_argument("--seeds", default="0", help="with --modes: comma-separated seeds")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     start = time.perf_counter()
+    if args.modes:
+        out = compare_modes(args.config, args.modes.split(","), [int(s) for s in args.seeds.split(",")], args.steps,
+                            args.warmup, args.overrides)
+        print(f"took {time.perf_counter() - start:.0f} s")
+        print(json.dumps(out))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"total_steps={args.steps}", f"run_root={tmp}", "logging.wandb.mode=disabled",
                      "logging.progress_bar=false", *args.overrides]

@@ -80,9 +80,9 @@ class LearnerGroup:
         returns the pending calls."""
         return [r.init_weight_sync.remote(host, port, world_size, backend, timeout_s) for r in self.ranks]
 
-    def send_weights(self, buckets) -> list:
+    def send_weights(self, buckets, background: bool = False) -> list:
         plan = encode_plan(buckets)
-        return [r.send_weights.remote(plan) for r in self.ranks]
+        return [r.send_weights.remote(plan, background) for r in self.ranks]
 
     def policy_state(self):
         return self._all("policy_state")[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections import defaultdict
 
@@ -13,9 +14,11 @@ import torch
 import torch.distributed as dist
 
 from learner import algorithms as A
-from learner.config import AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, ValueHead
+from learner.config import (AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, OffPolicyKind,
+                            ValueHead)
 from learner.engine import init_distributed, make_engine, skipped_steps
 from learner.experience import Experience, make_experience, single_pass
+from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
 from rollout.config import SamplingConfig
@@ -23,7 +26,8 @@ from rollout.device import collective_backend, process_device, to_device
 from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy, map_chunks
 from rollout.profiling import Profiled
 from rollout.types import RolloutBatch
-from rollout.weight_sync import SyncGroup, TensorMeta, decode_plan, free_port, plan_buckets, send_weights
+from rollout.weight_sync import (SyncGroup, TensorMeta, broadcast_staged, decode_plan, free_port, plan_buckets,
+                                 send_weights, stage_buckets)
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +67,15 @@ class Learner(Profiled):
         self.policy_engine = make_engine(self.policy, cfg, cfg.lr, algo.micro_batch_size, self.grad_accum)
         self.critic_engine = (make_engine(self.critic, cfg, cfg.critic_lr, algo.micro_batch_size, self.grad_accum)
                               if self.critic is not None else None)
-        self.kl_ctl = (A.AdaptiveKLController(algo.init_kl_coef, algo.target_kl, algo.kl_horizon)
-                       if algo.kl_controller == KLControllerKind.adaptive else A.FixedKLController(algo.init_kl_coef))
+        self.kl_ctl = (AdaptiveKLController(algo.init_kl_coef, algo.target_kl, algo.kl_horizon)
+                       if algo.kl_controller == KLControllerKind.adaptive else FixedKLController(algo.init_kl_coef))
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.sync_group: SyncGroup | None = None
+        self._sending: _Sending | None = None  # a background weight broadcast (send_weights)
+        self._staged: list[torch.Tensor] = []  # its copy of the weights, reused from sync to sync
         self.updates = 0
         self.single_pass = True  # skip the recompute forward where experience.single_pass allows (tests turn it off)
 
@@ -179,7 +185,7 @@ class Learner(Profiled):
         return out
 
     def _experience_metrics(self, exp: Experience) -> dict[str, float]:
-        mask = exp.mask
+        mask, o = exp.mask, self.algo.off_policy
         kl = A.kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator.value, mask)
         # the sampler's and the learner's logprob of each sampled token, under the same top-k/top-p
         # filter; tokens the learner's filter excludes are counted apart, not averaged as -inf
@@ -190,6 +196,8 @@ class Learner(Profiled):
             "kl/coef": self.kl_ctl.value,
             "rollout/logprob_gap": float(A.masked_mean((exp.sampler_logprobs - exp.behaviour_logprobs).abs(), inside)),
             "rollout/outside_filter_frac": float(1.0 - inside.sum() / mask.sum().clamp(min=1)),
+            **{f"off_policy/{k}": v for k, v in A.ratio_stats(exp.old_logprobs, exp.behaviour_logprobs, mask,
+                                                               o.correction.value, o.level.value, o.cap, o.low, o.high).items()},
             "advantages/mean": float(A.masked_mean(exp.advantages, mask)),
             "advantages/std": float(A.masked_var(exp.advantages, mask).sqrt()),
         }
@@ -224,20 +232,29 @@ class Learner(Profiled):
 
     def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
         """Rank 0 joins the rollout side's group as its sender, on the rollout side's `backend`."""
+        self._sending = None  # a background sync of the old group died with it (an engine restarted)
         if self.rank == 0:
             if backend != collective_backend(self.device):
                 raise ValueError(f"weight sync: the rollout engines use {backend}, but learner rank 0 is on "
                                  f"{self.device}; give the learner GPUs too (cluster.gpus_per_learner) or neither")
             self.sync_group = SyncGroup(host, port, 0, world_size, backend, timeout_s)
 
-    def send_weights(self, plan: bytes) -> int:
+    def send_weights(self, plan: bytes, background: bool = False) -> int:
         """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 broadcasts the buckets
-        of `plan` (weight_sync.encode_plan)."""
+        of `plan` (weight_sync.encode_plan). background (asynchronous training, ZeRO 0-2): rank 0
+        returns once it has staged a copy, and a thread broadcasts it while the next update runs;
+        the next call (or a reconnect) waits for it first."""
+        self._await_sent()
         buckets = decode_plan(plan)
         params = dict(rollout_weights(self.policy))
         sent = 0
         with merged_lora(self.policy):
-            if self.cfg.zero_stage == 3:
+            if background and self.cfg.zero_stage != 3:
+                if self.rank == 0:
+                    self._staged = stage_buckets(buckets, params.__getitem__, self._staged)
+                    self._sending = _Sending(self.sync_group, self._staged)
+                    sent = sum(t.numel() * t.element_size() for t in self._staged)
+            elif self.cfg.zero_stage == 3:
                 import deepspeed
 
                 for bucket in buckets:
@@ -247,6 +264,11 @@ class Learner(Profiled):
             elif self.rank == 0:
                 sent = send_weights(self.sync_group, buckets, params.__getitem__)
         return sent
+
+    def _await_sent(self) -> None:
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            sending.wait()
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """Full policy weights by Hugging Face name, on CPU (for the in-process sync path and tests)."""
@@ -290,6 +312,26 @@ class Learner(Profiled):
         load_learner(self, path)
 
 
+class _Sending:
+    """A weight broadcast on a thread of its own; wait() joins it and raises what it raised."""
+
+    def __init__(self, group: SyncGroup, staged: list[torch.Tensor]):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(group, staged), daemon=True, name="relay-weight-sync")
+        self.thread.start()
+
+    def _run(self, group: SyncGroup, staged: list[torch.Tensor]) -> None:
+        try:
+            broadcast_staged(group, staged)
+        except BaseException as e:  # noqa: BLE001 - re-raised by wait(), in the caller's thread
+            self.error = e
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the background weight sync failed: {self.error}") from self.error
+
+
 def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: float, temperature: float,
                 chunk_tokens: int, total: float, agg: str,
                 old_from_forward: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -301,9 +343,12 @@ def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: 
     mask, use_entropy = mb["mask"], algo.entropy_coef != 0
     logprobs, entropy = chunked_logprobs_entropy(logits, mb["input_ids"][:, 1:], temperature, chunk_tokens,
                                                  entropy_grad=use_entropy)
-    old = logprobs.detach() if old_from_forward else mb["old_logprobs"]
+    old = logprobs.detach() if old_from_forward else mb["old_logprobs"]  # the proximal policy's
+    o = algo.off_policy
+    weights = (A.off_policy_weights(old, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap,
+                                    o.low, o.high) if o.correction != OffPolicyKind.none else None)
     pg, pm = A.ppo_policy_loss(logprobs, old, mb["advantages"], mask, algo.clip_eps,
-                               algo.clip_eps_high or None, aggregation=agg, total=total)
+                               algo.clip_eps_high or None, aggregation=agg, total=total, weights=weights)
     entropy = A.aggregate(entropy, mask, agg, total)
     loss = pg - algo.entropy_coef * entropy if use_entropy else pg
     terms = {"policy": pg, "entropy": entropy, "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"],

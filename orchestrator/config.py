@@ -83,6 +83,18 @@ class EvalConfig:
     num_samples_to_log: int = 8  # held-out prompts shown with their greedy answers (console table, samples.jsonl, wandb)
 
 
+class AsyncMode(str, Enum):
+    sync = "sync"  # generate -> score -> update -> sync in turn: every sample is from the current policy
+    one_step = "one_step"  # the next batch generates while this one is scored and trained (staleness 1)
+    full = "full"  # up to max_staleness batches generate ahead of the learner, which never waits for a sync
+
+
+@dataclass
+class AsyncConfig:
+    mode: AsyncMode = AsyncMode.sync  # sync, one_step or full ("off" is spelled sync: YAML reads off as false)
+    max_staleness: int = 2  # full only: a sample trains at most this many policy versions after the one that sampled it
+
+
 @dataclass
 class TrainConfig:
     name: str = "run"  # run folder: <run_root>/<name>; also the wandb run name
@@ -94,6 +106,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # the vLLM engines and how they sample
     reward: RewardConfig = field(default_factory=RewardConfig)  # reward sources, reward shaping and the reference policy
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # estimator, losses, KL and batch sizes of the update
+    async_training: AsyncConfig = field(default_factory=AsyncConfig)  # how far generation runs ahead of the learner
     learner: LearnerConfig = field(default_factory=LearnerConfig)  # the trained policy (and critic): model, optimizer, DeepSpeed
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # console lines, metrics.jsonl and wandb
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # when to save, how many to keep, resuming

@@ -1,13 +1,52 @@
 """Per-step helpers of the loop that are not algorithm math: batch statistics, a phase timer."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from reward_service.types import ScoredBatch
 from rollout.prompts import is_chat, is_token_ids
 from rollout.types import RolloutBatch
+
+
+@dataclass
+class Ahead:
+    """A batch whose generation was launched before the learner asked for it (async_training)."""
+    step: int  # the step it trains at, which also seeds its requests
+    indices: list[int]  # its prompts, as indices into the training prompts
+    pending: list | None  # its generate calls in flight
+    batch: RolloutBatch | None = None  # once collected
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch)}
+
+    @staticmethod
+    def from_state(state: dict) -> Ahead:
+        batch = RolloutBatch(**state["batch"])
+        batch.skipped = [tuple(s) for s in batch.skipped]
+        return Ahead(state["step"], state["indices"], None, batch)
+
+
+def staleness_metrics(versions: list[int], step: int, lead: int) -> dict[str, float]:
+    """How many policy versions behind the learner (at `step`) each sample's policy was: mean, max
+    and the share at each staleness 0..lead (the histogram; lead is the bound)."""
+    ages = [step - v for v in versions]
+    m = {"async/staleness_mean": statistics.fmean(ages), "async/staleness_max": float(max(ages))}
+    m.update({f"async/staleness_{k}": sum(a == k for a in ages) / len(ages) for k in range(lead + 1)})
+    return m
+
+
+def busy_metrics(timings: dict[str, float], rollout_before: list[float], rollout_after: list[float]) -> dict[str, float]:
+    """Each role's busy share of the step (the rest it waited): the engines' own generate time (an
+    engine restarted in the step counts from its restart), the scoring call and the update."""
+    wall = timings["timing/total"]
+    rollout = statistics.fmean(max(0.0, b - a) if b >= a else b for a, b in zip(rollout_before, rollout_after))
+    busy = {"rollout": min(rollout / wall, 1.0), "scoring": timings["timing/score"] / wall,
+            "learner": timings["timing/update"] / wall}
+    return {f"pipeline/busy/{k}": v for k, v in busy.items()} | {f"pipeline/idle/{k}": 1.0 - v for k, v in busy.items()}
 
 
 @contextmanager

@@ -30,11 +30,22 @@ def bundles(c) -> list[dict[str, float]]:
     return [{k: v for k, v in {"CPU": 1, "GPU": gpus}.items() if v} | unit(resource) for gpus, resource in roles]
 
 
-def scoring_threads(c) -> int:
-    """Colocated roles take turns on the same cores (synchronous loop), so the scoring service's
-    reference forward uses all of them; Ray would give a 0-CPU actor one thread. With its own
-    bundle, Ray's setting (its CPUs) stands."""
-    return (os.cpu_count() or 1) if c.colocate else 0
+def cpu_threads(cfg) -> tuple[int, int, int]:
+    """Torch threads of each rollout engine, each learner rank and the scoring service (0: the
+    role's own default; rollout.cpu_threads and learner.threads, when set, win). Colocated roles
+    that take turns (the sync loop) each use every core. When generation overlaps the learner
+    (async_training, colocated on CPUs), the engines get half the cores and the learner ranks and
+    the scoring service, which still take turns, the other half: oversubscribed cores would make
+    both sides slower than taking turns. With bundles of their own, Ray's setting (their CPUs) stands."""
+    c, cores = cfg.cluster, os.cpu_count() or 1
+    if not c.colocate:
+        return cfg.rollout.cpu_threads, cfg.learner.threads, 0
+    if cfg.async_training.mode.value == "sync" or c.gpus_per_rollout_worker > 0:
+        return cfg.rollout.cpu_threads, cfg.learner.threads, cores
+    rollout_cores = max(1, cores // 2)
+    rest = max(1, cores - rollout_cores)
+    return (cfg.rollout.cpu_threads or max(1, rollout_cores // c.rollout_workers),
+            cfg.learner.threads or max(1, rest // c.learner_ranks), rest)
 
 
 def unit(resource: str) -> dict[str, float]:

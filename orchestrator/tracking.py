@@ -51,6 +51,13 @@ class Tracker:
 
             self.wandb.log({name: wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])})
 
+    def log_image(self, name: str, step: int, path: Path | None) -> None:
+        """A figure already written to the run directory (`path`; None: there was none), to wandb too."""
+        if self.wandb is not None and path is not None:
+            import wandb
+
+            self.wandb.log({name: wandb.Image(str(path))}, step=step)
+
     def close(self) -> None:
         self.file.close()
         if self.wandb is not None:

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import logging
 import shutil
-import time
+from collections import deque
 from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
@@ -14,19 +14,22 @@ import ray
 
 from learner.checkpoint import publish, recover
 from learner.group import LearnerGroup
-from orchestrator.config import TrainConfig
+from orchestrator.config import AsyncMode, TrainConfig
 from orchestrator.data import PromptSampler, load_split, policy_prompt, reward_metadata
 from orchestrator.evaluate import evaluate_policy, samples_table, shown, summary_table
 from orchestrator.load_config import to_dict
-from orchestrator.placement import placement, scoring_threads, unit
+from orchestrator.placement import cpu_threads, placement, unit
 from orchestrator.profiling import profiled
-from orchestrator.phases import TrainingError, batch_metrics, nonfinite_cause, offset, pick_groups, prompt_text, timed
+from orchestrator.phases import (Ahead, TrainingError, batch_metrics, busy_metrics, nonfinite_cause, offset, pick_groups,
+                                 prompt_text, staleness_metrics, timed)
+from orchestrator.plots import plot_run
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.signals import StopRequest, Stopped
 from orchestrator.tracking import Tracker
-from reward_service.service import ScoringService
+from reward_service.pool import ScoringPool
+from rollout.channel import WeightChannel
 from rollout.device import malloc_env
-from rollout.pool import RolloutPool
+from rollout.pool import RolloutPool, await_ready
 from rollout.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -39,9 +42,14 @@ class Trainer:
         self.train, self.held_out, self.skipped_lines = load_split(cfg.data, cfg.seed)  # bad data fails first
         self.model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
         self.sampler = PromptSampler(len(self.train), cfg.seed, cfg.data.shuffle)
-        self.step = 0
+        self.step = 0  # also the policy version the engines hold: weight syncs since the initial model
         self.counters = {"restarts/rollout": 0, "restarts/scoring": 0, "data/skipped_lines": self.skipped_lines,
-                         "rollout/dropped_groups": 0, "learner/skipped_updates_in_a_row": 0}
+                         "rollout/dropped_groups": 0, "learner/skipped_updates_in_a_row": 0, "async/dropped_stale": 0}
+        # async_training: batches whose generation runs ahead of the learner, at most `lead` of them
+        # beyond the one being trained (so a sample trains at most `lead` versions after its own)
+        a = cfg.async_training
+        self.lead = {AsyncMode.sync: 0, AsyncMode.one_step: 1, AsyncMode.full: a.max_staleness}[a.mode]
+        self.ahead: deque[Ahead] = deque()
         if not ray.is_initialized():
             ray.init(address=cfg.cluster.address or None, include_dashboard=False, log_to_driver=False)
         self._start_roles()
@@ -57,37 +65,26 @@ class Trainer:
         free = place is None  # no bundles: the actors ask for their role's custom resource themselves
         # engines and learner on the same GPUs: vLLM sleeps during the update (sleep_engines)
         self.sleep_engines = c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0
-        self.rollout = RolloutPool(self.cfg.rollout, self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
+        rollout_threads, learner_threads, scoring_threads = cpu_threads(self.cfg)
+        self.rollout = RolloutPool(dataclasses.replace(self.cfg.rollout, cpu_threads=rollout_threads), self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
                                    num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
                                    sleep_mode=self.sleep_engines, scheduling=place[: c.rollout_workers] if place else None,
                                    resources=unit(c.rollout_resource) if free else None,
                                    step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt,
                                    keep_freed_memory=c.cpu_keep_freed_memory)
-        self.scoring = ray.remote(ScoringService).options(
-            num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,  # retried by _scoring
-            resources=unit(c.scoring_resource) if free else {},
-            runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0)},
-            **({"scheduling_strategy": place[-1]} if place else {})).remote(
-                self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, scoring_threads(c),
-                self.cfg.learner.logprob_chunk_tokens)
-        learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path)
+        self.scoring = ScoringPool(self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, scoring_threads,
+                                   self.cfg.learner.logprob_chunk_tokens, dict(
+                                       num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,
+                                       resources=unit(c.scoring_resource) if free else {},
+                                       runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0)},
+                                       **({"scheduling_strategy": place[-1]} if place else {})))
+        learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path, threads=learner_threads)
         self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, self.cfg.rollout.sampling, c.learner_ranks,
                                     self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
                                     scheduling=place[c.rollout_workers: -1] if place else None,
                                     resources=unit(c.learner_resource) if free else None,
                                     keep_freed_memory=c.cpu_keep_freed_memory)
-        self._scoring_state = ray.get(self.scoring.state_dict.remote())
-        self.buckets = self.learner.weight_buckets(self.cfg.rollout.sync_bucket_mb)
-        self.wire_planned = False
-        self._connect_weight_sync()
-
-    def _connect_weight_sync(self) -> None:
-        """(Re)build the broadcast group: learner rank 0 + every rollout engine, at a fresh port on
-        learner rank 0's node (it serves the group's store; the engines may be on other nodes)."""
-        host, port = self.learner.sync_address()
-        pending = self.rollout.init_weight_sync(host, port, timeout_s=120)  # the rollout side picks the backend
-        ray.get(self.learner.init_weight_sync(host, port, self.rollout.sync_world_size, self.rollout.sync_backend, 120)
-                + pending)
+        self.channel = WeightChannel(self.rollout, self.learner, self.cfg.rollout.sync_bucket_mb)
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: StopRequest | None = None) -> dict:
@@ -117,12 +114,14 @@ class Trainer:
                 saved_at = self.step
         if stop.requested:
             self._stop(stop.signal, saved_at)
+        self.channel.settle()
         after = self.evaluate()
         self.tracker.log(self.step, after, self.cfg.total_steps)
         self.tracker.log_table("eval/samples", self.step, self.samples)
         self._write_json("eval_after.json", after)
         print(summary_table(self.before, after), flush=True)
         print(samples_table(self.samples), flush=True)
+        self.tracker.log_image("pipeline", self.step, plot_run(self.run_dir / "metrics.jsonl", self.run_dir / "pipeline.png"))
         self.tracker.close()
         return after
 
@@ -137,11 +136,14 @@ class Trainer:
         raise Stopped(signal_name, self.step, self.cfg.total_steps, checkpoint)
 
     def train_step(self) -> dict[str, float]:
+        """One update. With async_training the batch was generated ahead (next_batch), so "generate"
+        times only the wait for it, and the sync returns once the learner has staged its weights."""
         t: dict[str, float] = {}
         profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
+        busy_before = self.rollout.busy_seconds()
         with profiled(self.roles(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
             with timed(t, "generate"):
-                batch, examples = self.generate()
+                batch, examples = self.next_batch()
             with timed(t, "score"):
                 scored = self.score(batch, examples)
             if self.cfg.data.dynamic_sampling:
@@ -151,15 +153,27 @@ class Trainer:
                 stats = self.learner.update(batch, scored, self.step)
             self.check_finite(stats)
             with timed(t, "sync"):
-                self.sync_weights()
+                self.push(self.step + 1)
             kl_coef = self.learner.update_kl(stats["kl/ref_seq"], len(batch))  # target_kl is per sequence
         tokens = sum(batch.response_lengths)
+        self.counters["restarts/scoring"] = self.scoring.restarts
         return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
+                **staleness_metrics(batch.version_first, self.step, self.lead),
+                **busy_metrics(t, busy_before, self.rollout.busy_seconds()),
                 "throughput/tokens_per_s": tokens / t["timing/total"], "throughput/samples_per_s": len(batch) / t["timing/total"]}
+
+    def next_batch(self) -> tuple[RolloutBatch, list[dict]]:
+        """This step's batch. Generation is launched `lead` steps ahead first (the engines take each
+        weight sync after the batches queued before it), so the batch of step s comes from policy
+        version s - lead at the oldest; a batch older than that (only possible if the pipeline was
+        disturbed) is dropped, counted and generated again from the same prompts."""
+        while len(self.ahead) <= self.lead and self.step + len(self.ahead) < self.cfg.total_steps:
+            self.ahead.append(self._launch(self.step + len(self.ahead), self.cfg.data.rollout_batch_size))
+        return self.generate(first=self.ahead.popleft())
 
     def roles(self) -> dict:
         """Every actor by role name (rollout_i, scoring, learner_i)."""
-        return ({f"rollout_{i}": w for i, w in enumerate(self.rollout.workers)} | {"scoring": self.scoring}
+        return ({f"rollout_{i}": w for i, w in enumerate(self.rollout.workers)} | {"scoring": self.scoring.actor}
                 | {f"learner_{i}": r for i, r in enumerate(self.learner.ranks)})
 
     @property
@@ -168,23 +182,7 @@ class Trainer:
 
     def score(self, batch: RolloutBatch, examples: list[dict]):
         meta = [self._meta(e) for e in examples]
-        return self._scoring(lambda: self.scoring.score.remote(batch, meta, self._temperature))
-
-    def _scoring(self, call):
-        """A call on the scoring service, keeping a copy of its state (the reward normaliser). If the
-        actor died, Ray restarts it (max_restarts): give it back that state and retry once."""
-        def once():
-            result, self._scoring_state = ray.get([call(), self.scoring.state_dict.remote()])
-            return result
-
-        try:
-            return once()
-        except ray.exceptions.RayActorError as e:
-            self.counters["restarts/scoring"] += 1
-            log.warning("scoring service died (%s); waiting for its restart and retrying", type(e).__name__)
-            _await_ready([self.scoring])
-            ray.get(self.scoring.load_state_dict.remote(self._scoring_state))
-            return once()
+        return self.scoring.score(batch, meta, self._temperature)
 
     def keep_informative(self, batch: RolloutBatch, examples: list[dict], scored):
         """Dynamic sampling (DAPO): groups whose rewards are all equal teach GRPO nothing; replace
@@ -210,36 +208,65 @@ class Trainer:
         merged.skipped = skipped
         return merged, [e for _, _, e, _ in chosen], type(scored).concat([s for _, s, _, _ in chosen])
 
-    def generate(self, want: int | None = None) -> tuple[RolloutBatch, list[dict]]:
-        """`want` (default rollout_batch_size) prompts' samples; prompts the engine skips are
-        replaced (topped up), so every step trains on the configured batch shape."""
+    def generate(self, want: int | None = None, first: Ahead | None = None) -> tuple[RolloutBatch, list[dict]]:
+        """`want` (default rollout_batch_size) prompts' samples, starting from `first` (launched
+        ahead) if given; prompts the engine skips are replaced (topped up), so every step trains on
+        the configured batch shape."""
         want, parts, examples = want or self.cfg.data.rollout_batch_size, [], []
-        for _ in range(5):
+        for round_ in range(5):
             need = want - sum(len(set(p.prompt_index)) for p in parts)
             if need == 0:
                 break
-            new = [self.train[i] for i in self.sampler.next(need)]
-            prompts = [self._prompt(e) for e in new]
-            part = offset(self._with_restarts(lambda prompts=prompts: self.rollout.generate(prompts, self.step)), len(examples))
-            parts.append(part)
-            examples += new
+            job = first if round_ == 0 and first is not None else self._launch(self.step, need)
+            parts.append(offset(self._collect(job), len(examples)))
+            examples += [self.train[i] for i in job.indices]
         batch = RolloutBatch.concat(parts)
         if len(set(batch.prompt_index)) != want:
             raise RuntimeError(f"step {self.step}: could not fill a batch of {want} usable prompts; see the skipped-prompt log")
         return batch, examples
 
-    def _with_restarts(self, call):
-        """Run a rollout call; if a worker died, wait for Ray to restart it, push the current
-        weights to the pool again, and retry once."""
+    def _launch(self, step: int, n: int) -> Ahead:
+        """Launch generation for the next n prompts, seeded as step `step`'s."""
+        indices = self.sampler.next(n)
+        return Ahead(step, indices, self.rollout.submit([self._prompt(self.train[i]) for i in indices], step))
+
+    def _collect(self, job: Ahead) -> RolloutBatch:
+        """The job's samples. If an engine died, wait for Ray to restart it, give it the current weights
+        and generate every uncollected batch again from its prompts: nothing collected is lost or
+        repeated. A batch beyond the staleness bound is generated again likewise."""
+        if job.batch is None:
+            try:
+                job.batch = self.rollout.collect(job.pending)
+            except ray.exceptions.RayActorError as e:
+                self._restart_rollout(e, self.step, [job])
+                job.batch = self.rollout.collect(job.pending)
+        if any(self.step - v > self.lead for v in job.batch.version_first):
+            self.counters["async/dropped_stale"] += len(job.batch)
+            job.batch, job.pending = None, self._resubmit(job)
+            return self._collect(job)
+        return job.batch
+
+    def push(self, version: int) -> None:
+        """Weights to the engines as policy `version`; asynchronous modes do not wait for the engines."""
         try:
-            return call()
+            self.channel.push(version, wait=self.lead == 0)
         except ray.exceptions.RayActorError as e:
-            self.counters["restarts/rollout"] += 1
-            log.warning("rollout worker died (%s); waiting for its restart and retrying the step", type(e).__name__)
-            _await_ready(self.rollout.workers)
-            self._connect_weight_sync()
-            self.sync_weights()
-            return call()
+            self._restart_rollout(e, version, [])
+
+    def _restart_rollout(self, error: Exception, version: int, jobs: list[Ahead]) -> None:
+        """An engine died: wait for Ray to restart it, rebuild the weight-sync group, give every engine
+        the learner's weights (policy `version`) and launch every uncollected batch again."""
+        self.counters["restarts/rollout"] += 1
+        log.warning("rollout worker died (%s); waiting for its restart and generating again", type(error).__name__)
+        await_ready(self.rollout.workers)
+        self.channel.connect()
+        self.channel.push(version)
+        for job in [*jobs, *self.ahead]:
+            if job.batch is None:
+                job.pending = self._resubmit(job)
+
+    def _resubmit(self, job: Ahead) -> list:
+        return self.rollout.submit([self._prompt(self.train[i]) for i in job.indices], job.step)
 
     def check_finite(self, stats: dict[str, float]) -> None:
         """Stop the run once more than algorithm.max_skipped_updates updates in a row were skipped for
@@ -252,11 +279,6 @@ class Trainer:
         if limit and in_a_row > limit:
             raise TrainingError(f"step {self.step}: {in_a_row} updates in a row were skipped for non-finite values "
                                 f"(algorithm.max_skipped_updates: {limit}); {nonfinite_cause(stats)}")
-
-    def sync_weights(self) -> None:
-        ray.get(self.rollout.receive_weights(self.buckets) + self.learner.send_weights(self.buckets))
-        if not self.wire_planned:  # the engines have found their layouts: send in them from now on
-            self.buckets, self.wire_planned = self.rollout.wire_plan(self.buckets), True
 
     def _prompt(self, example: dict):
         return policy_prompt(example["prompt"], self.cfg.data.apply_chat_template)
@@ -271,7 +293,7 @@ class Trainer:
         meta = [self._meta(e) for e in self.held_out]
 
         def score(batch, meta, temperature, with_reference):
-            return self._scoring(lambda: self.scoring.evaluate.remote(batch, meta, temperature, with_reference))
+            return self.scoring.evaluate(batch, meta, temperature, with_reference)
 
         ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, step=0, greedy=greedy), score, prompts, meta,
                              self.cfg.eval.greedy, self._temperature)
@@ -302,7 +324,8 @@ class Trainer:
         tmp.mkdir(parents=True)
         self.learner.save(tmp / "learner")
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "counters": self.counters,
-                 "scoring": ray.get(self.scoring.state_dict.remote()), "config": to_dict(self.cfg)}
+                 "scoring": self.scoring.state_dict(), "config": to_dict(self.cfg),
+                 "ahead": [job.state_dict() for job in self.ahead if self._collect(job)]}  # generated ahead: kept as they are
         (tmp / "orchestrator.json").write_text(json.dumps(state))
         publish(tmp, final)
         for old in sorted(self._checkpoints())[: -self.cfg.checkpoint.keep_last]:
@@ -332,12 +355,13 @@ class Trainer:
     def _load(self, path: Path) -> None:
         state = json.loads((path / "orchestrator.json").read_text())
         self.learner.load(path / "learner")
-        ray.get(self.scoring.load_state_dict.remote(state["scoring"]))
-        self._scoring_state = state["scoring"]
+        self.scoring.load_state_dict(state["scoring"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = state["step"]
         self.counters.update(state["counters"])
-        self.sync_weights()  # the engines start from the initial model: give them the restored one
+        self.scoring.restarts = self.counters["restarts/scoring"]
+        self.ahead = deque(Ahead.from_state(a) for a in state["ahead"])
+        self.channel.push(self.step)  # the engines start from the initial model: give them the restored one
         print(f"relay: resumed from {path} at step {self.step}", flush=True)
 
     def _write_json(self, name: str, data: dict) -> None:
@@ -347,22 +371,9 @@ class Trainer:
     def shutdown(self) -> None:
         self.rollout.shutdown()
         self.learner.shutdown()
-        ray.kill(self.scoring)
+        self.scoring.shutdown()
         if self.pg is not None:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.pg)
 
-
-def _await_ready(actors: list, timeout_s: float = 300.0) -> None:
-    """Wait until every actor answers (Ray is restarting the dead ones)."""
-    deadline = time.monotonic() + timeout_s
-    for actor in actors:
-        while True:
-            try:
-                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                break
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)

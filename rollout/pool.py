@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from contextlib import contextmanager
 
 import ray
@@ -58,7 +59,7 @@ class RolloutPool:
             options = worker_options(num_cpus, num_gpus, max_restarts, env, resources)
             if scheduling:
                 options["scheduling_strategy"] = scheduling[i]
-            actor = ray.remote(RolloutWorker).options(**options)
+            actor = ray.remote(concurrency_groups={"stats": 1})(RolloutWorker).options(**options)  # busy_seconds answers mid-generate
             share = -(-step_samples // num_workers)
             self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode, share))
         ray.get([w.ready.remote() for w in self.workers])
@@ -72,9 +73,30 @@ class RolloutPool:
     def generate(self, prompts: list[Prompt], step: int, greedy: bool = False,
                  sampling: SamplingConfig | None = None) -> RolloutBatch:
         """Shard prompts contiguously over the workers, launch all, gather once, in prompt order."""
+        return self.collect(self.submit(prompts, step, greedy, sampling))
+
+    def submit(self, prompts: list[Prompt], step: int, greedy: bool = False,
+               sampling: SamplingConfig | None = None) -> list:
+        """Launch generate() and return its pending shards (for collect). Each engine runs its calls
+        in order, so weights sent after this reach it after these samples: asynchronous training
+        queues generation ahead this way."""
         shards = [(w, s, e) for w, (s, e) in zip(self.workers, split_evenly(len(prompts), len(self.workers))) if e > s]
-        futures = [w.generate.remote(prompts[s:e], step, s, greedy, sampling) for w, s, e in shards]
-        return RolloutBatch.concat(ray.get(futures))
+        return [w.generate.remote(prompts[s:e], step, s, greedy, sampling) for w, s, e in shards]
+
+    @staticmethod
+    def collect(pending: list) -> RolloutBatch:
+        return RolloutBatch.concat(ray.get(pending))
+
+    def busy_seconds(self) -> list[float]:
+        """Each engine's seconds spent generating since it (re)started, answered while it generates;
+        0 for an engine that is down (Ray is restarting it)."""
+        out = []
+        for pending in [w.busy_seconds.remote() for w in self.workers]:
+            try:
+                out.append(ray.get(pending))
+            except ray.exceptions.RayActorError:
+                out.append(0.0)
+        return out
 
     @property
     def sync_world_size(self) -> int:
@@ -89,10 +111,10 @@ class RolloutPool:
         return [w.init_weight_sync.remote(host, port, r, world, self.sync_backend, timeout_s)
                 for w, r in zip(self.workers, first)]
 
-    def receive_weights(self, buckets: list[list[TensorMeta]]) -> list:
-        """Start every worker's receive; the sender broadcasts while these are pending."""
+    def receive_weights(self, buckets: list[list[TensorMeta]], version: int | None = None) -> list:
+        """Start every worker's receive of policy `version`; the sender broadcasts while these are pending."""
         plan = encode_plan(buckets)
-        return [w.receive_weights.remote(plan) for w in self.workers]
+        return [w.receive_weights.remote(plan, version) for w in self.workers]
 
     def wire_plan(self, buckets: list[list[TensorMeta]]) -> list[list[TensorMeta]]:
         """`buckets` with every tensor the engines store transposed marked to travel so (GPT-2's
@@ -137,3 +159,17 @@ class RolloutPool:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+
+
+def await_ready(actors: list, timeout_s: float = 300.0) -> None:
+    """Wait until every actor answers `ready` (Ray is restarting the dead ones)."""
+    deadline = time.monotonic() + timeout_s
+    for actor in actors:
+        while True:
+            try:
+                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+import time
+from contextlib import contextmanager
 
 import torch
 
@@ -55,3 +57,25 @@ class Profiled:
         text = self._profiler.stop(trace_path) if self._profiler else ""
         self._profiler = None
         return text
+
+
+class Busy:
+    """Mixin: how long a role has spent working, readable while it works (an actor serves
+    busy_seconds from a concurrency group of its own, so the call does not queue behind the work).
+    The trainer turns it into each role's busy and idle share of a step."""
+
+    _busy_total = 0.0
+    _busy_since: float | None = None
+
+    @contextmanager
+    def working(self):
+        self._busy_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy_total += time.monotonic() - self._busy_since
+            self._busy_since = None
+
+    def busy_seconds(self) -> float:
+        since = self._busy_since
+        return self._busy_total + (time.monotonic() - since if since is not None else 0.0)

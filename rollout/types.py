@@ -20,6 +20,10 @@ class RolloutBatch:
     response_text: list[str]  # (B,) decoded, stop string excluded
     finish_reason: list[str]  # (B,) "stop" (EOS or stop string) or "length"
     skipped: list[tuple[int, str]] = field(default_factory=list)  # prompts with no samples, and why
+    # the policy version (weight syncs the engine had received) at each sample's first and last
+    # token; equal while an engine takes new weights only between calls, as relay's do
+    version_first: list[int] = field(default_factory=list)  # (B,)
+    version_last: list[int] = field(default_factory=list)  # (B,)
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -33,16 +37,14 @@ class RolloutBatch:
         """Join shards in order; each shard's prompt_index is already global."""
         out = RolloutBatch([], [], [], [], [], [], [])
         for b in batches:
-            for name in ("prompt_index", "prompt_ids", "response_ids", "logprobs", "response_text",
-                         "finish_reason", "skipped"):
+            for name in SAMPLE_FIELDS + ("skipped",):
                 getattr(out, name).extend(getattr(b, name))
         return out
 
     def select(self, rows: list[int]) -> RolloutBatch:
         """The samples at `rows`, in that order (the skipped-prompt list is not carried over)."""
-        pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
-        return RolloutBatch(pick(self.prompt_index), pick(self.prompt_ids), pick(self.response_ids), pick(self.logprobs),
-                            pick(self.response_text), pick(self.finish_reason))
+        fields = {name: getattr(self, name) for name in SAMPLE_FIELDS}  # versions may be absent (built by hand)
+        return RolloutBatch(**{name: [xs[i] for i in rows] if xs else [] for name, xs in fields.items()})
 
     def padded(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Right-padded (response_ids (B, T) long, logprobs (B, T) float, mask (B, T) float)."""
@@ -55,6 +57,10 @@ class RolloutBatch:
             lps[i, : len(lp)] = torch.tensor(lp)
             mask[i, : len(r)] = 1.0
         return ids, lps, mask
+
+
+SAMPLE_FIELDS = ("prompt_index", "prompt_ids", "response_ids", "logprobs", "response_text", "finish_reason",
+                 "version_first", "version_last")  # one entry per sample
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:

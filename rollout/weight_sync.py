@@ -140,6 +140,26 @@ def send_weights(group: SyncGroup, buckets: list[list[TensorMeta]], get: Callabl
     return sent
 
 
+def stage_buckets(buckets: list[list[TensorMeta]], get: Callable[[str], torch.Tensor],
+                  out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """A copy of every bucket in wire layout, into `out`'s tensors where they fit: what a background
+    broadcast sends while the weights it copied go on training (asynchronous training)."""
+    staged = []
+    for k, bucket in enumerate(buckets):
+        numel, dtype = sum(m.numel for m in bucket), bucket[0].torch_dtype
+        flat = out[k] if out and k < len(out) and out[k].numel() == numel and out[k].dtype == dtype else None
+        flat = flat if flat is not None else torch.empty(numel, dtype=dtype, device=get(bucket[0].name).device)
+        _flatten(bucket, get, flat)
+        staged.append(flat)
+    return staged
+
+
+def broadcast_staged(group: SyncGroup, staged: list[torch.Tensor]) -> None:
+    """Broadcast staged buckets in order (receivers use receive_buckets, as for send_weights)."""
+    for flat in staged:
+        group.broadcast(flat.to(group.device, non_blocking=True))
+
+
 def _flatten(bucket: list[TensorMeta], get: Callable[[str], torch.Tensor], flat: torch.Tensor) -> None:
     """Copy the bucket's tensors into `flat` in wire layout (casting and moving as needed)."""
     offset = 0

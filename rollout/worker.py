@@ -4,19 +4,20 @@ from __future__ import annotations
 import logging
 import os
 
+import ray
 import torch
 
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.device import process_device
 from rollout.engine import engine_env, make_engine, request_seed, sampling_params
-from rollout.profiling import Profiled
+from rollout.profiling import Busy, Profiled
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
 
 log = logging.getLogger(__name__)
 
 
-class RolloutWorker(Profiled):
+class RolloutWorker(Profiled, Busy):
     """Create with `ray.remote(RolloutWorker).options(...).remote(cfg, model_path, seed)`;
     RolloutPool does this for N workers."""
 
@@ -29,6 +30,7 @@ class RolloutWorker(Profiled):
         self.tokenizer = self.llm.get_tokenizer()
         self.asleep = False
         self.prefix_stale = False
+        self.version = 0  # policy version of the weights held: weight syncs received (0 = the initial model)
         # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
         # weight_loader after loading, so those engines take vLLM's reload path.
         self.direct_load = self.device.type == "cuda" or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
@@ -44,7 +46,17 @@ class RolloutWorker(Profiled):
         """Sample for `prompts`, whose global indices start at `first_index`, with the configured
         sampling (or `sampling`, e.g. for evaluation). Unusable prompts are skipped and listed with
         their reason; the n samples of one prompt come back contiguous."""
-        sampling = sampling or self.cfg.sampling
+        with self.working():
+            batch = self._generate(prompts, step, first_index, greedy, sampling or self.cfg.sampling)
+        batch.version_first, batch.version_last = [self.version] * len(batch), [self.version] * len(batch)  # new weights come between calls
+        return batch
+
+    @ray.method(concurrency_group="stats")
+    def busy_seconds(self) -> float:
+        return Busy.busy_seconds(self)
+
+    def _generate(self, prompts: list[Prompt], step: int, first_index: int, greedy: bool,
+                  sampling: SamplingConfig) -> RolloutBatch:
         if self.prefix_stale:  # cached KV was computed with the old weights; reset here, off the sync's clock
             self.llm.reset_prefix_cache()
             self.prefix_stale = False
@@ -79,18 +91,24 @@ class RolloutWorker(Profiled):
         """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
         self.llm.collective_rpc("relay_init_sync", args=(host, port, first_rank, world_size, backend, timeout_s))
 
-    def receive_weights(self, plan: bytes) -> int:
-        """plan: weight_sync.encode_plan(buckets), as the sender's."""
+    def receive_weights(self, plan: bytes, version: int | None = None) -> int:
+        """plan: weight_sync.encode_plan(buckets), as the sender's; version: the policy version these
+        weights are (None: unchanged, for tests and benchmarks)."""
         loaded = self.llm.collective_rpc("relay_receive_weights", args=(plan, self.direct_load))[0]
-        self.prefix_stale = True
+        self._loaded(version)
         return loaded
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int | None = None) -> int:
         """In-process / same-node path: tensors arrive through Ray's shared-memory object store
         (CPU), or as CUDA IPC handles rebuilt by the caller (GPU), and load without a collective."""
         loaded = self.llm.collective_rpc("relay_load_weights", args=(named_tensors, self.direct_load))[0]
-        self.prefix_stale = True
+        self._loaded(version)
         return loaded
+
+    def _loaded(self, version: int | None) -> None:
+        self.prefix_stale = True
+        if version is not None:
+            self.version = version
 
     def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""

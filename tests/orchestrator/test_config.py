@@ -114,3 +114,30 @@ def test_cli_help_lists_the_commands():
     assert out.returncode == 0
     for cmd in ("train", "config", "sft", "rm", "eval", "serve-reward"):
         assert cmd in out.stdout
+
+
+def test_async_and_off_policy_settings_are_checked_by_key():
+    cfg = load_config(DEFAULT, ["async_training.mode=full", "async_training.max_staleness=3",
+                                "algorithm.off_policy.correction=icepop", "algorithm.off_policy.level=geometric"])
+    assert cfg.async_training.mode.value == "full" and cfg.algorithm.off_policy.level.value == "geometric"
+    with pytest.raises(ConfigError, match="async_training.max_staleness: must be >= 1"):
+        load_config(DEFAULT, ["async_training.max_staleness=0"])
+    with pytest.raises(ConfigError, match="async_training.mode: engines colocated with the learner on GPUs"):
+        load_config(DEFAULT, ["async_training.mode=one_step", "cluster.gpus_per_rollout_worker=1",
+                              "cluster.gpus_per_learner=1"])
+    with pytest.raises(ConfigError, match=r"algorithm.off_policy.low: need 0 <= low < 1 < high"):
+        load_config(DEFAULT, ["algorithm.off_policy.high=0.9"])
+    with pytest.raises(ConfigError, match="algorithm.off_policy.cap: must be > 0"):
+        load_config(DEFAULT, ["algorithm.off_policy.cap=0"])
+
+
+def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monkeypatch):
+    import os
+
+    from orchestrator.placement import cpu_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert cpu_threads(load_config(DEFAULT)) == (0, 0, 8)  # sync: roles take turns, each on every core
+    assert cpu_threads(load_config(DEFAULT, ["async_training.mode=one_step"])) == (4, 4, 4)
+    assert cpu_threads(load_config(DEFAULT, ["async_training.mode=full", "cluster.rollout_workers=2",
+                                             "learner.threads=3"])) == (2, 3, 4)

@@ -155,15 +155,17 @@ def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(slee
     scored = ScoredBatch([1.0, 0.0, 1.0, 1.0], {}, [True] * n, [False] * n, [[0.0]] * n)
     engines = SimpleNamespace(sleep=lambda: calls.append("sleep"), wake_up=lambda: calls.append("wake_up"))
     stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
+    batch.version_first = [0] * n
     loop = SimpleNamespace(
         cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0)),
-        step=0, counters={}, sleep_engines=sleep,
-        generate=lambda: (calls.append("generate"), (batch, [{}, {}]))[1],
+        step=0, counters={}, sleep_engines=sleep, lead=0,
+        next_batch=lambda: (calls.append("generate"), (batch, [{}, {}]))[1],
         score=lambda b, e: (calls.append("score"), scored)[1],
-        rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled)),
+        rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled), busy_seconds=lambda: [0.0]),
+        scoring=SimpleNamespace(restarts=0),
         learner=SimpleNamespace(update=lambda b, s, step: (calls.append("update"), stats)[1],
                                 update_kl=lambda kl, n: (calls.append("update_kl"), 0.01)[1]),
-        check_finite=lambda s: None, sync_weights=lambda: calls.append("sync"))
+        check_finite=lambda s: None, push=lambda version: calls.append(("sync", version)))
     Trainer.train_step(loop)
     middle = ["sleep", "update", "wake_up"] if sleep else ["update"]
-    assert calls == ["generate", "score", *middle, "sync", "update_kl"]
+    assert calls == ["generate", "score", *middle, ("sync", 1), "update_kl"]

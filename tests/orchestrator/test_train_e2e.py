@@ -38,7 +38,7 @@ def train(cfg, kill_before_step=None, kill="rollout"):
         trainer.before = trainer.evaluate()
         while trainer.step < cfg.total_steps:
             if trainer.step == kill_before_step:  # Ray restarts it (max_restarts)
-                ray.kill(trainer.rollout.workers[0] if kill == "rollout" else trainer.scoring, no_restart=False)
+                ray.kill(trainer.rollout.workers[0] if kill == "rollout" else trainer.scoring.actor, no_restart=False)
             trainer.tracker.log(trainer.step + 1, trainer.train_step(), cfg.total_steps)
             trainer.step += 1
         return trainer.counters
@@ -111,7 +111,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, t
     got = [r for r in metrics(crashed) if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for w, g in zip(want[2:], got[2:]):
-        same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s"))}
+        same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s", "pipeline/"))}
         assert {k: g[k] for k in same} == {k: w[k] for k in same}
 
 
@@ -153,7 +153,7 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     got = [r for r in metrics(stopped) if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for w, g in zip(want, got):
-        same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s"))}
+        same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s", "pipeline/"))}
         assert {k: g[k] for k in same} == {k: w[k] for k in same}, g["step"]
     assert json.loads((stopped / "eval_after.json").read_text()) == json.loads((tmp_path / "whole" / "eval_after.json").read_text())
 
@@ -215,9 +215,9 @@ def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp
     trainer = Trainer(cfg)
     try:
         # evaluation is read-only: the running reward normaliser does not move, and rewards are raw
-        state = ray.get(trainer.scoring.state_dict.remote())
+        state = ray.get(trainer.scoring.actor.state_dict.remote())
         evaluated = trainer.evaluate()
-        assert ray.get(trainer.scoring.state_dict.remote()) == state and state["running"]["count"] == 0
+        assert ray.get(trainer.scoring.actor.state_dict.remote()) == state and state["running"]["count"] == 0
         assert 0.0 < evaluated["eval/sampled/reward/mean"] <= 1.0 and "eval/greedy/reward/accuracy" in evaluated
         batch, examples = trainer.generate()
         scored = trainer.score(batch, examples)

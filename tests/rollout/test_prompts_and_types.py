@@ -9,8 +9,8 @@ from rollout.config import PromptOverflow
 from rollout.pool import split_evenly, sync_ranks
 from rollout.prompts import PromptError, encode_prompt
 from rollout.types import RolloutBatch
-from rollout.weight_sync import (SyncGroup, TensorMeta, free_port, plan_buckets, receive_buckets, receive_weights,
-                                 send_weights, tensor_metas)
+from rollout.weight_sync import (SyncGroup, TensorMeta, broadcast_staged, free_port, plan_buckets, receive_buckets,
+                                 receive_weights, send_weights, stage_buckets, tensor_metas)
 
 tok = char_tokenizer()
 
@@ -89,6 +89,10 @@ def test_batch_concat_and_padding():
     assert ids.tolist() == [[5, 6, 0], [7, 0, 0], [8, 9, 10]]
     assert mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
     assert torch.allclose(lps, torch.tensor([[-0.1, -0.2, 0], [-0.3, 0, 0], [-1.0, -2.0, -3.0]]))
+    # policy versions travel with their samples through concat and select (dynamic sampling's regrouping)
+    a.version_first, a.version_last, b.version_first, b.version_last = [3, 3], [3, 4], [5], [5]
+    picked = RolloutBatch.concat([a, b]).select([2, 1])
+    assert picked.version_first == [5, 3] and picked.version_last == [5, 4] and picked.response_ids == [[8, 9, 10], [7]]
 
 
 def test_sync_ranks_give_every_tensor_parallel_worker_its_own_rank():
@@ -151,6 +155,29 @@ def test_broadcast_round_trip_over_gloo_in_buckets():
         for name, t in expected.items():
             assert received[sync][name].dtype == t.dtype and torch.equal(received[sync][name], t)
     assert pointers[0] == pointers[1] and len(pointers[0]) == 3  # float32 slots 0 and 1, bfloat16 slot 0
+
+
+def test_a_staged_sync_sends_the_weights_as_they_were_when_staged():
+    """Asynchronous training stages a copy and broadcasts it while the learner trains on: what
+    arrives is the staged weights, whatever the learner wrote since, and the buffers are reused."""
+    weights = {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+    buckets = plan_buckets(tensor_metas(weights.items()), bucket_bytes=1 << 20)
+    port, received = free_port(), {}
+
+    def receiver():
+        group = SyncGroup("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        received.update((n, t.clone()) for n, t in receive_weights(group, buckets))
+
+    th = threading.Thread(target=receiver)
+    th.start()
+    sender = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
+    staged = stage_buckets(buckets, weights.__getitem__)
+    weights["w"].add_(100.0)  # the learner's next update
+    broadcast_staged(sender, staged)
+    th.join(timeout=30)
+    assert torch.equal(received["w"], torch.arange(6.0).view(2, 3)) and torch.equal(received["b"], weights["b"])
+    again = stage_buckets(buckets, weights.__getitem__, staged)
+    assert [t.data_ptr() for t in again] == [t.data_ptr() for t in staged] and again[0][0] == 100.0
 
 
 def test_a_tensor_marked_transposed_travels_transposed_and_arrives_in_its_own_layout():

@@ -1,0 +1,49 @@
+"""WeightChannel: the rollout side's end of weight sync. It owns the bucket plan, the wire layout the
+engines taught it, the group's backend (the engines' device decides, RolloutPool.sync_backend) and
+the policy version each sync carries. The learner is only the sender it calls, by these methods:
+weight_buckets(bucket_mb), sync_address(), init_weight_sync(host, port, world_size, backend,
+timeout_s) -> pending calls, send_weights(buckets, background) -> pending calls.
+"""
+from __future__ import annotations
+
+import ray
+
+from rollout.pool import RolloutPool
+
+
+class WeightChannel:
+    def __init__(self, pool: RolloutPool, sender, bucket_mb: int, timeout_s: float = 120.0):
+        self.pool, self.sender, self.timeout_s = pool, sender, timeout_s
+        self.buckets = sender.weight_buckets(bucket_mb)
+        self.wire_planned = False
+        self.receiving: list = []  # the engines' receives of a sync still in flight (push(wait=False))
+        self.connect()
+
+    def connect(self) -> None:
+        """(Re)build the broadcast group: the sender's rank 0 plus every engine, at a fresh port on
+        the sender's node (it serves the group's store; the engines may be on other nodes). After an
+        engine restarted, a sync in flight died with the old group."""
+        self.receiving = []
+        host, port = self.sender.sync_address()
+        engines = self.pool.init_weight_sync(host, port, self.timeout_s)
+        ray.get(self.sender.init_weight_sync(host, port, self.pool.sync_world_size, self.pool.sync_backend,
+                                             self.timeout_s) + engines)
+
+    def push(self, version: int, wait: bool = True) -> None:
+        """Send the sender's weights to every engine as policy `version`. wait=False returns once the
+        sender has staged a copy (it broadcasts in the background, and trains meanwhile); each engine
+        takes them after the generate calls already queued on it, never inside one. The first sync
+        is always waited for: it teaches the wire layout."""
+        self.settle()
+        background = not wait and self.wire_planned
+        receiving = self.pool.receive_weights(self.buckets, version)
+        ray.get(self.sender.send_weights(self.buckets, background) + ([] if background else receiving))
+        if background:
+            self.receiving = receiving
+        elif not self.wire_planned:  # the engines have found their layouts: send in them from now on
+            self.buckets, self.wire_planned = self.pool.wire_plan(self.buckets), True
+
+    def settle(self) -> None:
+        """Wait for a sync still in flight (a dead engine raises here, as in any other call)."""
+        receiving, self.receiving = self.receiving, []
+        ray.get(receiving)
