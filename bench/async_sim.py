@@ -97,10 +97,10 @@ def table(name: str, g, s, u, y, spread, tail) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--generate", type=float, default=3.61)
-    p.add_argument("--score", type=float, default=2.33)
-    p.add_argument("--update", type=float, default=9.95)
-    p.add_argument("--sync", type=float, default=0.18)
+    p.add_argument("--generate", type=float, default=3.60)
+    p.add_argument("--score", type=float, default=1.95)
+    p.add_argument("--update", type=float, default=7.29)
+    p.add_argument("--sync", type=float, default=0.156)
     p.add_argument("--tail", type=float, default=0.3, help="share of generate time spent on the longest responses alone")
     p.add_argument("--spread", type=float, default=0.3, help="lognormal sigma of a batch's generate time")
     a = p.parse_args()

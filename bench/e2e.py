@@ -75,7 +75,8 @@ def run_mode(cfg, steps: int, warmup: int) -> dict:
     step_s = (ends[-1] - ends[warmup - 1]) / (steps - warmup)
     idle = {role: statistics.median(r[f"pipeline/idle/{role}"] for r in rows[warmup:])
             for role in ("rollout", "scoring", "learner")}
-    return {"steps_per_s": 1 / step_s, "completions_per_s": len_samples(cfg) / step_s, "idle": idle,
+    phases = {k: statistics.median(r[f"timing/{k}"] for r in rows[warmup:]) for k in ("generate", "score", "update", "sync")}
+    return {"steps_per_s": 1 / step_s, "completions_per_s": len_samples(cfg) / step_s, "idle": idle, "phases_s": phases,
             "staleness": statistics.fmean(r["async/staleness_mean"] for r in rows),
             "accuracy": [before.get(ACCURACY, float("nan")), after.get(ACCURACY, float("nan"))],
             "sampled_reward": after["eval/sampled/reward/mean"]}
@@ -87,19 +88,20 @@ def len_samples(cfg) -> int:
 
 def compare_modes(config: str, modes: list[str], seeds: list[int], steps: int, warmup: int, overrides: list[str]) -> dict:
     out = {}
-    for mode in modes:
-        name, _, staleness = mode.partition(":")
-        extra = [f"async_training.mode={name}"] + ([f"async_training.max_staleness={staleness}"] if staleness else [])
-        for seed in seeds:
+    for seed in seeds:  # modes interleaved, so the machine's drift over the minutes spreads over all of them
+        for mode in modes:
+            name, _, staleness = mode.partition(":")
+            extra = [f"async_training.mode={name}"] + ([f"async_training.max_staleness={staleness}"] if staleness else [])
             with tempfile.TemporaryDirectory() as tmp:
                 cfg = load_config(config, [f"total_steps={steps}", f"run_root={tmp}", "logging.wandb.mode=disabled",
                                            "logging.progress_bar=false", f"seed={seed}", *extra, *overrides])
                 cfg.learner.model_path = resolve_model_path(cfg.learner.model_path, str(REPO / "runs"))
                 out[(mode, seed)] = run_mode(cfg, steps, warmup)
             print(mode, seed, json.dumps(out[(mode, seed)]), flush=True)
-    base = statistics.median(out[(modes[0], s)]["steps_per_s"] for s in seeds)
+    ratios = {m: statistics.median(out[(m, s)]["steps_per_s"] / out[(modes[0], s)]["steps_per_s"] for s in seeds)
+              for m in modes}
     print(f"\n{Path(config).stem}: {steps} steps, medians over seeds {seeds} (accuracy: each seed)")
-    print("| mode | steps/s | vs first | completions/s | idle rollout / scoring / learner | staleness | held-out greedy acc. after |")
+    print("| mode | steps/s | vs first (median of per-seed ratios) | completions/s | idle rollout / scoring / learner | staleness | held-out greedy acc. after |")
     print("|---|---|---|---|---|---|---|")
     for mode in modes:
         runs = [out[(mode, s)] for s in seeds]
@@ -107,7 +109,7 @@ def compare_modes(config: str, modes: list[str], seeds: list[int], steps: int, w
         sps = med(lambda r: r["steps_per_s"])
         idle = " / ".join(f"{med(lambda r: r['idle'][k]):.2f}" for k in ("rollout", "scoring", "learner"))
         acc = ", ".join(f"{r['accuracy'][1]:.3f}" for r in runs)
-        print(f"| {mode} | {sps:.3f} | {sps / base:.2f}x | {med(lambda r: r['completions_per_s']):.1f} | {idle} | "
+        print(f"| {mode} | {sps:.3f} | {ratios[mode]:.2f}x | {med(lambda r: r['completions_per_s']):.1f} | {idle} | "
               f"{med(lambda r: r['staleness']):.2f} | {acc} |")
     return {f"{m}/{s}": v for (m, s), v in out.items()}
 
