@@ -227,8 +227,9 @@ class Trainer:
 
     def _launch(self, step: int, n: int) -> Ahead:
         """Launch generation for the next n prompts, seeded as step `step`'s."""
-        indices = self.sampler.next(n)
-        return Ahead(step, indices, self.rollout.submit([self._prompt(self.train[i]) for i in indices], step))
+        job = Ahead(step, self.sampler.next(n), None)
+        job.pending = self._resubmit(job)
+        return job
 
     def _collect(self, job: Ahead) -> RolloutBatch:
         """The job's samples. If an engine died, wait for Ray to restart it, give it the current weights
@@ -266,6 +267,7 @@ class Trainer:
                 job.pending = self._resubmit(job)
 
     def _resubmit(self, job: Ahead) -> list:
+        """(Re)launch the job's generation from its prompts, seeded as its step's."""
         return self.rollout.submit([self._prompt(self.train[i]) for i in job.indices], job.step)
 
     def check_finite(self, stats: dict[str, float]) -> None:
