@@ -1,13 +1,12 @@
 """`relay plan`: the memory each role needs, per device, before anything is launched.
 
-Pure arithmetic on a model's shape (read from its config.json, or from a small table of known
-architectures when the folder is not on this machine), counted as the code allocates: ZeRO 0-3 with AdamW,
-HF eager layers, rollout/logprobs.py's chunks, vLLM's memory fraction. tests/orchestrator/test_plan.py
-checks the estimates against real CPU steps.
-"""
+Pure arithmetic on a model's shape (its config.json, or a small table of known architectures), counted as
+the code allocates: ZeRO 0-3 with AdamW, HF eager layers, rollout/logprobs.py's chunks, vLLM's memory
+fraction, async training's staged weights. tests/orchestrator/test_plan.py checks it against real CPU steps."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,6 +259,9 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     separate = gae and lc.value_head == ValueHead.separate
     learner = learner_lines(policy, lc, c.learner_ranks, mb, tokens, scalar_head=gae and not separate,
                             entropy_grad=cfg.algorithm.entropy_coef != 0)
+    if cfg.async_training.mode.value != "sync" and lc.zero_stage != 3:  # Learner.send_weights(background=True)
+        learner.append(("policy staged weights", param_count(policy) * DTYPE_BYTES[rc.dtype],
+                        f"async_training, rank 0: the copy in {rc.dtype} broadcast while the next update runs"))
     if separate:  # the critic lives on the same rank, its own engine and AdamW
         critic = (_shape(plan, lc.critic_model_path, "learner.critic_model_path", cfg.run_root, rm)
                   if lc.critic_init == CriticInit.reward_model else policy)
@@ -366,8 +368,6 @@ def load(path: str | Path, overrides: list[str]):
 
 
 def _machine_bytes() -> float:
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 

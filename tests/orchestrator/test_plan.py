@@ -155,6 +155,15 @@ def test_grpo_qwen_preset_by_hand(capsys):
     assert _devices(out)["scoring GPU (reference + reward models)"] == "10.69 GB"
 
 
+def test_async_training_counts_the_staged_weights_on_the_learner(capsys):
+    qwen = str(REPO / "configs/grpo_qwen2.5-0.5b_1node_gpu.yaml")
+    assert main(["plan", qwen]) == 0
+    assert "policy staged weights" not in _rows(capsys.readouterr().out)  # sync: sent straight from the weights
+    assert main(["plan", qwen, "async_training.mode=one_step"]) == 0
+    # 494.03M params in the engines' bfloat16: 0.99 GB, held by rank 0 between syncs
+    assert _rows(capsys.readouterr().out)["policy staged weights"] == "0.99 GB"
+
+
 def test_scoring_joins_the_colocated_gpu(capsys):
     # colocated on shared GPUs: the scoring models stay resident on the device; their logits only
     # while scoring (vLLM awake), the weights also during the update (vLLM asleep)
