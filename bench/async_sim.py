@@ -6,8 +6,9 @@ The inputs are one synchronous step's phases, in seconds, as bench/e2e.py measur
 relay on the SmolLM2 bf16 preset, docs/benchmarks.md). The model, stated so it can be argued with:
 - Work scales ideally with the devices a phase gets: on a share f of the cluster it takes
   (seconds / f). The synchronous loop (colocated, verl's hybrid engine) gives every phase the whole
-  cluster in turn; the asynchronous modes split it, a share r for the engines and 1 - r for the
-  learner and the scoring service (which take turns). Each mode gets its best r (a grid of 1/16ths).
+  cluster in turn; the asynchronous modes split it, a share r for the engines and the scoring service
+  (relay judges each batch behind its generation, while the engines would wait) and 1 - r for the
+  learner. Each mode gets its best r (a grid of 1/16ths).
 - Except generation's tail: a batch ends with its longest response, whose tokens are decoded one
   after another however many devices wait. A share `tail` of the generate time is this latency (it
   does not shrink with devices; the devices idle through it), the rest is throughput. Batch k's
@@ -43,8 +44,8 @@ def simulate(g: float, s: float, u: float, y: float, lead: int, r: float, factor
              across: bool = False) -> float:
     """Seconds per step, steady state, of `lead` (0 = the synchronous colocated loop) with a share r
     of the cluster for the engines; across: the engines fill the tail with the next batch's requests."""
-    def generate(f: float) -> float:  # one batch on the engines' share
-        return g * f * ((1 - tail) / r + (0.0 if across else tail))
+    def generate(f: float) -> float:  # one batch on the engines' share, then its scoring
+        return g * f * ((1 - tail) / r + (0.0 if across else tail)) + s / r
 
     if lead == 0:
         return statistics.fmean(g * f + s + u + y for f in factors)
@@ -55,7 +56,7 @@ def simulate(g: float, s: float, u: float, y: float, lead: int, r: float, factor
 
     def train(j: int) -> None:
         nonlocal learner_free
-        learner_free = max(learner_free, ready[j]) + (s + u) / (1 - r) + stage
+        learner_free = max(learner_free, ready[j]) + u / (1 - r) + stage
         synced.append(learner_free)
         finished.append(learner_free)
 

@@ -19,6 +19,7 @@ class Ahead:
     indices: list[int]  # its prompts, as indices into the training prompts
     pending: list | None  # its generate calls in flight
     batch: RolloutBatch | None = None  # once collected
+    judged: object = None  # its scoring launched behind its generation (ScoringPool.judge_ahead), if any
 
     def state_dict(self) -> dict:
         return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch)}
@@ -39,13 +40,13 @@ def staleness_metrics(versions: list[int], step: int, lead: int) -> dict[str, fl
     return m
 
 
-def busy_metrics(timings: dict[str, float], rollout_before: list[float], rollout_after: list[float]) -> dict[str, float]:
-    """Each role's busy share of the step (the rest it waited): the engines' own generate time (an
-    engine restarted in the step counts from its restart), the scoring call and the update."""
+def busy_metrics(timings: dict[str, float], before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, float]:
+    """Each role's busy share of the step (the rest it waited): the engines' and the scoring
+    service's own working time, read from them (`before`/`after`: seconds by role, one per actor; an
+    actor restarted in the step counts from its restart), and the update."""
     wall = timings["timing/total"]
-    rollout = statistics.fmean(max(0.0, b - a) if b >= a else b for a, b in zip(rollout_before, rollout_after))
-    busy = {"rollout": min(rollout / wall, 1.0), "scoring": timings["timing/score"] / wall,
-            "learner": timings["timing/update"] / wall}
+    busy = {role: min(statistics.fmean(max(0.0, b - a) if b >= a else b for a, b in zip(before[role], after[role])) / wall, 1.0)
+            for role in ("rollout", "scoring")} | {"learner": timings["timing/update"] / wall}
     return {f"pipeline/busy/{k}": v for k, v in busy.items()} | {f"pipeline/idle/{k}": 1.0 - v for k, v in busy.items()}
 
 

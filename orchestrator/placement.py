@@ -34,9 +34,10 @@ def cpu_threads(cfg) -> tuple[int, int, int]:
     """Torch threads of each rollout engine, each learner rank and the scoring service (0: the
     role's own default; rollout.cpu_threads and learner.threads, when set, win). Colocated roles
     that take turns (the sync loop) each use every core. When generation overlaps the learner
-    (async_training, colocated on CPUs), the engines get half the cores and the learner ranks and
-    the scoring service, which still take turns, the other half: oversubscribed cores would make
-    both sides slower than taking turns. With bundles of their own, Ray's setting (their CPUs) stands."""
+    (async_training, colocated on CPUs), the engines get half the cores and the learner ranks the
+    other half: oversubscribed cores would make both sides slower than taking turns. The scoring
+    service judges each batch behind its generation, while the engines wait (Trainer._judge_next),
+    so it gets the engines' half. With bundles of their own, Ray's setting (their CPUs) stands."""
     c, cores = cfg.cluster, os.cpu_count() or 1
     if not c.colocate:
         return cfg.rollout.cpu_threads, cfg.learner.threads, 0
@@ -45,7 +46,7 @@ def cpu_threads(cfg) -> tuple[int, int, int]:
     rollout_cores = max(1, cores // 2)
     rest = max(1, cores - rollout_cores)
     return (cfg.rollout.cpu_threads or max(1, rollout_cores // c.rollout_workers),
-            cfg.learner.threads or max(1, rest // c.learner_ranks), rest)
+            cfg.learner.threads or max(1, rest // c.learner_ranks), rollout_cores)
 
 
 def unit(resource: str) -> dict[str, float]:

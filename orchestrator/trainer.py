@@ -140,15 +140,16 @@ class Trainer:
         times only the wait for it, and the sync returns once the learner has staged its weights."""
         t: dict[str, float] = {}
         profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
-        busy_before = self.rollout.busy_seconds()
+        busy_before = self._busy()
         with profiled(self.roles(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
             with timed(t, "generate"):
-                batch, examples = self.next_batch()
+                batch, examples, judged = self.next_batch()
             with timed(t, "score"):
-                scored = self.score(batch, examples)
+                scored = self.score(batch, examples, judged)
             if self.cfg.data.dynamic_sampling:
                 with timed(t, "dynamic_sampling"):
                     batch, examples, scored = self.keep_informative(batch, examples, scored)
+            self._judge_next()
             with timed(t, "update"), self.rollout.asleep(self.sleep_engines):  # awake again before the sync
                 stats = self.learner.update(batch, scored, self.step)
             self.check_finite(stats)
@@ -159,17 +160,23 @@ class Trainer:
         self.counters["restarts/scoring"] = self.scoring.restarts
         return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
                 **staleness_metrics(batch.version_first, self.step, self.lead),
-                **busy_metrics(t, busy_before, self.rollout.busy_seconds()),
+                **busy_metrics(t, busy_before, self._busy()),
                 "throughput/tokens_per_s": tokens / t["timing/total"], "throughput/samples_per_s": len(batch) / t["timing/total"]}
 
-    def next_batch(self) -> tuple[RolloutBatch, list[dict]]:
-        """This step's batch. Generation is launched `lead` steps ahead first (the engines take each
-        weight sync after the batches queued before it), so the batch of step s comes from policy
-        version s - lead at the oldest; a batch older than that (only possible if the pipeline was
-        disturbed) is dropped, counted and generated again from the same prompts."""
+    def _busy(self) -> dict[str, list[float]]:
+        return {"rollout": self.rollout.busy_seconds(), "scoring": [self.scoring.busy_seconds()]}
+
+    def next_batch(self) -> tuple[RolloutBatch, list[dict], object]:
+        """This step's batch, and its scoring if launched ahead. Generation is launched `lead` steps
+        ahead first (the engines take each weight sync after the batches queued before it), so the
+        batch of step s comes from policy version s - lead at the oldest; a batch older than that
+        (only possible if the pipeline was disturbed) is dropped, counted and generated again from
+        the same prompts."""
         while len(self.ahead) <= self.lead and self.step + len(self.ahead) < self.cfg.total_steps:
             self.ahead.append(self._launch(self.step + len(self.ahead), self.cfg.data.rollout_batch_size))
-        return self.generate(first=self.ahead.popleft())
+        first = self.ahead.popleft()
+        batch, examples = self.generate(first=first)
+        return batch, examples, first.judged if len(examples) == len(first.indices) else None  # else topped up: scored whole
 
     def roles(self) -> dict:
         """Every actor by role name (rollout_i, scoring, learner_i)."""
@@ -180,9 +187,9 @@ class Trainer:
     def _temperature(self) -> float:
         return self.cfg.rollout.sampling.temperature
 
-    def score(self, batch: RolloutBatch, examples: list[dict]):
+    def score(self, batch: RolloutBatch, examples: list[dict], judged=None):
         meta = [self._meta(e) for e in examples]
-        return self.scoring.score(batch, meta, self._temperature)
+        return self.scoring.score(batch, meta, self._temperature, judged)
 
     def keep_informative(self, batch: RolloutBatch, examples: list[dict], scored):
         """Dynamic sampling (DAPO): groups whose rewards are all equal teach GRPO nothing; replace
@@ -228,7 +235,7 @@ class Trainer:
     def _launch(self, step: int, n: int) -> Ahead:
         """Launch generation for the next n prompts, seeded as step `step`'s."""
         job = Ahead(step, self.sampler.next(n), None)
-        job.pending = self._resubmit(job)
+        self._resubmit(job)
         return job
 
     def _collect(self, job: Ahead) -> RolloutBatch:
@@ -243,7 +250,8 @@ class Trainer:
                 job.batch = self.rollout.collect(job.pending)
         if any(self.step - v > self.lead for v in job.batch.version_first):
             self.counters["async/dropped_stale"] += len(job.batch)
-            job.batch, job.pending = None, self._resubmit(job)
+            job.batch = None
+            self._resubmit(job)
             return self._collect(job)
         return job.batch
 
@@ -264,11 +272,22 @@ class Trainer:
         self.channel.push(version)
         for job in [*jobs, *self.ahead]:
             if job.batch is None:
-                job.pending = self._resubmit(job)
+                self._resubmit(job)
 
-    def _resubmit(self, job: Ahead) -> list:
+    def _resubmit(self, job: Ahead) -> None:
         """(Re)launch the job's generation from its prompts, seeded as its step's."""
-        return self.rollout.submit([self._prompt(self.train[i]) for i in job.indices], job.step)
+        job.pending, job.judged = self.rollout.submit([self._prompt(self.train[i]) for i in job.indices], job.step), None
+
+    def _judge_next(self) -> None:
+        """Asynchronous modes: launch the next batch's scoring behind its generation, so it runs as soon
+        as the batch is generated, on time the engines' side would wait, while the learner trains on
+        this one; the learner's side keeps only the update. Only the next batch, and only after this
+        step's scoring calls: the service runs its calls in order, so none may queue behind a
+        generation further ahead."""
+        job = self.ahead[0] if self.ahead else None
+        if job is not None and job.judged is None:
+            parts = job.pending if job.batch is None else [job.batch]
+            job.judged = self.scoring.judge_ahead(parts, [self._meta(self.train[i]) for i in job.indices], self._temperature)
 
     def check_finite(self, stats: dict[str, float]) -> None:
         """Stop the run once more than algorithm.max_skipped_updates updates in a row were skipped for

@@ -15,17 +15,37 @@ from rollout.pool import await_ready
 log = logging.getLogger(__name__)
 
 
+class Restarted(Exception):
+    """The scoring actor answering is not the one the pool gave its state to."""
+
+
 class ScoringPool:
     def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str, threads: int, chunk_tokens: int,
                  options: dict):
         """options: the actor's Ray options (resources, placement, runtime_env, max_restarts)."""
-        self.actor = ray.remote(ScoringService).options(**options).remote(cfg, reference_path, dtype, threads,
-                                                                           chunk_tokens)
-        self.state = ray.get(self.actor.state_dict.remote())
+        # busy_seconds is answered from a concurrency group of its own, while the service judges
+        remote = ray.remote(concurrency_groups={"stats": 1})(ScoringService)
+        self.actor = remote.options(**options).remote(cfg, reference_path, dtype, threads, chunk_tokens)
+        self.state, self.instance = ray.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
         self.restarts = 0
 
-    def score(self, batch, metadata: list[dict], temperature: float):
-        return self._call(lambda: self.actor.score.remote(batch, metadata, temperature))
+    def judge_ahead(self, pending: list, metadata: list[dict], temperature: float):
+        """Judge the batch that the pending generate calls will make, as soon as they finish
+        (ScoringService.judge); returns the call for score(..., judged=)."""
+        return self.actor.judge.remote(*pending, metadata=metadata, temperature=temperature)
+
+    def score(self, batch, metadata: list[dict], temperature: float, judged=None):
+        """judged: a judge_ahead call for this very batch, so only the shaping is left. If the actor
+        died since, the restarted one scores the batch whole."""
+        whole = lambda: self.actor.score.remote(batch, metadata, temperature)  # noqa: E731
+        return self._call((lambda: self.actor.finish.remote(judged)) if judged is not None else whole, whole)
+
+    def busy_seconds(self) -> float:
+        """The service's seconds spent judging since it (re)started (0 while Ray restarts it)."""
+        try:
+            return ray.get(self.actor.busy_seconds.remote())
+        except ray.exceptions.RayActorError:
+            return 0.0
 
     def evaluate(self, batch, metadata: list[dict], temperature: float, with_reference: bool):
         return self._call(lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference))
@@ -37,19 +57,26 @@ class ScoringPool:
         ray.get(self.actor.load_state_dict.remote(state))
         self.state = state
 
-    def _call(self, call):
-        def once():
-            result, self.state = ray.get([call(), self.actor.state_dict.remote()])
+    def _call(self, call, retry=None):
+        """call(), keeping the state it leaves. If the actor died, in the call or before it (Ray queues
+        calls for an actor it is restarting: one could run on the new actor before it has the state),
+        wait for the restart, give it the state and make the call again (`retry`, if given)."""
+        def once(call):
+            result, state, instance = ray.get([call(), self.actor.state_dict.remote(), self.actor.instance_id.remote()])
+            if instance != self.instance:
+                raise Restarted(instance)
+            self.state = state
             return result
 
         try:
-            return once()
-        except ray.exceptions.RayActorError as e:
+            return once(call)
+        except (ray.exceptions.RayActorError, Restarted) as e:
             self.restarts += 1
             log.warning("scoring service died (%s); waiting for its restart and retrying", type(e).__name__)
             await_ready([self.actor])
+            self.instance = ray.get(self.actor.instance_id.remote())
             ray.get(self.actor.load_state_dict.remote(self.state))
-            return once()
+            return once(retry or call)
 
     def shutdown(self) -> None:
         ray.kill(self.actor)

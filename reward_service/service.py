@@ -4,8 +4,11 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import uuid
 
+import ray
 import torch
 
 from reward_service.combine import combine, run_source, source_metrics
@@ -16,7 +19,7 @@ from reward_service.sources import build_source
 from reward_service.types import ScoredBatch
 from rollout.device import process_device
 from rollout.logprobs import DEFAULT_CHUNK_TOKENS
-from rollout.profiling import Profiled
+from rollout.profiling import Busy, Profiled
 from rollout.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -53,7 +56,17 @@ class RewardFunction:
         return [None if bad else t for t, bad in zip(total, invalid)]
 
 
-class ScoringService(Profiled):
+@dataclasses.dataclass
+class Judged:
+    """A batch judged but not yet shaped: each source's run, the combined raw reward, which samples
+    are invalid, and the reference logprobs."""
+    runs: dict
+    total: list[float]
+    invalid: list[bool]
+    ref_logprobs: list[list[float]]
+
+
+class ScoringService(Profiled, Busy):
     def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str = "float32", threads: int = 0,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
         """`dtype`: the learner's compute dtype (the reference's logprobs then match the policy's);
@@ -66,24 +79,42 @@ class ScoringService(Profiled):
         self.reference = ReferenceModel(cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size,
                                         chunk_tokens, self.device)
         self.running = RunningMeanStd()
+        self._instance = uuid.uuid4().hex  # tells a restarted actor from the one before (ScoringPool)
+        self.keep_threads()
 
     def ready(self) -> bool:
         return True
 
+    def instance_id(self) -> str:
+        return self._instance
+
     def score(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0) -> ScoredBatch:
         """For training: rewards clipped and normalised (the running normaliser moves).
         `metadata[j]` belongs to prompt j of the step (answer, task entry, ...)."""
-        runs, total, invalid = self._judge(batch, metadata)
-        rewards = shape(total, invalid, self.cfg.clip, self.cfg.normalization, self.running)
-        return self._scored(runs, total, invalid, rewards, self.reference.logprobs(batch, temperature))
+        return self.finish(self.judge(batch, metadata=metadata, temperature=temperature))
+
+    def judge(self, *parts: RolloutBatch, metadata: list[dict], temperature: float = 1.0) -> Judged:
+        """The half of `score` that reads no state (raw rewards, reference logprobs) of the batch the
+        parts make together, in order. Asynchronous training calls it with the generate calls still
+        pending, so it runs as soon as they finish, while the learner trains on the batch before."""
+        batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
+        with self.working():
+            runs, total, invalid = self._judge(batch, metadata)
+            return Judged(runs, total, invalid, self.reference.logprobs(batch, temperature))
+
+    def finish(self, judged: Judged) -> ScoredBatch:
+        """The other half: clip and normalise (the running normaliser moves, in the order of the calls)."""
+        rewards = shape(judged.total, judged.invalid, self.cfg.clip, self.cfg.normalization, self.running)
+        return self._scored(judged.runs, judged.total, judged.invalid, rewards, judged.ref_logprobs)
 
     def evaluate(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0,
                  with_reference: bool = True) -> ScoredBatch:
         """For evaluation, read-only: raw combined rewards (no clip, no normalisation; 0 where
         invalid), the normaliser untouched; reference logprobs only when asked for."""
-        runs, total, invalid = self._judge(batch, metadata)
+        with self.working():
+            runs, total, invalid = self._judge(batch, metadata)
+            ref = self.reference.logprobs(batch, temperature) if with_reference else [[] for _ in range(len(batch))]
         rewards = [0.0 if bad else t for t, bad in zip(total, invalid)]
-        ref = self.reference.logprobs(batch, temperature) if with_reference else [[] for _ in range(len(batch))]
         return self._scored(runs, total, invalid, rewards, ref)
 
     def _judge(self, batch: RolloutBatch, metadata: list[dict]):
@@ -107,6 +138,10 @@ class ScoringService(Profiled):
             ref_logprobs=ref_logprobs,
             metrics=metrics,
         )
+
+    @ray.method(concurrency_group="stats")
+    def busy_seconds(self) -> float:
+        return Busy.busy_seconds(self)
 
     def state_dict(self) -> dict:
         return {"running": self.running.state_dict()}

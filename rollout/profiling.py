@@ -66,9 +66,18 @@ class Busy:
 
     _busy_total = 0.0
     _busy_since: float | None = None
+    _threads = 0  # torch threads the actor set up (keep_threads), for every thread it works in
+
+    def keep_threads(self) -> None:
+        """Call at the end of __init__. An actor with a concurrency group runs its methods in threads
+        of Ray's, and OpenMP keeps its thread count per calling thread: a method would compute on
+        OMP_NUM_THREADS (1 under Ray), not on the threads __init__ (or vLLM) set up."""
+        self._threads = torch.get_num_threads()
 
     @contextmanager
     def working(self):
+        if self._threads:
+            torch.set_num_threads(self._threads)
         self._busy_since = time.monotonic()
         try:
             yield

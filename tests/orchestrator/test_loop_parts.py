@@ -159,13 +159,43 @@ def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(slee
     loop = SimpleNamespace(
         cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0)),
         step=0, counters={}, sleep_engines=sleep, lead=0,
-        next_batch=lambda: (calls.append("generate"), (batch, [{}, {}]))[1],
-        score=lambda b, e: (calls.append("score"), scored)[1],
-        rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled), busy_seconds=lambda: [0.0]),
+        next_batch=lambda: (calls.append("generate"), (batch, [{}, {}], None))[1],
+        score=lambda b, e, judged: (calls.append("score"), scored)[1],
+        _judge_next=lambda: calls.append("judge_next"), _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
+        rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled)),
         scoring=SimpleNamespace(restarts=0),
         learner=SimpleNamespace(update=lambda b, s, step: (calls.append("update"), stats)[1],
                                 update_kl=lambda kl, n: (calls.append("update_kl"), 0.01)[1]),
         check_finite=lambda s: None, push=lambda version: calls.append(("sync", version)))
     Trainer.train_step(loop)
     middle = ["sleep", "update", "wake_up"] if sleep else ["update"]
-    assert calls == ["generate", "score", *middle, ("sync", 1), "update_kl"]
+    # the next batch's scoring is launched after this one's (the service runs its calls in order)
+    assert calls == ["generate", "score", "judge_next", *middle, ("sync", 1), "update_kl"]
+
+
+def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or_its_samples():
+    """Trainer._judge_next: the scoring service runs its calls in order, so a judge call queued behind a
+    generation further ahead would hold up the next step's scoring; a batch generated again (stale,
+    or its engine died) drops its judge call."""
+    from collections import deque
+
+    from orchestrator.phases import Ahead
+
+    launched = []
+    loop = SimpleNamespace(
+        train=[{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}], _temperature=1.0, _meta=lambda e: e["prompt"],
+        scoring=SimpleNamespace(judge_ahead=lambda parts, meta, t: launched.append((parts, meta)) or len(launched)),
+        rollout=SimpleNamespace(submit=lambda prompts, step: ["regenerated"]), _prompt=lambda e: e["prompt"])
+    nxt, after = Ahead(1, [0, 2], ["gen1"]), Ahead(2, [1], ["gen2"])
+    loop.ahead = deque([nxt, after])
+    Trainer._judge_next(loop)
+    Trainer._judge_next(loop)  # already judged: not again
+    assert launched == [(["gen1"], ["a", "c"])] and nxt.judged == 1 and after.judged is None
+    Trainer._resubmit(loop, nxt)
+    assert nxt.pending == ["regenerated"] and nxt.judged is None
+    nxt.batch = "collected"  # e.g. restored from a checkpoint: judged from its samples
+    Trainer._judge_next(loop)
+    assert launched[-1] == (["collected"], ["a", "c"]) and nxt.judged == 2
+    loop.ahead = deque()
+    Trainer._judge_next(loop)  # sync mode: nothing ahead
+    assert len(launched) == 2

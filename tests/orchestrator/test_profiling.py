@@ -43,8 +43,8 @@ def test_the_trainer_profiles_only_the_configured_step_and_the_cli_flag_sets_it(
         loop = SimpleNamespace(
             step=step, run_dir=run_dir, roles=lambda: {}, counters={}, sleep_engines=False, lead=0,
             cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=2)),
-            next_batch=lambda: (batch, [{}]), score=lambda b, e: scored,
-            rollout=SimpleNamespace(asleep=lambda enabled: nullcontext(), busy_seconds=lambda: [0.0]),
+            next_batch=lambda: (batch, [{}], None), score=lambda b, e, judged: scored, _judge_next=lambda: None,
+            _busy=lambda: {"rollout": [0.0], "scoring": [0.0]}, rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()),
             scoring=SimpleNamespace(restarts=0),
             learner=SimpleNamespace(update=lambda b, s, step: stats, update_kl=lambda kl, n: 0.01),
             check_finite=lambda s: None, push=lambda version: None)
@@ -54,3 +54,34 @@ def test_the_trainer_profiles_only_the_configured_step_and_the_cli_flag_sets_it(
         if profiled_here:
             assert "generate" in (run_dir / "profile" / "phases.txt").read_text()
     assert _parser().parse_args(["train", "--profile"]).profile
+
+
+def test_a_busy_actor_computes_on_its_threads_in_the_threads_ray_runs_its_methods_in(ray_cluster):
+    """Actors with a concurrency group (busy_seconds answers mid-call) run methods in Ray's threads,
+    where OpenMP would use OMP_NUM_THREADS (1 under Ray): measured, the scoring service's reference
+    forward on SmolLM2 took 3.7 s instead of 1.8 s. working() sets the actor's threads again there."""
+    import threading
+
+    from rollout.profiling import Busy
+
+    class Role(Busy):
+        def __init__(self):
+            torch.set_num_threads(2)
+            self.keep_threads()
+
+        def work(self):
+            calls, real = [], torch.set_num_threads
+            torch.set_num_threads = lambda n: (calls.append((threading.get_ident(), n)), real(n))
+            try:
+                with self.working():
+                    return calls, threading.get_ident(), torch.get_num_threads()
+            finally:
+                torch.set_num_threads = real
+
+        @ray_cluster.method(concurrency_group="stats")
+        def busy(self):
+            return Busy.busy_seconds(self)
+
+    role = ray_cluster.remote(concurrency_groups={"stats": 1})(Role).options(num_cpus=0).remote()
+    calls, thread, threads = ray_cluster.get(role.work.remote())
+    assert calls == [(thread, 2)] and threads == 2 and ray_cluster.get(role.busy.remote()) >= 0.0

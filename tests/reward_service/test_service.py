@@ -1,4 +1,5 @@
 """The scoring service on real tiny models: reference logprobs, reward models, reasoning-gym, Ray."""
+import dataclasses
 import json
 
 import pytest
@@ -88,7 +89,7 @@ def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
     cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer),
                                 RewardSource(kind=SourceKind.format, pattern="^####", weight=0.5)],
                        invalid=InvalidPolicy.drop, normalization=Normalization.none, micro_batch_size=2)
-    service = ray.remote(ScoringService).options(num_cpus=1).remote(cfg, tiny_model)
+    service = ray.remote(concurrency_groups={"stats": 1})(ScoringService).options(num_cpus=1).remote(cfg, tiny_model)
     batch = batch_of(PAIRS)
     meta = [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
     scored = ray.get(service.score.remote(batch, meta, 1.0))
@@ -116,3 +117,41 @@ def test_evaluation_is_read_only_and_reports_raw_rewards(tiny_model):
     assert scored.rewards == [1.0, 1.0, 0.0, 1.0] and scored.invalid == [False, False, True, False]
     assert scored.ref_logprobs == [[], [], [], []]  # no reference forward when nobody reads it
     assert service.evaluate(batch, meta).ref_logprobs == service.reference.logprobs(batch)
+
+
+def same(a, b) -> bool:
+    """Scored batches equal, NaN (an invalid sample's component) equal to NaN."""
+    return json.dumps(dataclasses.asdict(a)) == json.dumps(dataclasses.asdict(b))
+
+
+def test_judging_ahead_then_finishing_equals_scoring_the_batch_whole(tiny_model):
+    """Asynchronous training judges a batch from its engines' parts as soon as they are generated and
+    shapes it later (ScoringService.judge, .finish): the same rewards, reference logprobs and
+    normaliser as scoring the whole batch in one call."""
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.running)
+    whole, split = ScoringService(cfg, tiny_model), ScoringService(cfg, tiny_model)
+    batch, meta = batch_of(PAIRS), [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
+    first, second = batch.select([0, 1]), batch.select([2, 3])  # two engines' shards, global prompt indices
+    for _ in range(2):  # the second call shapes with the normaliser the first moved
+        want = whole.score(batch, meta)
+        got = split.finish(split.judge(first, second, metadata=meta))
+        assert same(got, want)
+    assert split.state_dict() == whole.state_dict() and split.busy_seconds() > 0
+
+
+def test_the_pool_finishes_a_batch_judged_ahead_and_rescores_it_if_the_service_died(ray_cluster, tiny_model):
+    from reward_service.pool import ScoringPool
+
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.running)
+    pool = ScoringPool(cfg, tiny_model, "float32", 1, 4096, {"num_cpus": 1, "max_restarts": 1})
+    direct = ScoringService(cfg, tiny_model)
+    batch, meta = batch_of(PAIRS), [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
+    parts = [ray.put(batch.select([0, 1])), ray.put(batch.select([2, 3]))]  # as pending generate calls
+    assert same(pool.score(batch, meta, 1.0, pool.judge_ahead(parts, meta, 1.0)), direct.score(batch, meta))
+    assert pool.busy_seconds() > 0
+    judged = pool.judge_ahead(parts, meta, 1.0)
+    ray.get(judged)
+    ray.kill(pool.actor, no_restart=False)  # the judged batch died with the service: scored whole again
+    assert same(pool.score(batch, meta, 1.0, judged), direct.score(batch, meta)) and pool.restarts == 1
+    assert pool.state_dict() == direct.state_dict()
+    pool.shutdown()
