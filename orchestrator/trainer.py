@@ -76,7 +76,7 @@ class Trainer:
                                    self.cfg.learner.logprob_chunk_tokens, dict(
                                        num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,
                                        resources=unit(c.scoring_resource) if free else {},
-                                       runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0)},
+                                       runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)},
                                        **({"scheduling_strategy": place[-1]} if place else {})))
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path, threads=learner_threads)
         self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, self.cfg.rollout.sampling, c.learner_ranks,

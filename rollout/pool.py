@@ -53,7 +53,7 @@ class RolloutPool:
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
-        env = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(keep_freed_memory, num_gpus > 0)
+        env = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(keep_freed_memory, num_gpus > 0, threaded=True)
         self.workers = []
         for i in range(num_workers):
             options = worker_options(num_cpus, num_gpus, max_restarts, env, resources)

@@ -141,3 +141,13 @@ def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monke
     assert cpu_threads(load_config(DEFAULT, ["async_training.mode=one_step"])) == (4, 4, 4)
     assert cpu_threads(load_config(DEFAULT, ["async_training.mode=full", "cluster.rollout_workers=2",
                                              "learner.threads=3"])) == (2, 3, 4)
+
+
+def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
+    """Actors with a concurrency group (engines, scoring) compute in Ray's threads; glibc would give
+    each its own arena, which maps large tensors afresh (SmolLM2 scoring 3.5 s against 1.6 s)."""
+    from rollout.device import malloc_env
+
+    assert malloc_env(True, gpu=False, threaded=True)["MALLOC_ARENA_MAX"] == "1"
+    assert "MALLOC_ARENA_MAX" not in malloc_env(True, gpu=False)  # the learner computes in its main thread
+    assert malloc_env(False, gpu=False, threaded=True) == {} == malloc_env(True, gpu=True, threaded=True)
