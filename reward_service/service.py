@@ -80,7 +80,7 @@ class ScoringService(Profiled, Busy):
                                         chunk_tokens, self.device)
         self.running = RunningMeanStd()
         self._instance = uuid.uuid4().hex  # tells a restarted actor from the one before (ScoringPool)
-        self.keep_threads()
+        self.keep_threads(threads)
 
     def ready(self) -> bool:
         return True

@@ -68,11 +68,12 @@ class Busy:
     _busy_since: float | None = None
     _threads = 0  # torch threads the actor set up (keep_threads), for every thread it works in
 
-    def keep_threads(self) -> None:
-        """Call at the end of __init__. An actor with a concurrency group runs its methods in threads
-        of Ray's, and OpenMP keeps its thread count per calling thread: a method would compute on
-        OMP_NUM_THREADS (1 under Ray), not on the threads __init__ (or vLLM) set up."""
-        self._threads = torch.get_num_threads()
+    def keep_threads(self, threads: int = 0) -> None:
+        """Call at the end of __init__ with the threads the role was given (0: what __init__ left set).
+        An actor with a concurrency group runs its methods in threads of Ray's, and OpenMP keeps its
+        thread count per calling thread: a method would compute on OMP_NUM_THREADS (1 under Ray), not
+        on the role's threads. (vLLM's CPU worker sets torch to every core it binds, whatever it was given.)"""
+        self._threads = threads or torch.get_num_threads()
 
     @contextmanager
     def working(self):

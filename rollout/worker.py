@@ -34,7 +34,7 @@ class RolloutWorker(Profiled, Busy):
         # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
         # weight_loader after loading, so those engines take vLLM's reload path.
         self.direct_load = self.device.type == "cuda" or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
-        self.keep_threads()
+        self.keep_threads(threads)
 
     def ready(self) -> bool:
         return True

@@ -85,3 +85,6 @@ def test_a_busy_actor_computes_on_its_threads_in_the_threads_ray_runs_its_method
     role = ray_cluster.remote(concurrency_groups={"stats": 1})(Role).options(num_cpus=0).remote()
     calls, thread, threads = ray_cluster.get(role.work.remote())
     assert calls == [(thread, 2)] and threads == 2 and ray_cluster.get(role.busy.remote()) >= 0.0
+    given = Busy()
+    given.keep_threads(1)  # the role's own setting wins over what vLLM left torch set to (every core)
+    assert given._threads == 1
