@@ -10,7 +10,7 @@ import ray
 
 from reward_service.config import RewardConfig
 from reward_service.service import ScoringService
-from rollout.pool import await_ready
+from rollout.pool import await_ready, busy_seconds
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,7 @@ class ScoringPool:
 
     def busy_seconds(self) -> float:
         """The service's seconds spent judging since it (re)started (0 while Ray restarts it)."""
-        try:
-            return ray.get(self.actor.busy_seconds.remote())
-        except ray.exceptions.RayActorError:
-            return 0.0
+        return busy_seconds([self.actor])[0]
 
     def evaluate(self, batch, metadata: list[dict], temperature: float, with_reference: bool):
         return self._call(lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference))

@@ -88,15 +88,8 @@ class RolloutPool:
         return RolloutBatch.concat(ray.get(pending))
 
     def busy_seconds(self) -> list[float]:
-        """Each engine's seconds spent generating since it (re)started, answered while it generates;
-        0 for an engine that is down (Ray is restarting it)."""
-        out = []
-        for pending in [w.busy_seconds.remote() for w in self.workers]:
-            try:
-                out.append(ray.get(pending))
-            except ray.exceptions.RayActorError:
-                out.append(0.0)
-        return out
+        """Each engine's seconds spent generating since it (re)started (see busy_seconds)."""
+        return busy_seconds(self.workers)
 
     @property
     def sync_world_size(self) -> int:
@@ -159,6 +152,18 @@ class RolloutPool:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+
+
+def busy_seconds(actors: list) -> list[float]:
+    """Each Busy actor's working seconds since it (re)started, answered while it works; 0 for an
+    actor that is down (Ray is restarting it)."""
+    out = []
+    for pending in [a.busy_seconds.remote() for a in actors]:
+        try:
+            out.append(ray.get(pending))
+        except ray.exceptions.RayActorError:
+            out.append(0.0)
+    return out
 
 
 def await_ready(actors: list, timeout_s: float = 300.0) -> None:
