@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from learner.config import Estimator, KLControllerKind, KLPlacement, LossAggregation
+from learner.config import Estimator, KLControllerKind, KLPlacement, LossAggregation, PolicyLoss
 from learner.models import no_dropout_config
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.config import TrainConfig
@@ -43,6 +43,7 @@ def supported(cfg: TrainConfig) -> None:
     wrong = {"algorithm.estimator": (a.estimator, Estimator.grpo), "algorithm.kl_placement": (a.kl_placement, KLPlacement.loss),
              "algorithm.kl_controller": (a.kl_controller, KLControllerKind.fixed),
              "algorithm.loss_aggregation": (a.loss_aggregation, LossAggregation.token_mean),
+             "algorithm.policy_loss": (a.policy_loss, PolicyLoss.ppo),
              "learner.lora.rank": (cfg.learner.lora.rank, 0), "data.dynamic_sampling": (cfg.data.dynamic_sampling, False)}
     bad = [f"{k}: {v[0]!s} (needs {v[1]!s})" for k, v in wrong.items() if v[0] != v[1]]
     if bad:

@@ -225,19 +225,24 @@ OUTCOME_ESTIMATORS = {
 # ---------------------------------------------------------------- losses
 
 
-def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean", total: float | None = None) -> Tensor:
-    """token_mean: every response token weighs the same; seq_mean: per-sequence mean, then mean.
+def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean", total: float | None = None,
+              norm_tokens: float | None = None) -> Tensor:
+    """token_mean: every response token weighs the same; seq_mean: per-sequence mean, then mean;
+    seq_sum_norm (Dr. GRPO): per-sequence sum / norm_tokens, then mean, so no length bias.
 
-    `total` replaces the denominator (tokens for token_mean, sequences for seq_mean) with that of
+    `total` replaces the denominator (tokens for token_mean, sequences otherwise) with that of
     the whole mini-batch, so micro-batch losses on any number of ranks add up to the global one.
     """
     if mode == "token_mean":
         return masked_mean(loss, mask) if total is None else masked_sum(torch.where(mask > 0, loss, 0.0), mask) / total
-    if mode == "seq_mean":
-        has_token = (mask.sum(-1) > 0).float()
-        per_seq = masked_mean(loss, mask, dim=-1)
-        return masked_mean(per_seq, has_token) if total is None else masked_sum(per_seq, has_token) / total
-    raise ValueError(f"unknown loss aggregation {mode!r}; expected token_mean or seq_mean")
+    if mode not in ("seq_mean", "seq_sum_norm"):
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected token_mean, seq_mean or seq_sum_norm")
+    if mode == "seq_sum_norm" and not norm_tokens:
+        raise ValueError("seq_sum_norm needs norm_tokens > 0")
+    has_token = (mask.sum(-1) > 0).float()
+    per_seq = (masked_mean(loss, mask, dim=-1) if mode == "seq_mean"
+               else masked_sum(torch.where(mask > 0, loss, 0.0), mask, dim=-1) / norm_tokens)
+    return masked_mean(per_seq, has_token) if total is None else masked_sum(per_seq, has_token) / total
 
 
 def aggregate_total(mask: Tensor, mode: str) -> float:
@@ -255,6 +260,7 @@ def ppo_policy_loss(
     aggregation: str = "token_mean",
     total: float | None = None,
     weights: Tensor | None = None,
+    norm_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), negated to be minimised.
 
@@ -264,24 +270,35 @@ def ppo_policy_loss(
     the denominator, as AReaL and IcePop do, so masking tokens does not rescale the others.
     """
     log_ratio = torch.where(mask > 0, logprobs.float() - old_logprobs.float(), 0.0)
-    ratio = log_ratio.exp()
+    return clipped_surrogate(log_ratio.exp(), log_ratio, advantages, mask, clip_eps, clip_eps_high, aggregation, total,
+                             weights, norm_tokens)
+
+
+def clipped_surrogate(ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
+                      clip_eps_high: float | None, aggregation: str, total: float | None, weights: Tensor | None,
+                      norm_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """-min(ratio * A, clip(ratio) * A) per token (B, T), aggregated: PPO's on token ratios, GSPO's on
+    sequence ratios; the metrics' approx_kl comes from the token `log_ratio`."""
     high = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
-    loss = aggregate(per_token if weights is None else per_token * weights, mask, aggregation, total)
-    with torch.no_grad():
-        metrics = {
-            "clip_frac": masked_mean((clipped > unclipped).float(), mask),
-            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),  # k3 estimate of KL(old || new)
-            "ratio_mean": masked_mean(ratio, mask),
-        }
-    return loss, metrics
+    loss = aggregate(per_token if weights is None else per_token * weights, mask, aggregation, total, norm_tokens)
+    return loss, ratio_metrics(log_ratio, ratio, clipped > unclipped, mask)
+
+
+@torch.no_grad()
+def ratio_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """What every policy loss reports, over response tokens: the fraction `clipped`, the k3 estimate
+    of KL(old || new) from the token log-ratios, and the mean of the ratio the loss used."""
+    return {"clip_frac": masked_mean(clipped.float(), mask),
+            "approx_kl": masked_mean(log_ratio.exp() - 1.0 - log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask)}
 
 
 def ppo_value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_eps: float | None,
-    aggregation: str = "token_mean", total: float | None = None,
+    aggregation: str = "token_mean", total: float | None = None, norm_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Half squared error to the returns; with clip_eps, the pessimistic max of the plain and the
     clipped-around-old-values error (PPO2's value clipping)."""
@@ -294,7 +311,7 @@ def ppo_value_loss(
         err_clipped = (clipped - returns) ** 2
         loss_tok = torch.maximum(err, err_clipped)
         clip_frac = masked_mean((err_clipped > err).float(), mask)
-    return 0.5 * aggregate(loss_tok, mask, aggregation, total), {"vf_clip_frac": clip_frac.detach()}
+    return 0.5 * aggregate(loss_tok, mask, aggregation, total, norm_tokens), {"vf_clip_frac": clip_frac.detach()}
 
 
 # ---------------------------------------------------------------- off-policy correction

@@ -8,6 +8,7 @@ class Estimator(str, Enum):
     grpo = "grpo"  # group-normalised outcome reward, no critic
     rloo = "rloo"  # leave-one-out baseline, no critic
     reinforce_baseline = "reinforce_baseline"  # score minus a mean baseline (algorithm.reinforce_baseline), no critic
+    reinforce_pp = "reinforce_pp"  # REINFORCE++: discounted token returns (KL per token if in the reward), whitened over the batch
 
 
 class Baseline(str, Enum):
@@ -34,6 +35,13 @@ class KLControllerKind(str, Enum):
 class LossAggregation(str, Enum):
     token_mean = "token_mean"  # every response token weighs the same (DAPO)
     seq_mean = "seq_mean"  # mean over tokens of each sequence, then over sequences (GRPO paper)
+    seq_sum_norm = "seq_sum_norm"  # sum over each sequence's tokens / loss_norm_tokens, then mean over sequences (Dr. GRPO)
+
+
+class PolicyLoss(str, Enum):
+    ppo = "ppo"  # PPO's clipped surrogate on each token's ratio
+    gspo = "gspo"  # GSPO: one ratio per sequence (geometric mean of its tokens'), clipped per sequence
+    cispo = "cispo"  # CISPO: REINFORCE with each token's ratio clipped as a detached weight; no token loses its gradient
 
 
 class OffPolicyKind(str, Enum):
@@ -62,15 +70,18 @@ class OffPolicyConfig:
 
 @dataclass
 class AlgorithmConfig:
-    estimator: Estimator = Estimator.grpo  # advantage estimator: gae (PPO with a critic), grpo, rloo or reinforce_baseline
-    gamma: float = 1.0  # gae only: discount per token; 1.0 = none
+    estimator: Estimator = Estimator.grpo  # advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp
+    gamma: float = 1.0  # gae and reinforce_pp: discount per token; 1.0 = none
     lam: float = 0.95  # gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns
     clip_eps: float = 0.2  # PPO clip: ratio clipped to [1 - clip_eps, 1 + clip_eps] (upper bound: see clip_eps_high)
     clip_eps_high: float = 0.0  # DAPO clip-higher: the ratio's upper clip is 1 + clip_eps_high; 0 = clip_eps
+    policy_loss: PolicyLoss = PolicyLoss.ppo  # ppo, gspo or cispo (see learner/losses.py); all use clip_eps / clip_eps_high
+    cispo_clip_low: float = 0.0  # cispo only: its weight is also bounded below by 1 - this; 0 = no lower bound (the paper's choice)
     value_clip_eps: float = 0.2  # gae only: new values are clipped to old +- this; the larger of the two errors counts
     vf_coef: float = 0.5  # gae only: weight of the value loss (shared head: added to the policy loss)
     entropy_coef: float = 0.0  # entropy bonus: coef * entropy is subtracted from the loss; 0 = off
-    loss_aggregation: LossAggregation = LossAggregation.token_mean  # how token losses are averaged: token_mean or seq_mean
+    loss_aggregation: LossAggregation = LossAggregation.token_mean  # how token losses are averaged: token_mean, seq_mean or seq_sum_norm
+    loss_norm_tokens: int = 0  # seq_sum_norm only: the constant each sequence's token sum is divided by; 0 = rollout.sampling.max_new_tokens
     kl_estimator: KLEstimator = KLEstimator.k3  # per-token estimate of KL(policy || reference): k1, k2 or k3 (Schulman)
     kl_placement: KLPlacement = KLPlacement.loss  # where the KL penalty goes: reward (per token) or loss
     kl_controller: KLControllerKind = KLControllerKind.fixed  # fixed coefficient, or adaptive (steered towards target_kl)
@@ -78,9 +89,10 @@ class AlgorithmConfig:
     target_kl: float = 6.0  # adaptive controller only: KL per sequence (summed over a response's tokens, mean over samples), as in Ziegler et al. 2019 / TRL
     kl_horizon: int = 10000  # adaptive controller only: samples over which the error is corrected
     whiten_rewards: bool = False  # gae only: rescale token rewards to unit batch std around their (kept) mean before GAE
-    normalize_advantages: bool = True  # gae, reinforce_baseline: whiten over the batch; rloo and grpo without std scaling: divide by the batch std only (an all-equal group stays 0); grpo with grpo_scale_by_std: nothing more
+    normalize_advantages: bool = True  # gae, reinforce_baseline, reinforce_pp: whiten over the batch; rloo and grpo without std scaling: divide by the batch std only (an all-equal group stays 0); grpo with grpo_scale_by_std: nothing more
     grpo_scale_by_std: bool = True  # grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)
     reinforce_baseline: Baseline = Baseline.group  # estimator reinforce_baseline only: which mean is subtracted
+    reinforce_pp_group_baseline: bool = False  # reinforce_pp only: subtract the group's mean score first (REINFORCE++-baseline)
     max_skipped_updates: int = 3  # stop the run after more than this many consecutive updates skipped as non-finite; 0 = never stop
     ppo_epochs: int = 1  # passes over each step's batch
     mini_batch_size: int = 16  # samples per optimizer step, all ranks together; must divide the step's samples

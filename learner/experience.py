@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from learner import algorithms as A
+from learner import losses as L
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
 from reward_service.types import ScoredBatch
 from rollout.config import SamplingConfig
@@ -82,15 +83,19 @@ def sharded_forward(fn, n: int, micro: int, rank: int, world: int,
 
 def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_coef: float, mask: torch.Tensor,
                values: torch.Tensor | None, group_size: int, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(advantages, returns) per token. GAE uses token rewards (KL in the reward if so placed);
-    outcome estimators score sequences (minus kl_coef * the sequence's KL if in the reward), with
-    the samples not `valid` (B,) left out of their groups."""
+    """(advantages, returns) per token. GAE and REINFORCE++ use token rewards (KL in the reward if so
+    placed); outcome estimators score sequences (minus kl_coef * the sequence's KL if in the reward),
+    with the samples not `valid` (B,) left out of their groups."""
     in_reward = cfg.kl_placement == KLPlacement.reward
     if cfg.estimator == Estimator.gae:
         rewards = A.token_rewards(scores, kl, kl_coef if in_reward else 0.0, mask)
         if cfg.whiten_rewards:
             rewards = A.masked_whiten(rewards, mask, shift_mean=False)
         adv, returns = A.compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
+    elif cfg.estimator == Estimator.reinforce_pp:
+        adv = L.reinforce_pp_returns(scores, kl, kl_coef if in_reward else 0.0, mask, cfg.gamma, group_size, valid,
+                                     cfg.reinforce_pp_group_baseline)
+        returns = None
     else:
         seq_scores = scores - kl_coef * A.masked_sum(kl, mask, dim=-1) if in_reward else scores
         fn = A.OUTCOME_ESTIMATORS[cfg.estimator.value]
@@ -102,8 +107,9 @@ def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_
 
 
 def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Batch normalisation of advantages. GRPO and RLOO are already centred per group: shifting by
-    the batch mean would give an all-equal group a non-zero advantage, so they are only rescaled
+    """Batch normalisation of advantages: whitening over every token of the batch (for REINFORCE++
+    its global normalisation, not per group). GRPO and RLOO are already centred per group: shifting
+    by the batch mean would give an all-equal group a non-zero advantage, so they are only rescaled
     (and GRPO with its own std scaling is left as it is)."""
     if not cfg.normalize_advantages or (cfg.estimator == Estimator.grpo and cfg.grpo_scale_by_std):
         return adv

@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 from learner import algorithms as A
+from learner import losses as L
 from learner.config import (AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, OffPolicyKind,
-                            ValueHead)
+                            PolicyLoss, ValueHead)
 from learner.engine import init_distributed, make_engine, skipped_steps
 from learner.experience import Experience, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
@@ -132,7 +133,8 @@ class Learner(Profiled):
                 values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
             if values is not None:
                 vf_loss, vm = A.ppo_value_loss(values, mb["old_values"], mb["returns"], mb["mask"],
-                                               self.algo.value_clip_eps, agg, total)
+                                               self.algo.value_clip_eps, agg, total,
+                                               loss_norm_tokens(self.algo, self.sampling))
                 m["loss/value"], m["learner/vf_clip_frac"] = vf_loss.item(), vm["vf_clip_frac"].item() * _share(mb, total, agg)
                 if self.critic_engine is None:
                     policy_loss = policy_loss + self.algo.vf_coef * vf_loss
@@ -151,7 +153,8 @@ class Learner(Profiled):
         fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics."""
         logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
         loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, self.temperature,
-                                  self.cfg.logprob_chunk_tokens, total, agg, old_from_forward=fill is not None)
+                                  self.cfg.logprob_chunk_tokens, total, agg, old_from_forward=fill is not None,
+                                  norm_tokens=loss_norm_tokens(self.algo, self.sampling))
         if fill is not None:
             self._fill_old(fill, idx, logits, mb, terms["logprobs"])
         share = _share(mb, total, agg)
@@ -333,13 +336,14 @@ class _Sending:
 
 
 def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: float, temperature: float,
-                chunk_tokens: int, total: float, agg: str,
-                old_from_forward: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A micro-batch's policy loss from its logits (B, L-1, V), and its terms (policy, entropy,
-    clip_frac, approx_kl, kl when placed in the loss, and the detached logprobs). Logprobs and
-    entropy come chunk by chunk (no float32 (B, L-1, V) tensor); the entropy enters the graph only
-    when entropy_coef uses it. old_from_forward (experience.single_pass): the old logprobs are these
-    logprobs, detached, instead of mb["old_logprobs"]."""
+                chunk_tokens: int, total: float, agg: str, old_from_forward: bool = False,
+                norm_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A micro-batch's loss from its logits (B, L-1, V) (the policy loss is algorithm.policy_loss's, from
+    learner/losses.py's table), and its terms (policy, entropy, clip_frac, approx_kl, kl when placed in
+    the loss, and the detached logprobs). Logprobs and entropy come chunk by chunk (no float32
+    (B, L-1, V) tensor); the entropy enters the graph only when entropy_coef uses it.
+    old_from_forward (experience.single_pass): the old logprobs are these logprobs, detached, instead
+    of mb["old_logprobs"]. norm_tokens: seq_sum_norm's constant."""
     mask, use_entropy = mb["mask"], algo.entropy_coef != 0
     logprobs, entropy = chunked_logprobs_entropy(logits, mb["input_ids"][:, 1:], temperature, chunk_tokens,
                                                  entropy_grad=use_entropy)
@@ -347,15 +351,17 @@ def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: 
     o = algo.off_policy
     weights = (A.off_policy_weights(old, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap,
                                     o.low, o.high) if o.correction != OffPolicyKind.none else None)
-    pg, pm = A.ppo_policy_loss(logprobs, old, mb["advantages"], mask, algo.clip_eps,
-                               algo.clip_eps_high or None, aggregation=agg, total=total, weights=weights)
-    entropy = A.aggregate(entropy, mask, agg, total)
+    # cispo's lower bound has its own key: the paper has none, and PPO's clip_eps would impose one
+    low = (algo.cispo_clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
+    pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](logprobs, old, mb["advantages"], mask, low,
+                                                     algo.clip_eps_high or algo.clip_eps, agg, total, weights, norm_tokens)
+    entropy = A.aggregate(entropy, mask, agg, total, norm_tokens)
     loss = pg - algo.entropy_coef * entropy if use_entropy else pg
     terms = {"policy": pg, "entropy": entropy, "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"],
              "logprobs": logprobs.detach()}
     if algo.kl_placement == KLPlacement.loss:
         terms["kl"] = A.aggregate(A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask), mask, agg,
-                                  total)
+                                  total, norm_tokens)
         loss = loss + kl_coef * terms["kl"]
     return loss, terms
 
@@ -366,6 +372,11 @@ def nonfinite_inputs(exp: Experience) -> list[str]:
     names = ["old_logprobs", "ref_logprobs", "advantages", "old_values", "returns"]
     return [n for n in names if getattr(exp, n) is not None
             and not torch.isfinite(torch.where(exp.mask > 0, getattr(exp, n), 0.0)).all()]
+
+
+def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplingConfig) -> int:
+    """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens, or the longest response sampled."""
+    return algo.loss_norm_tokens or sampling.max_new_tokens
 
 
 def _share(mb: dict, total: float, agg: str) -> float:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, ValueHead
 from reward_service.config import SourceKind
 
-CRITIC_FREE = {Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline}
+CRITIC_FREE = {Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline, Estimator.reinforce_pp}
 GROUPED = {Estimator.grpo, Estimator.rloo}
 
 
@@ -93,6 +93,9 @@ def _algorithm(cfg):
         yield "algorithm.reinforce_baseline", (
             f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n}); "
             "use batch")
+    if a.estimator == Estimator.reinforce_pp and a.reinforce_pp_group_baseline and n < 2:
+        yield "algorithm.reinforce_pp_group_baseline", (
+            f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n})")
     for key in ("gamma", "lam"):
         if not 0 <= getattr(a, key) <= 1:
             yield f"algorithm.{key}", f"must be in [0, 1], got {getattr(a, key)}"
@@ -100,6 +103,10 @@ def _algorithm(cfg):
         yield "algorithm.clip_eps", f"must be > 0, got {a.clip_eps}"
     if a.clip_eps_high < 0:
         yield "algorithm.clip_eps_high", f"must be >= 0 (0 = clip_eps), got {a.clip_eps_high}"
+    if not 0 <= a.cispo_clip_low < 1:
+        yield "algorithm.cispo_clip_low", f"must be in [0, 1) (0 = no lower bound), got {a.cispo_clip_low}"
+    if a.loss_norm_tokens < 0:
+        yield "algorithm.loss_norm_tokens", f"must be >= 0 (0 = rollout.sampling.max_new_tokens), got {a.loss_norm_tokens}"
     if a.max_skipped_updates < 0:
         yield "algorithm.max_skipped_updates", f"must be >= 0 (0 = never stop), got {a.max_skipped_updates}"
     if a.ppo_epochs < 1:

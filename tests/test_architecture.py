@@ -25,11 +25,21 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_math_core_imports_nothing_distributed_and_no_models_or_config():
-    mods = imported_modules(REPO / "learner" / "algorithms.py")
+PURE_MATH = ("algorithms", "losses")  # learner/'s math modules: tensors in, tensors out
+
+
+@pytest.mark.parametrize("module", PURE_MATH)
+def test_math_core_imports_nothing_distributed_and_no_models_or_config(module):
+    path = REPO / "learner" / f"{module}.py"
+    mods = imported_modules(path)
     top = {m.split(".")[0] for m in mods}
-    assert top <= {"__future__", "math", "torch", "typing", "collections", "dataclasses"}, top
+    assert top <= {"__future__", "math", "torch", "typing", "collections", "dataclasses", "learner"}, top
     assert not any(m.startswith("torch.distributed") for m in mods)
+    # of learner/, only the other pure modules (`from learner import algorithms`)
+    from_learner = {a.name for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.module == "learner" for a in node.names}
+    dotted = {m.removeprefix("learner.") for m in mods if m.startswith("learner.")}
+    assert from_learner | dotted <= set(PURE_MATH), from_learner | dotted
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -51,7 +51,7 @@ BASE = "data:\n  task: t\nlearner:\n  model_path: m\n"
 @pytest.mark.parametrize("overrides, message", [
     (["algorithm.clip_epss=0.1"], "command line 'algorithm.clip_epss=0.1': algorithm.clip_epss: unknown key; did you mean 'clip_eps'?"),
     (["algorithm.clip_eps=abc"], "algorithm.clip_eps: Value 'abc' of type 'str' could not be converted to Float"),
-    (["algorithm.estimator=ppo2"], "algorithm.estimator: Invalid value 'ppo2', expected one of [gae, grpo, rloo, reinforce_baseline]"),
+    (["algorithm.estimator=ppo2"], "algorithm.estimator: Invalid value 'ppo2', expected one of [gae, grpo, rloo, reinforce_baseline, reinforce_pp]"),
     (["rollout.sampling.n_samples_per_prompt=1"], "grpo compares samples of one prompt: needs >= 2, got 1"),
     (["algorithm.mini_batch_size=100"], "algorithm.mini_batch_size: 100 must divide the samples per step"),
     (["algorithm.micro_batch_size=48"], "algorithm.micro_batch_size: micro_batch_size (48) x cluster.learner_ranks (1) must divide"),
@@ -129,6 +129,25 @@ def test_async_and_off_policy_settings_are_checked_by_key():
         load_config(DEFAULT, ["algorithm.off_policy.high=0.9"])
     with pytest.raises(ConfigError, match="algorithm.off_policy.cap: must be > 0"):
         load_config(DEFAULT, ["algorithm.off_policy.cap=0"])
+
+
+def test_policy_losses_and_their_keys_are_checked_by_key():
+    cfg = load_config(DEFAULT, ["algorithm.policy_loss=gspo", "algorithm.clip_eps=0.9", "algorithm.loss_aggregation=seq_mean"])
+    assert cfg.algorithm.policy_loss.value == "gspo"  # a large clip is fine: a sequence ratio moves less than a token's
+    cfg = load_config(DEFAULT, ["algorithm.grpo_scale_by_std=false", "algorithm.loss_aggregation=seq_sum_norm"])
+    assert cfg.algorithm.loss_aggregation.value == "seq_sum_norm" and cfg.algorithm.loss_norm_tokens == 0  # Dr. GRPO
+    assert load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.clip_eps_high=4"]).algorithm.clip_eps_high == 4
+    with pytest.raises(ConfigError, match="algorithm.policy_loss: Invalid value 'sapo', expected one of"):
+        load_config(DEFAULT, ["algorithm.policy_loss=sapo"])
+    with pytest.raises(ConfigError, match="algorithm.loss_norm_tokens: must be >= 0"):
+        load_config(DEFAULT, ["algorithm.loss_norm_tokens=-1"])
+    with pytest.raises(ConfigError, match=r"algorithm.cispo_clip_low: must be in \[0, 1\)"):
+        load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.cispo_clip_low=1"])
+    over = ["algorithm.estimator=reinforce_pp", "rollout.sampling.n_samples_per_prompt=1",
+            "algorithm.mini_batch_size=64", "algorithm.micro_batch_size=64"]
+    assert load_config(DEFAULT, over).algorithm.estimator.value == "reinforce_pp"  # REINFORCE++ needs no groups
+    with pytest.raises(ConfigError, match="algorithm.reinforce_pp_group_baseline: a group baseline needs >= 2"):
+        load_config(DEFAULT, over + ["algorithm.reinforce_pp_group_baseline=true"])
 
 
 def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monkeypatch):
