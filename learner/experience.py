@@ -137,6 +137,8 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
     input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, pad_id)
     valid = torch.tensor(scored.valid, dtype=torch.float32)[:, None]
     mask = response_mask * valid
+    if batch.action_mask:  # multi-turn episodes: observation tokens get no gradient and no KL
+        mask = mask * ragged_to_dense(batch.action_mask, response_mask)
     ref, behaviour = ragged_to_dense(scored.ref_logprobs, response_mask), ragged_to_dense(batch.logprobs, response_mask)
     scores = torch.tensor(scored.rewards, dtype=torch.float32)
     if not recompute:

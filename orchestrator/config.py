@@ -5,6 +5,7 @@ Every field is documented once, here or in the section's own module.
 from dataclasses import dataclass, field
 from enum import Enum
 
+from envs.config import EnvConfig
 from learner.config import AlgorithmConfig, LearnerConfig, SupervisedTrainConfig
 from reward_service.config import RewardConfig
 from rollout.config import RolloutConfig
@@ -35,7 +36,7 @@ class ClusterConfig:
 class DataConfig:
     train_files: list[str] = field(default_factory=list)  # prompt files, JSONL or Parquet; give these or task, not both
     eval_files: list[str] = field(default_factory=list)  # held-out prompt files; empty = eval_size training prompts drawn at random (seeded) and removed from training
-    task: str = ""  # prompts from a task instead of files (addition_2digit, a reasoning-gym name); "" = files
+    task: str = ""  # prompts from a task instead of files (addition_2digit, addition_3digit, guess_number, a reasoning-gym name); "" = files
     task_size: int = 1000  # training prompts generated from task (task only)
     prompt_key: str = "prompt"  # the field holding the prompt: text, a list of chat messages, or token ids
     answer_key: str = "answer"  # optional reference answer, passed to rewards; other fields travel as metadata
@@ -104,6 +105,7 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: actors per role and their devices
     data: DataConfig = field(default_factory=DataConfig)  # the prompts
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # the vLLM engines and how they sample
+    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes: the environment the samples play (none: single-turn)
     reward: RewardConfig = field(default_factory=RewardConfig)  # reward sources, reward shaping and the reference policy
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # estimator, losses, KL and batch sizes of the update
     async_training: AsyncConfig = field(default_factory=AsyncConfig)  # how far generation runs ahead of the learner

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from orchestrator.config import TrainConfig
 from orchestrator.data import load_split, policy_prompt, reward_metadata
-from orchestrator.phases import prompt_text
+from orchestrator.phases import VERIFIABLE, prompt_text
 from reward_service.config import RewardSource, SourceKind
 
 # (label in tables and report.json, metric key)
@@ -26,7 +26,6 @@ LABELS = [("greedy accuracy", "eval/greedy/reward/accuracy"), ("greedy reward", 
           ("sampled accuracy", "eval/sampled/reward/accuracy"), ("sampled reward", "eval/sampled/reward/mean"),
           ("KL to reference (per token)", "eval/sampled/kl_ref"), ("response length", "eval/sampled/response/length_mean"),
           ("distinct-1", "eval/sampled/distinct_1"), ("distinct-2", "eval/sampled/distinct_2")]
-VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym")  # sources whose mean is an accuracy
 CURVES = [("reward/mean", "reward"), ("kl/ref", "KL to reference"), ("learner/entropy", "entropy"),
           ("response/length_mean", "response length"), ("kl/coef", "kl_coef")]
 
@@ -63,7 +62,8 @@ def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bo
     ss = score(s, meta, temperature, True)
     m = reward_metrics(gs, "eval/greedy/") if greedy else {}
     m.update(reward_metrics(ss, "eval/sampled/"))
-    kl = [b - r for lp, ref in zip(s.logprobs, ss.ref_logprobs) for b, r in zip(lp, ref)]
+    acts = s.action_mask or [[1] * len(lp) for lp in s.logprobs]  # episodes: the model's tokens only
+    kl = [b - r for lp, ref, act in zip(s.logprobs, ss.ref_logprobs, acts) for b, r, a in zip(lp, ref, act) if a]
     m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per token, the k1 estimate on the sampler's tokens
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.response_lengths)
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.response_ids, 1), distinct_n(s.response_ids, 2)
@@ -154,9 +154,9 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
     scoring = ScoringService(dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference), reference)
     evals = {}
     for role, path in (("policy", str(policy)), ("reference", reference)):
-        pool = RolloutPool(cfg.rollout, path, 1, cfg.seed)
+        pool = RolloutPool(cfg.rollout, path, 1, cfg.seed, env=cfg.env)
         try:
-            evals[role] = evaluate_policy(lambda p, greedy: pool.generate(p, step=0, greedy=greedy), scoring.evaluate,
+            evals[role] = evaluate_policy(lambda p, greedy: pool.generate(p, step=0, greedy=greedy, tasks=meta), scoring.evaluate,
                                           prompts, meta, cfg.eval.greedy, cfg.rollout.sampling.temperature)
         finally:
             pool.shutdown()
@@ -171,6 +171,13 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
     (out / "report.md").write_text(markdown(report, evals, prompts, curves, cfg.eval.num_samples_to_log))
     print(f"relay eval: {out / 'report.md'}", flush=True)
     return report
+
+
+def sample_rows(prompts: list, greedy, scored, k: int) -> list[dict]:
+    """The first k held-out prompts with the policy's greedy answer and its reward (the reference
+    columns are the trainer's to fill)."""
+    return [{"prompt": prompt_text(prompts[j])[:60], "reference": None, "reference_reward": None,
+             "policy": greedy.response_text[i], "reward": scored.rewards[i]} for i, j in enumerate(greedy.prompt_index[:k])]
 
 
 def shown(ev: Evaluation):

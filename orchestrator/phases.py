@@ -6,10 +6,14 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
+from learner.checkpoint import recover
 from reward_service.types import ScoredBatch
 from rollout.prompts import is_chat, is_token_ids
 from rollout.types import RolloutBatch
+
+VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # sources whose mean is an accuracy
 
 
 @dataclass
@@ -84,10 +88,21 @@ def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") ->
     }
     for name, scores in scored.components.items():
         good = [s for s in scores if s == s]  # not NaN
-        if name.startswith(("math_answer", "exact_match", "reasoning_gym")) and good:
+        if name.startswith(VERIFIABLE) and good:
             m.setdefault("reward/accuracy", statistics.fmean(good))
     m.update(scored.metrics)
+    if batch.env_return:
+        m.update(episode_metrics(batch))
     return {prefix + k: v for k, v in m.items()}
+
+
+def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """Multi-turn episodes: the environment's return and turns, and its failures, counted."""
+    returns = [r for r in batch.env_return if r is not None] or [float("nan")]
+    observed = sum(len(m) - sum(m) for m in batch.action_mask)
+    return {"env/return_mean": statistics.fmean(returns), "env/turns_mean": statistics.fmean(batch.turns),
+            "env/timeouts": float(batch.env_failure.count("timeout")), "env/errors": float(batch.env_failure.count("error")),
+            "env/observation_token_frac": observed / max(sum(batch.response_lengths), 1)}
 
 
 def prompt_text(prompt) -> str:
@@ -133,3 +148,24 @@ def nonfinite_cause(stats: dict[str, float]) -> str:
         return "non-finite: " + "; ".join(NONFINITE_CAUSES[n] for n in found)
     return ("the inputs were finite, so the loss or its gradients overflowed: lower learner.lr, or set "
             "learner.grad_clip")
+
+
+def checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `root` by step; one a crash left set aside mid-publish is restored first."""
+    if not root.exists():
+        return []
+    for old in root.glob("step_*.old"):
+        recover(old.with_suffix(""))
+    found = [(int(p.name.removeprefix("step_")), p) for p in root.glob("step_*")
+             if p.name.removeprefix("step_").isdigit() and (p / "orchestrator.json").exists()]
+    return sorted(found)
+
+
+def resume_path(resume: str, root: Path) -> Path | None:
+    """checkpoint.resume: never -> None; auto -> the newest complete checkpoint under `root`, if any; else that path."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = checkpoints(root)
+        return found[-1][1] if found else None
+    return Path(resume)

@@ -12,16 +12,17 @@ from typing import NoReturn
 
 import ray
 
-from learner.checkpoint import publish, recover
+from learner.checkpoint import publish
 from learner.group import LearnerGroup
+from orchestrator.agents import endpoint_batch, start_gateway
 from orchestrator.config import AsyncMode, TrainConfig
 from orchestrator.data import PromptSampler, load_split, policy_prompt, reward_metadata
-from orchestrator.evaluate import evaluate_policy, samples_table, shown, summary_table
+from orchestrator.evaluate import evaluate_policy, sample_rows, samples_table, shown, summary_table
 from orchestrator.load_config import to_dict
 from orchestrator.placement import cpu_threads, placement, unit
 from orchestrator.profiling import profiled
-from orchestrator.phases import (Ahead, TrainingError, batch_metrics, busy_metrics, nonfinite_cause, offset, pick_groups,
-                                 prompt_text, staleness_metrics, timed)
+from orchestrator.phases import (Ahead, TrainingError, batch_metrics, busy_metrics, checkpoints, nonfinite_cause, offset,
+                                 pick_groups, resume_path, staleness_metrics, timed)
 from orchestrator.plots import plot_run
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.signals import StopRequest, Stopped
@@ -53,7 +54,7 @@ class Trainer:
         if not ray.is_initialized():
             ray.init(address=cfg.cluster.address or None, include_dashboard=False, log_to_driver=False)
         self._start_roles()
-        resume_from = self._resume_path()
+        resume_from = resume_path(cfg.checkpoint.resume, self.run_dir / "checkpoints")
         if resume_from:
             self._load(resume_from)
         self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed=resume_from is not None)
@@ -71,7 +72,7 @@ class Trainer:
                                    sleep_mode=self.sleep_engines, scheduling=place[: c.rollout_workers] if place else None,
                                    resources=unit(c.rollout_resource) if free else None,
                                    step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt,
-                                   keep_freed_memory=c.cpu_keep_freed_memory)
+                                   keep_freed_memory=c.cpu_keep_freed_memory, env=self.cfg.env)
         self.scoring = ScoringPool(self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, scoring_threads,
                                    self.cfg.learner.logprob_chunk_tokens, dict(
                                        num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,
@@ -85,6 +86,7 @@ class Trainer:
                                     resources=unit(c.learner_resource) if free else None,
                                     keep_freed_memory=c.cpu_keep_freed_memory)
         self.channel = WeightChannel(self.rollout, self.learner, self.cfg.rollout.sync_bucket_mb)
+        self.gateway = start_gateway(self.rollout.workers, self.model_path, self.cfg.rollout) if self.endpoint.enabled else None
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: StopRequest | None = None) -> dict:
@@ -172,6 +174,10 @@ class Trainer:
         batch of step s comes from policy version s - lead at the oldest; a batch older than that
         (only possible if the pipeline was disturbed) is dropped, counted and generated again from
         the same prompts."""
+        if self.gateway is not None:  # an agent program's finished episodes, not data prompts
+            batch, examples, self.counters["endpoint/episodes"] = endpoint_batch(
+                self.gateway, self.cfg.data.rollout_batch_size, self.endpoint.wait_timeout_s)
+            return batch, examples, None
         while len(self.ahead) <= self.lead and self.step + len(self.ahead) < self.cfg.total_steps:
             self.ahead.append(self._launch(self.step + len(self.ahead), self.cfg.data.rollout_batch_size))
         first = self.ahead.popleft()
@@ -182,6 +188,10 @@ class Trainer:
         """Every actor by role name (rollout_i, scoring, learner_i)."""
         return ({f"rollout_{i}": w for i, w in enumerate(self.rollout.workers)} | {"scoring": self.scoring.actor}
                 | {f"learner_{i}": r for i, r in enumerate(self.learner.ranks)})
+
+    @property
+    def endpoint(self):
+        return self.cfg.rollout.endpoint
 
     @property
     def _temperature(self) -> float:
@@ -275,8 +285,10 @@ class Trainer:
                 self._resubmit(job)
 
     def _resubmit(self, job: Ahead) -> None:
-        """(Re)launch the job's generation from its prompts, seeded as its step's."""
-        job.pending, job.judged = self.rollout.submit([self._prompt(self.train[i]) for i in job.indices], job.step), None
+        """(Re)launch the job's generation from its prompts and tasks (what an environment resets on)."""
+        examples = [self.train[i] for i in job.indices]
+        job.pending, job.judged = self.rollout.submit([self._prompt(e) for e in examples], job.step,
+                                                      tasks=[self._meta(e) for e in examples]), None
 
     def _judge_next(self) -> None:
         """Asynchronous modes: launch the next batch's scoring behind its generation, so it runs as soon
@@ -312,11 +324,8 @@ class Trainer:
         """Held-out prompts through orchestrator.evaluate (read-only scoring, raw rewards)."""
         prompts = [self._prompt(e) for e in self.held_out]
         meta = [self._meta(e) for e in self.held_out]
-
-        def score(batch, meta, temperature, with_reference):
-            return self.scoring.evaluate(batch, meta, temperature, with_reference)
-
-        ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, step=0, greedy=greedy), score, prompts, meta,
+        ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, step=0, greedy=greedy, tasks=meta),
+                             self.scoring.evaluate, prompts, meta,
                              self.cfg.eval.greedy, self._temperature)
         self.samples = self._sample_table(prompts, *shown(ev))
         return ev.metrics
@@ -325,9 +334,7 @@ class Trainer:
         """The first held-out prompts, the current policy's greedy answer beside the reference
         policy's. The reference answer is the step-0 one: at step 0 the policy is the reference
         (unless reward.reference_model_path names another model)."""
-        rows = [{"prompt": prompt_text(prompts[j])[:60], "reference": None, "reference_reward": None,
-                 "policy": greedy.response_text[i], "reward": scored.rewards[i]}
-                for i, j in enumerate(greedy.prompt_index[: self.cfg.eval.num_samples_to_log])]
+        rows = sample_rows(prompts, greedy, scored, self.cfg.eval.num_samples_to_log)
         if self.step == 0:
             self.reference_samples = {r["prompt"]: (r["policy"], r["reward"]) for r in rows}
             self._write_json("eval_reference_samples.json", self.reference_samples)
@@ -349,29 +356,9 @@ class Trainer:
                  "ahead": [job.state_dict() for job in self.ahead if self._collect(job)]}  # generated ahead: kept as they are
         (tmp / "orchestrator.json").write_text(json.dumps(state))
         publish(tmp, final)
-        for old in sorted(self._checkpoints())[: -self.cfg.checkpoint.keep_last]:
+        for old in checkpoints(root)[: -self.cfg.checkpoint.keep_last]:
             shutil.rmtree(old[1])
         return final
-
-    def _checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints by step; one a crash left set aside mid-publish is restored first."""
-        root = self.run_dir / "checkpoints"
-        if not root.exists():
-            return []
-        for old in root.glob("step_*.old"):
-            recover(old.with_suffix(""))
-        found = [(int(p.name.removeprefix("step_")), p) for p in root.glob("step_*")
-                 if p.name.removeprefix("step_").isdigit() and (p / "orchestrator.json").exists()]
-        return sorted(found)
-
-    def _resume_path(self) -> Path | None:
-        resume = self.cfg.checkpoint.resume
-        if resume == "never":
-            return None
-        if resume == "auto":
-            found = self._checkpoints()
-            return found[-1][1] if found else None
-        return Path(resume)
 
     def _load(self, path: Path) -> None:
         state = json.loads((path / "orchestrator.json").read_text())
@@ -390,6 +377,8 @@ class Trainer:
         (self.run_dir / name).write_text(json.dumps(data, indent=1))
 
     def shutdown(self) -> None:
+        if self.gateway is not None:
+            ray.get(self.gateway.shutdown.remote())
         self.rollout.shutdown()
         self.learner.shutdown()
         self.scoring.shutdown()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from envs.base import make_factory
 from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, ValueHead
 from reward_service.config import SourceKind
 
@@ -17,6 +18,7 @@ def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from _learner(cfg)
     yield from _rewards(cfg.reward)
     yield from _cluster(cfg)
+    yield from _env(cfg)
 
 
 def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -160,6 +162,11 @@ def _rewards(reward):
             yield f"reward.sources.{i}.function", f"expected 'module.path:function', got {src.function!r}"
         if src.kind == SourceKind.remote and src.timeout_s <= 0:
             yield f"reward.sources.{i}.timeout_s", "a remote reward needs a deadline > 0"
+    if reward.overlong_buffer < 0:
+        yield "reward.overlong_buffer", f"must be >= 0 (0 = off), got {reward.overlong_buffer}"
+    if reward.overlong_buffer > 0 and not 0 < reward.overlong_buffer <= reward.overlong_max_tokens:
+        yield "reward.overlong_max_tokens", (f"overlong shaping needs overlong_max_tokens >= overlong_buffer "
+                                             f"({reward.overlong_buffer}), got {reward.overlong_max_tokens}")
     if reward.clip < 0:
         yield "reward.clip", f"must be >= 0 (0 = off), got {reward.clip}"
 
@@ -185,3 +192,42 @@ def _cluster(cfg):
         yield "data.train_files", "give prompt files (JSONL/Parquet) or data.task (a reasoning-gym task)"
     if cfg.data.train_files and cfg.data.task:
         yield "data.task", "give either data.train_files or data.task, not both"
+
+
+def _env(cfg):
+    e, r = cfg.env, cfg.rollout
+    uses_env_reward = any(src.kind == SourceKind.environment for src in cfg.reward.sources)
+    if r.endpoint.enabled:
+        yield from _endpoint(cfg)
+    if not e.name:
+        if uses_env_reward and not r.endpoint.enabled:
+            yield "reward.sources", "an environment source needs an environment (env.name) or the agent endpoint"
+        return
+    if r.endpoint.enabled:
+        yield "env.name", "the agent endpoint's episodes are the agent program's own: no environment with it"
+    try:
+        make_factory(e.name, e.options)  # an unknown class or bad options fail here, not in every engine
+    except ValueError as err:
+        key, _, why = str(err).partition(": ")
+        yield key, why
+    if e.max_turns < 1:
+        yield "env.max_turns", f"must be >= 1, got {e.max_turns}"
+    if e.max_episode_tokens < 0:
+        yield "env.max_episode_tokens", f"must be >= 0 (0 = max_turns * max_new_tokens), got {e.max_episode_tokens}"
+    if e.step_timeout_s <= 0:
+        yield "env.step_timeout_s", f"an environment needs a deadline > 0, got {e.step_timeout_s}"
+    budget = e.max_episode_tokens or e.max_turns * r.sampling.max_new_tokens
+    if r.max_prompt_tokens + budget > r.max_model_len:
+        yield "rollout.max_model_len", (f"{r.max_model_len} < max_prompt_tokens ({r.max_prompt_tokens}) + the episode's "
+                                        f"tokens ({budget}, env.max_episode_tokens or max_turns * max_new_tokens)")
+
+
+def _endpoint(cfg):
+    if cfg.rollout.sampling.n_samples_per_prompt != 1:
+        yield "rollout.sampling.n_samples_per_prompt", ("must be 1 with the agent endpoint: each episode is its own "
+                                                        "prompt (use a batch baseline, e.g. estimator reinforce_baseline "
+                                                        "with reinforce_baseline batch)")
+    if cfg.data.dynamic_sampling:
+        yield "data.dynamic_sampling", "the agent endpoint's episodes cannot be regenerated: turn it off"
+    if cfg.async_training.mode.value != "sync":
+        yield "async_training.mode", "the agent endpoint is asynchronous by itself (agents call while the learner trains): use sync"

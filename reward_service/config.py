@@ -12,6 +12,7 @@ class SourceKind(str, Enum):
     function = "function"  # user code `module.path:function(prompts, responses, metadata) -> floats`
     reward_model = "reward_model"  # a sequence-classification model with a scalar head
     remote = "remote"  # POST to an HTTP endpoint (see `relay serve-reward`)
+    environment = "environment"  # the episode's return from the environment (env.name); invalid where the environment failed
 
 
 class InvalidPolicy(str, Enum):
@@ -27,7 +28,7 @@ class Normalization(str, Enum):
 
 @dataclass
 class RewardSource:
-    kind: SourceKind = SourceKind.math_answer  # math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model or remote
+    kind: SourceKind = SourceKind.math_answer  # math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote or environment
     weight: float = 1.0  # this source's factor in the summed reward; 0 = reported, not trained on
     name: str = ""  # metric name (reward/<name>/mean); "" = the kind
     function: str = ""  # function: "module.path:function"
@@ -47,4 +48,7 @@ class RewardConfig:
     micro_batch_size: int = 16  # samples per reference/reward-model forward
     clip: float = 0.0  # clip the combined reward to [-clip, clip]; 0 = off
     normalization: Normalization = Normalization.none  # after clipping: none, batch (whiten the step's valid rewards) or running (checkpointed mean/std)
+    overlong_buffer: int = 0  # DAPO overlong shaping: the last this many tokens before overlong_max_tokens cost up to overlong_penalty, linearly; 0 = off
+    overlong_max_tokens: int = 0  # overlong shaping: the length (model tokens) at which the full penalty applies, e.g. rollout.sampling.max_new_tokens
+    overlong_penalty: float = 1.0  # overlong shaping: the penalty at and beyond overlong_max_tokens
     invalid: InvalidPolicy = InvalidPolicy.zero  # a sample some source could not score: zero (reward 0, still trains) or drop (masked out)

@@ -11,10 +11,10 @@ import uuid
 import ray
 import torch
 
-from reward_service.combine import combine, run_source, source_metrics
+from reward_service.combine import SourceRun, combine, run_source, source_metrics
 from reward_service.config import InvalidPolicy, RewardConfig
 from reward_service.reference import ReferenceModel
-from reward_service.shaping import RunningMeanStd, shape
+from reward_service.shaping import RunningMeanStd, overlong_penalty, shape
 from reward_service.sources import build_source
 from reward_service.types import ScoredBatch
 from rollout.device import process_device
@@ -122,7 +122,15 @@ class ScoringService(Profiled, Busy):
         # metadata["prompt"] when the caller gives it (see RewardModelSource), these only without one
         prompts = self.reference.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
         per_sample = [metadata[j] for j in batch.prompt_index]
-        return self.reward.run(prompts, batch.response_text, per_sample)
+        if batch.env_return:  # episodes: each sample's own return, for the environment source
+            per_sample = [{**m, "env_return": r} for m, r in zip(per_sample, batch.env_return)]
+        runs, total, invalid = self.reward.run(prompts, batch.response_text, per_sample)
+        c = self.cfg
+        if c.overlong_buffer:  # DAPO's soft overlong punishment, on the model's own tokens
+            lengths = [sum(a) for a in batch.action_mask] if batch.action_mask else batch.response_lengths
+            runs["overlong"] = SourceRun(overlong_penalty(lengths, c.overlong_max_tokens, c.overlong_buffer, c.overlong_penalty))
+            total = [t + p for t, p in zip(total, runs["overlong"].scores)]
+        return runs, total, invalid
 
     def _scored(self, runs, total, invalid, rewards, ref_logprobs) -> ScoredBatch:
         drop = self.cfg.invalid == InvalidPolicy.drop

@@ -38,6 +38,14 @@ class RunningMeanStd:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
+def overlong_penalty(lengths: list[int], max_tokens: int, buffer: int, factor: float = 1.0) -> list[float]:
+    """DAPO's soft overlong punishment (Yu et al. 2025): 0 up to max_tokens - buffer tokens, then
+    falling linearly to -factor at max_tokens, and -factor beyond. Added to the reward, it tells a
+    response cut at the length limit from one that ended, without punishing long reasoning abruptly."""
+    start = max_tokens - buffer
+    return [0.0 if n <= start else -factor * min(n - start, buffer) / buffer for n in lengths]
+
+
 def shape(rewards: list[float], invalid: list[bool], clip: float, normalization: Normalization,
           running: RunningMeanStd, eps: float = 1e-8) -> list[float]:
     """Clip to [-clip, clip] (0 = off), then normalise over the valid samples; invalid -> 0."""

@@ -39,6 +39,14 @@ class RuleSource:
         return [rules.length_penalty(r, self.cfg.target_length) for r in responses]
 
 
+class EnvironmentSource:
+    """The return the environment gave the episode (rollout/episodes.py), carried as
+    metadata["env_return"]; None (invalid, counted) where the environment failed."""
+
+    def score(self, prompts, responses, metadata) -> list[float | None]:
+        return [m.get("env_return") for m in metadata]
+
+
 class ReasoningGymSource:
     """A reasoning-gym task's own `score_answer(answer, entry)`; the entry travels in metadata.
 
@@ -141,6 +149,8 @@ def build_source(cfg: RewardSource, micro_batch_size: int = 16, device: torch.de
         return RuleSource(cfg)
     if kind == SourceKind.reasoning_gym:
         return ReasoningGymSource()
+    if kind == SourceKind.environment:
+        return EnvironmentSource()
     if kind == SourceKind.function:
         return FunctionSource(cfg)
     if kind == SourceKind.reward_model:

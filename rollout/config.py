@@ -23,6 +23,17 @@ class SamplingConfig:
 
 
 @dataclass
+class EndpointConfig:
+    """An OpenAI-compatible chat-completions server on the engines (rollout/gateway.py): an agent
+    program pointed at it is trained on its own calls, each episode's calls recorded as token ids."""
+    enabled: bool = False  # serve the endpoint; the training batches are then its finished episodes, not data prompts
+    host: str = "127.0.0.1"  # interface to listen on ("0.0.0.0": every interface)
+    port: int = 8000  # 0 = any free port (printed at start)
+    batch_wait_ms: float = 10.0  # requests arriving within this window go to an engine in one call
+    wait_timeout_s: float = 600.0  # a step waits at most this long for its finished episodes, then the run stops, saying how many came
+
+
+@dataclass
 class RolloutConfig:
     dtype: str = "float32"  # the engine's weights and compute; must equal learner.dtype (weights are sent in it), or behaviour logprobs drift
     enforce_eager: bool = True  # CPU: eager starts in ~13 s, compiled ~38 s; worth it only for larger models
@@ -38,3 +49,4 @@ class RolloutConfig:
     cpu_plain_linear: bool = True  # CPU only: keep plain F.linear so reloaded weights take effect (see vllm_ext)
     sync_bucket_mb: int = 16  # weight-sync bucket, MiB; small enough that loading bucket k overlaps receiving k+1
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # how prompts are sampled (greedy evaluation keeps all but temperature and n)
+    endpoint: EndpointConfig = field(default_factory=EndpointConfig)  # OpenAI-compatible endpoint for agent programs (off by default)

@@ -88,7 +88,8 @@ def request_seed(base: int, step: int, prompt_index: int) -> int:
     return (base * 1_000_003 + step * 10_007 + prompt_index) % (2**31 - 1)
 
 
-def sampling_params(s: SamplingConfig, seed: int, greedy: bool = False):
+def sampling_params(s: SamplingConfig, seed: int, greedy: bool = False, max_tokens: int | None = None):
+    """max_tokens: this request's cap when below s.max_new_tokens (an episode's token budget)."""
     from vllm import SamplingParams
 
     return SamplingParams(
@@ -97,7 +98,7 @@ def sampling_params(s: SamplingConfig, seed: int, greedy: bool = False):
         top_k=s.top_k,
         top_p=s.top_p,
         repetition_penalty=s.repetition_penalty,
-        max_tokens=s.max_new_tokens,
+        max_tokens=s.max_new_tokens if max_tokens is None else max_tokens,
         stop=list(s.stop) or None,
         stop_token_ids=list(s.stop_token_ids) or None,
         seed=None if greedy else seed,

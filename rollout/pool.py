@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import ray
 
+from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.device import collective_backend, malloc_env
 from rollout.engine import engine_env
@@ -45,23 +46,23 @@ class RolloutPool:
     def __init__(self, cfg: RolloutConfig, model_path: str, num_workers: int, seed: int,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 0,
                  sleep_mode: bool = False, scheduling: list | None = None, resources: dict[str, float] | None = None,
-                 step_samples: int = 0, keep_freed_memory: bool = False):
+                 step_samples: int = 0, keep_freed_memory: bool = False, env: EnvConfig | None = None):
         """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles);
         `resources`: custom Ray resources each worker requires (e.g. {"rollout_node": 1});
         `step_samples`: samples of one training step (sizes the engines' batch, rollout.engine.engine_batch);
-        keep_freed_memory: see rollout.device.malloc_env."""
+        keep_freed_memory: see rollout.device.malloc_env; env: the environment samples play (episodes)."""
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
-        env = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(keep_freed_memory, num_gpus > 0, threaded=True)
+        env_vars = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(keep_freed_memory, num_gpus > 0, threaded=True)
         self.workers = []
         for i in range(num_workers):
-            options = worker_options(num_cpus, num_gpus, max_restarts, env, resources)
+            options = worker_options(num_cpus, num_gpus, max_restarts, env_vars, resources)
             if scheduling:
                 options["scheduling_strategy"] = scheduling[i]
             actor = ray.remote(concurrency_groups={"stats": 1})(RolloutWorker).options(**options)  # busy_seconds answers mid-generate
             share = -(-step_samples // num_workers)
-            self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode, share))
+            self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode, share, env))
         ray.get([w.ready.remote() for w in self.workers])
         # the engines' own device decision (rollout.device), and the weight-sync backend it implies
         self.device = ray.get(self.workers[0].get_device.remote())
@@ -71,17 +72,18 @@ class RolloutPool:
         return len(self.workers)
 
     def generate(self, prompts: list[Prompt], step: int, greedy: bool = False,
-                 sampling: SamplingConfig | None = None) -> RolloutBatch:
+                 sampling: SamplingConfig | None = None, tasks: list[dict] | None = None) -> RolloutBatch:
         """Shard prompts contiguously over the workers, launch all, gather once, in prompt order."""
-        return self.collect(self.submit(prompts, step, greedy, sampling))
+        return self.collect(self.submit(prompts, step, greedy, sampling, tasks))
 
     def submit(self, prompts: list[Prompt], step: int, greedy: bool = False,
-               sampling: SamplingConfig | None = None) -> list:
+               sampling: SamplingConfig | None = None, tasks: list[dict] | None = None) -> list:
         """Launch generate() and return its pending shards (for collect). Each engine runs its calls
         in order, so weights sent after this reach it after these samples: asynchronous training
-        queues generation ahead this way."""
+        queues generation ahead this way. `tasks`: each prompt's answer and metadata, for episodes."""
         shards = [(w, s, e) for w, (s, e) in zip(self.workers, split_evenly(len(prompts), len(self.workers))) if e > s]
-        return [w.generate.remote(prompts[s:e], step, s, greedy, sampling) for w, s, e in shards]
+        return [w.generate.remote(prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None)
+                for w, s, e in shards]
 
     @staticmethod
     def collect(pending: list) -> RolloutBatch:

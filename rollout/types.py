@@ -24,6 +24,11 @@ class RolloutBatch:
     # token; equal while an engine takes new weights only between calls, as relay's do
     version_first: list[int] = field(default_factory=list)  # (B,)
     version_last: list[int] = field(default_factory=list)  # (B,)
+    # multi-turn episodes (rollout/episodes.py); empty for single-turn samples
+    action_mask: list[list[int]] = field(default_factory=list)  # (B, ragged) 1 = a model token, 0 = an observation token
+    env_return: list[float | None] = field(default_factory=list)  # (B,) the environment's rewards summed; None: it failed
+    turns: list[int] = field(default_factory=list)  # (B,) model turns played
+    env_failure: list[str] = field(default_factory=list)  # (B,) "", "timeout" or "error"
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -60,7 +65,7 @@ class RolloutBatch:
 
 
 SAMPLE_FIELDS = ("prompt_index", "prompt_ids", "response_ids", "logprobs", "response_text", "finish_reason",
-                 "version_first", "version_last")  # one entry per sample
+                 "version_first", "version_last", "action_mask", "env_return", "turns", "env_failure")  # one entry per sample
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:

@@ -7,9 +7,12 @@ import os
 import ray
 import torch
 
+from envs.base import make_factory
+from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.device import process_device
 from rollout.engine import engine_env, make_engine, request_seed, sampling_params
+from rollout.episodes import play, start_episodes, to_batch
 from rollout.profiling import Busy, Profiled
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
@@ -22,7 +25,10 @@ class RolloutWorker(Profiled, Busy):
     RolloutPool does this for N workers."""
 
     def __init__(self, cfg: RolloutConfig, model_path: str, seed: int, threads: int = 0, sleep_mode: bool = False,
-                 step_samples: int = 0):
+                 step_samples: int = 0, env: EnvConfig | None = None):
+        """env: the environment its samples play (multi-turn episodes); None or no name = single-turn."""
+        self.env = env if env is not None and env.name else None
+        self.env_factory = make_factory(self.env.name, self.env.options) if self.env else None
         self.device = process_device()
         os.environ.update(engine_env(cfg, threads, self.device.type == "cuda"))
         self.cfg, self.seed = cfg, seed
@@ -43,12 +49,16 @@ class RolloutWorker(Profiled, Busy):
         return self.device
 
     def generate(self, prompts: list[Prompt], step: int, first_index: int = 0, greedy: bool = False,
-                 sampling: SamplingConfig | None = None) -> RolloutBatch:
+                 sampling: SamplingConfig | None = None, tasks: list[dict] | None = None) -> RolloutBatch:
         """Sample for `prompts`, whose global indices start at `first_index`, with the configured
         sampling (or `sampling`, e.g. for evaluation). Unusable prompts are skipped and listed with
-        their reason; the n samples of one prompt come back contiguous."""
+        their reason; the n samples of one prompt come back contiguous. With an environment each
+        sample is an episode, reset on the prompt's entry of `tasks` (answer and metadata)."""
         with self.working():
-            batch = self._generate(prompts, step, first_index, greedy, sampling or self.cfg.sampling)
+            if self.env is not None:
+                batch = self._episodes(prompts, tasks, step, first_index, greedy, sampling or self.cfg.sampling)
+            else:
+                batch = self._generate(prompts, step, first_index, greedy, sampling or self.cfg.sampling)
         batch.version_first, batch.version_last = [self.version] * len(batch), [self.version] * len(batch)  # new weights come between calls
         return batch
 
@@ -58,9 +68,7 @@ class RolloutWorker(Profiled, Busy):
 
     def _generate(self, prompts: list[Prompt], step: int, first_index: int, greedy: bool,
                   sampling: SamplingConfig) -> RolloutBatch:
-        if self.prefix_stale:  # cached KV was computed with the old weights; reset here, off the sync's clock
-            self.llm.reset_prefix_cache()
-            self.prefix_stale = False
+        self._reset_stale_prefix()
         requests, params, kept, skipped = [], [], [], []
         for offset, prompt in enumerate(prompts):
             index = first_index + offset
@@ -85,6 +93,39 @@ class RolloutWorker(Profiled, Busy):
         if not sampling.stop:  # not detokenized by vLLM (engine.sampling_params): one batch decode, as vLLM would
             batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
+
+    def _episodes(self, prompts: list[Prompt], tasks: list[dict] | None, step: int, first_index: int, greedy: bool,
+                  sampling: SamplingConfig) -> RolloutBatch:
+        if tasks is None or len(tasks) != len(prompts):
+            raise ValueError(f"env {self.env.name}: every prompt needs its task (answer, metadata) to reset an episode")
+        self._reset_stale_prefix()
+        samples = 1 if greedy else sampling.n_samples_per_prompt
+        episodes, skipped = start_episodes(self.env_factory, prompts, tasks, first_index, samples,
+                                           lambda index: request_seed(sampling.seed, step, index), self.tokenizer,
+                                           self.cfg, self.env.step_timeout_s)
+        play(self.llm, self.tokenizer, episodes, sampling, greedy, self.env,
+             self.env.max_episode_tokens or self.env.max_turns * sampling.max_new_tokens)
+        return to_batch(episodes, skipped, self.tokenizer)
+
+    def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:
+        """One completion per token-id prompt, each with its own sampling (the agent endpoint's calls,
+        rollout/gateway.py): [(token ids, logprobs, text, finish reason)] and the policy version."""
+        with self.working():
+            self._reset_stale_prefix()
+            params = [sampling_params(s, s.seed) for s in sampling]
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+        out = []
+        for s, o in zip(sampling, outputs):
+            c = o.outputs[0]
+            text = c.text if s.stop else self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            out.append((list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)], text,
+                        "length" if c.finish_reason == "length" else "stop"))
+        return out, self.version
+
+    def _reset_stale_prefix(self) -> None:
+        if self.prefix_stale:  # cached KV was computed with the old weights; reset here, off the sync's clock
+            self.llm.reset_prefix_cache()
+            self.prefix_stale = False
 
     # ---- weights: see rollout/weight_sync.py for the protocol
     def init_weight_sync(self, host: str, port: int, first_rank: int, world_size: int, backend: str,

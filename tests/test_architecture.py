@@ -5,13 +5,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("rollout", "reward_service", "learner", "orchestrator")
-# who may import whom: a stage may import the types of the stage that feeds it
+PACKAGES = ("envs", "rollout", "reward_service", "learner", "orchestrator")
+# who may import whom: a stage may import the types of the stage that feeds it; environments are
+# played by the rollout workers and import no other package
 ALLOWED = {
-    "rollout": set(),
+    "envs": set(),
+    "rollout": {"envs"},
     "reward_service": {"rollout"},
     "learner": {"rollout", "reward_service"},
-    "orchestrator": {"rollout", "reward_service", "learner"},
+    "orchestrator": {"envs", "rollout", "reward_service", "learner"},
 }
 
 

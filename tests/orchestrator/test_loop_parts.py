@@ -185,7 +185,7 @@ def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or
     loop = SimpleNamespace(
         train=[{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}], _temperature=1.0, _meta=lambda e: e["prompt"],
         scoring=SimpleNamespace(judge_ahead=lambda parts, meta, t: launched.append((parts, meta)) or len(launched)),
-        rollout=SimpleNamespace(submit=lambda prompts, step: ["regenerated"]), _prompt=lambda e: e["prompt"])
+        rollout=SimpleNamespace(submit=lambda prompts, step, tasks: ["regenerated"]), _prompt=lambda e: e["prompt"])
     nxt, after = Ahead(1, [0, 2], ["gen1"]), Ahead(2, [1], ["gen2"])
     loop.ahead = deque([nxt, after])
     Trainer._judge_next(loop)

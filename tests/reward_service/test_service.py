@@ -155,3 +155,26 @@ def test_the_pool_finishes_a_batch_judged_ahead_and_rescores_it_if_the_service_d
     assert same(pool.score(batch, meta, 1.0, judged), direct.score(batch, meta)) and pool.restarts == 1
     assert pool.state_dict() == direct.state_dict()
     pool.shutdown()
+
+
+def test_overlong_penalty_hand_example():
+    from reward_service.shaping import overlong_penalty
+
+    # max 10 tokens, buffer 4: free up to 6, then -1/4 per token, -1 from 10 on (DAPO, factor 1; here 0.5)
+    assert overlong_penalty([3, 6, 7, 9, 10, 14], max_tokens=10, buffer=4) == [0.0, 0.0, -0.25, -0.75, -1.0, -1.0]
+    assert overlong_penalty([8], 10, 4, factor=0.5) == [-0.25]
+
+
+def test_episode_rewards_and_overlong_shaping_in_the_service(tiny_model):
+    """The environment source scores each episode by its own return (None: the environment failed,
+    invalid and counted); overlong shaping counts the model's tokens only, not observations."""
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.environment)], overlong_buffer=2, overlong_max_tokens=4)
+    service = ScoringService(cfg, tiny_model)
+    batch = batch_of([("1+2=", "call 1+2\n3\n3"), ("1+2=", "3333"), ("1+2=", "33")])
+    n = [len(r) for r in batch.response_ids]
+    batch.action_mask = [[1] * 8 + [0] * 3 + [1], [1] * 4, [1] * n[2]]  # 9 model tokens; 4; 2
+    batch.env_return, batch.env_failure, batch.turns = [1.0, 0.5, None], ["", "", "error"], [2, 1, 1]
+    scored = service.score(batch, [{}] * 3)
+    assert scored.components["environment"][:2] == [1.0, 0.5] and scored.invalid == [False, False, True]
+    assert scored.components["overlong"] == [-1.0, -1.0, 0.0]  # 9 and 4 model tokens: at or past the limit
+    assert scored.rewards == [0.0, -0.5, 0.0] and scored.metrics["reward/environment/invalid_frac"] == pytest.approx(1 / 3)

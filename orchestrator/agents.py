@@ -1,0 +1,25 @@
+"""Training an agent program on its own calls: the endpoint (rollout/gateway.py) beside the engines,
+and the batches of its finished episodes that replace data prompts."""
+from __future__ import annotations
+
+import ray
+
+from rollout.config import RolloutConfig
+from rollout.gateway import Gateway
+from rollout.types import RolloutBatch
+
+
+def start_gateway(workers: list, model_path: str, cfg: RolloutConfig):
+    """The endpoint's actor, serving on the engines `workers`; prints where agents reach it."""
+    actor = ray.remote(num_cpus=0)(Gateway).remote(workers, model_path, cfg.endpoint, cfg.sampling, cfg.max_prompt_tokens)
+    url = ray.get(actor.url.remote())
+    print(f"relay: agent endpoint on {url}: point an OpenAI client at {url}/episodes/<episode id>/v1, then end the "
+          f"episode with POST {url}/episodes/<episode id>/reward {{\"reward\": r}}", flush=True)
+    return actor
+
+
+def endpoint_batch(gateway, samples: int, timeout_s: float) -> tuple[RolloutBatch, list[dict], int]:
+    """At least `samples` samples of finished episodes, one prompt each (their reward is the
+    environment source's), the examples the scoring reads for them, and how many episodes they are."""
+    batch, episodes = ray.get(gateway.take.remote(samples, timeout_s))
+    return batch, [{"prompt": "", "answer": "", "metadata": {}} for _ in range(len(batch))], episodes
