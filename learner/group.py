@@ -1,6 +1,7 @@
 """LearnerGroup: the N learner ranks behind one call per phase (launch all, ray.get once)."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +14,8 @@ from learner.worker import Learner, node_address
 from rollout.config import SamplingConfig
 from rollout.device import malloc_env
 from rollout.weight_sync import encode_plan
+
+log = logging.getLogger(__name__)
 
 
 def rank_options(num_cpus: float, num_gpus: float, threads: int, resources: dict[str, float] | None = None,
@@ -36,15 +39,24 @@ def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, nu
     options = rank_options(num_cpus, num_gpus, threads, resources, env)
     place = [{"scheduling_strategy": s} for s in scheduling] if scheduling else [{}] * world_size
     probe = {k: v for k, v in options.items() if k != "runtime_env"} | place[0]
-    node, addr, port = ray.get(ray.remote(node_address).options(**probe).remote())
-    if not scheduling:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    for attempt in range(3):  # the port was free when probed; another process may take it before rank 0 binds it
+        node, addr, port = ray.get(ray.remote(node_address).options(**probe).remote())
+        if not scheduling:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        place[0] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
-    ranks = [ray.remote(actor_cls).options(**options, **place[rank]).remote(*make_args(rank, addr, port, threads))
-             for rank in range(world_size)]
-    ray.get([r.ready.remote() for r in ranks])
-    return ranks
+            place[0] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+        ranks = [ray.remote(actor_cls).options(**options, **place[rank]).remote(*make_args(rank, addr, port, threads))
+                 for rank in range(world_size)]
+        try:
+            ray.get([r.ready.remote() for r in ranks])
+            return ranks
+        except ray.exceptions.RayActorError as e:
+            for r in ranks:
+                ray.kill(r)
+            if "EADDRINUSE" not in str(e) or attempt == 2:
+                raise
+            log.warning("learner: rendezvous port %d was taken before rank 0 bound it; trying another", port)
+    raise AssertionError("unreachable")
 
 
 class LearnerGroup:
