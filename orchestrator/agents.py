@@ -18,8 +18,9 @@ def start_gateway(workers: list, model_path: str, cfg: RolloutConfig):
     return actor
 
 
-def endpoint_batch(gateway, samples: int, timeout_s: float) -> tuple[RolloutBatch, list[dict], int]:
+def endpoint_batch(gateway, samples: int, timeout_s: float) -> tuple[RolloutBatch, list[dict], dict[str, float]]:
     """At least `samples` samples of finished episodes, one prompt each (their reward is the
-    environment source's), the examples the scoring reads for them, and how many episodes they are."""
-    batch, episodes = ray.get(gateway.take.remote(samples, timeout_s))
-    return batch, [{"prompt": "", "answer": "", "metadata": {}} for _ in range(len(batch))], episodes
+    environment source's), the examples the scoring reads for them, and the endpoint's counters."""
+    batch, episodes, abandoned = ray.get(gateway.take.remote(samples, timeout_s))
+    examples = [{"prompt": "", "answer": "", "metadata": {}} for _ in range(len(batch))]
+    return batch, examples, {"endpoint/episodes": float(episodes), "endpoint/abandoned_episodes": float(abandoned)}

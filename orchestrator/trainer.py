@@ -175,8 +175,9 @@ class Trainer:
         (only possible if the pipeline was disturbed) is dropped, counted and generated again from
         the same prompts."""
         if self.gateway is not None:  # an agent program's finished episodes, not data prompts
-            batch, examples, self.counters["endpoint/episodes"] = endpoint_batch(
-                self.gateway, self.cfg.data.rollout_batch_size, self.endpoint.wait_timeout_s)
+            batch, examples, counts = endpoint_batch(self.gateway, self.cfg.data.rollout_batch_size,
+                                                     self.endpoint.wait_timeout_s)
+            self.counters.update(counts)
             return batch, examples, None
         while len(self.ahead) <= self.lead and self.step + len(self.ahead) < self.cfg.total_steps:
             self.ahead.append(self._launch(self.step + len(self.ahead), self.cfg.data.rollout_batch_size))

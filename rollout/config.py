@@ -31,6 +31,7 @@ class EndpointConfig:
     port: int = 8000  # 0 = any free port (printed at start)
     batch_wait_ms: float = 10.0  # requests arriving within this window go to an engine in one call
     wait_timeout_s: float = 600.0  # a step waits at most this long for its finished episodes, then the run stops, saying how many came
+    idle_timeout_s: float = 3600.0  # an episode with no call and no reward for this long is dropped, counted (endpoint/abandoned_episodes)
 
 
 @dataclass

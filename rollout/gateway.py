@@ -43,15 +43,19 @@ class Sample:
 class Recorder:
     """Episodes by id, their samples, and the finished ones waiting for an update. Thread-safe."""
 
-    def __init__(self, tokenizer, max_prompt_tokens: int):
-        self.tokenizer, self.max_prompt_tokens = tokenizer, max_prompt_tokens
+    def __init__(self, tokenizer, max_prompt_tokens: int, idle_timeout_s: float = 3600.0):
+        self.tokenizer, self.max_prompt_tokens, self.idle_timeout_s = tokenizer, max_prompt_tokens, idle_timeout_s
         self.episodes: dict[str, list[Sample]] = {}
+        self.last_call: dict[str, float] = {}
         self.finished: deque[tuple[list[Sample], float]] = deque()
+        self.abandoned = 0  # episodes dropped after idle_timeout_s without a reward (counted, never trained on)
         self.lock = threading.Condition()
 
     def prepare(self, episode: str, messages: list[dict]) -> tuple[Sample, list[int]]:
         """The sample this call extends (or a new one) and the token ids the engine continues."""
         with self.lock:
+            self._drop_idle()
+            self.last_call[episode] = time.monotonic()
             samples = self.episodes.setdefault(episode, [])
             last = samples[-1] if samples else None
             if last is not None and len(messages) > len(last.messages) and _same(messages[: len(last.messages)], last.messages):
@@ -77,20 +81,32 @@ class Recorder:
             sample.finish, sample.turns = finish, sample.turns + 1
             sample.versions.append(version)
 
+    def _drop_idle(self) -> None:
+        """An agent that crashed never posts its reward: its episode is dropped once idle too long."""
+        now = time.monotonic()
+        for episode in [e for e, t in self.last_call.items() if now - t > self.idle_timeout_s]:
+            self.episodes.pop(episode, None)
+            self.last_call.pop(episode)
+            self.abandoned += 1
+            log.warning("endpoint: episode %r had no call and no reward for %.0f s; dropped", episode, self.idle_timeout_s)
+
     def finish(self, episode: str, reward: float) -> int:
         """End the episode with its reward; returns its samples (0: no such episode)."""
         with self.lock:
+            self.last_call.pop(episode, None)
             samples = self.episodes.pop(episode, [])
             if samples:
                 self.finished.append((samples, reward))
                 self.lock.notify_all()
             return len(samples)
 
-    def take(self, n: int, timeout_s: float) -> tuple[RolloutBatch, int]:
+    def take(self, n: int, timeout_s: float) -> tuple[RolloutBatch, int, int]:
         """At least n samples of finished episodes (whole episodes, oldest first), waiting up to
-        timeout_s; returns the batch (one prompt per sample) and the episodes in it."""
+        timeout_s; returns the batch (one prompt per sample), the episodes in it and the episodes
+        abandoned so far."""
         deadline = time.monotonic() + timeout_s
         with self.lock:
+            self._drop_idle()
             while sum(len(s) for s, _ in self.finished) < n:
                 if not self.lock.wait(timeout=max(0.0, deadline - time.monotonic())):
                     have = sum(len(s) for s, _ in self.finished)
@@ -114,7 +130,7 @@ class Recorder:
                 batch.env_failure.append("")
                 batch.version_first.append(s.versions[0])
                 batch.version_last.append(s.versions[-1])
-        return batch, len(taken)
+        return batch, len(taken), self.abandoned
 
 
 def _same(a: list[dict], b: list[dict]) -> bool:
@@ -161,6 +177,9 @@ def build_app(recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, mo
             raise HTTPException(400, "messages: a non-empty list of chat messages is required")
         if body.get("n", 1) != 1:
             raise HTTPException(400, "n: only 1 completion per call (an episode is one conversation)")
+        for key in ("stream", "tools", "functions"):  # answered plainly rather than ignored
+            if body.get(key):
+                raise HTTPException(400, f"{key}: not supported by relay's endpoint yet (describe tools in the messages)")
         params = replace(sampling, n_samples_per_prompt=1, stop=list(body.get("stop") or []),
                          temperature=float(body.get("temperature", sampling.temperature)),
                          top_p=float(body.get("top_p", sampling.top_p)),
@@ -213,7 +232,7 @@ class Gateway:
         import uvicorn
         from transformers import AutoTokenizer
 
-        self.recorder = Recorder(AutoTokenizer.from_pretrained(model_path), max_prompt_tokens)
+        self.recorder = Recorder(AutoTokenizer.from_pretrained(model_path), max_prompt_tokens, cfg.idle_timeout_s)
         app = build_app(self.recorder, Batcher(workers, cfg.batch_wait_ms / 1e3), sampling, "relay-policy")
         self.server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
         thread = threading.Thread(target=self.server.run, daemon=True, name="relay-gateway")
@@ -228,7 +247,7 @@ class Gateway:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def take(self, n: int, timeout_s: float) -> tuple[RolloutBatch, int]:
+    def take(self, n: int, timeout_s: float) -> tuple[RolloutBatch, int, int]:
         return self.recorder.take(n, timeout_s)
 
     def shutdown(self) -> None:
