@@ -11,3 +11,10 @@ class EnvConfig:
     step_timeout_s: float = 10.0  # seconds one reset or step may take, else that episode ends, counted under env/timeouts
     observation_role: str = "user"  # chat role of observations (e.g. "tool" where the model's chat template has one)
     options: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the environment's constructor
+
+    def response_tokens(self, max_new_tokens: int) -> int:
+        """The most tokens a sample holds after its prompt: one response without an environment, else
+        the episode's budget (its model and observation tokens)."""
+        if not self.name:
+            return max_new_tokens
+        return self.max_episode_tokens or self.max_turns * max_new_tokens

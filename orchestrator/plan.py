@@ -15,8 +15,8 @@ from orchestrator.load_config import ConfigError
 GB = 1e9  # decimal, as GPUs are sold ("80 GB"); vLLM's kv_cache_space_gb is GiB and converted
 SAFETY = 0.9  # fits = peak <= 90% of the device: allocator fragmentation, CUDA context, NCCL buffers
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# float32 [chunk, vocab] temporaries alive at once in rollout/logprobs.py (measured, torch.profiler): training forward
-# with the entropy metric: chunk and p; backward: 1, in place (7 with an entropy gradient); no-grad: chunk and exp
+# float32 [chunk, vocab] temporaries alive at once in rollout/logprobs.py (torch.profiler): forward with the entropy
+# metric: chunk, p; backward: 1, in place (7 with an entropy gradient); no-grad: chunk, exp
 CHUNK_TEMPS = {"backward": 2, "backward with entropy": 7, "no grad": 2}
 
 
@@ -44,6 +44,7 @@ KNOWN = [
     (("llama-3.1-8b", "llama-3-8b", "llama3-8b", "llama-8b"), ModelShape("llama", 32, 4096, 32, 8, 14336, 128256, False)),
     (("smollm2-135m",), ModelShape("llama", 30, 576, 9, 3, 1536, 49152, True)),
     (("tiny-addition-gpt",), ModelShape("gpt2", 2, 128, 4, 4, 512, 80, True, positions=64)),
+    (("tiny-calculator-gpt", "tiny-guess-gpt"), ModelShape("gpt2", 2, 128, 4, 4, 512, 80, True, positions=128)),
 ]
 
 
@@ -63,7 +64,6 @@ def shape_from_hf(c: dict) -> ModelShape:
 def find_shape(path: str, key: str, run_root: str) -> tuple[ModelShape, str]:
     """(shape, where it came from). builtin://NAME is looked up under run_root/models, never built."""
     from orchestrator.builtin_models import BUILTIN
-
     folder = Path(run_root) / "models" / path.removeprefix(BUILTIN) if path.startswith(BUILTIN) else Path(path)
     if (folder / "config.json").is_file():
         return shape_from_hf(json.loads((folder / "config.json").read_text())), f"{folder}/config.json"
@@ -254,7 +254,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     plan = plan or Plan([], [], [], [])
     c, rc, lc = cfg.cluster, cfg.rollout, cfg.learner
     policy = _shape(plan, lc.model_path, "learner.model_path", cfg.run_root, policy)
-    tokens, mb = rc.max_prompt_tokens + rc.sampling.max_new_tokens, cfg.algorithm.micro_batch_size
+    tokens, mb = rc.max_prompt_tokens + cfg.env.response_tokens(rc.sampling.max_new_tokens), cfg.algorithm.micro_batch_size
     gae = cfg.algorithm.estimator == Estimator.gae
     separate = gae and lc.value_head == ValueHead.separate
     learner = learner_lines(policy, lc, c.learner_ranks, mb, tokens, scalar_head=gae and not separate,

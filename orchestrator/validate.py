@@ -216,7 +216,7 @@ def _env(cfg):
         yield "env.max_episode_tokens", f"must be >= 0 (0 = max_turns * max_new_tokens), got {e.max_episode_tokens}"
     if e.step_timeout_s <= 0:
         yield "env.step_timeout_s", f"an environment needs a deadline > 0, got {e.step_timeout_s}"
-    budget = e.max_episode_tokens or e.max_turns * r.sampling.max_new_tokens
+    budget = e.response_tokens(r.sampling.max_new_tokens)
     if r.max_prompt_tokens + budget > r.max_model_len:
         yield "rollout.max_model_len", (f"{r.max_model_len} < max_prompt_tokens ({r.max_prompt_tokens}) + the episode's "
                                         f"tokens ({budget}, env.max_episode_tokens or max_turns * max_new_tokens)")

@@ -104,7 +104,7 @@ class RolloutWorker(Profiled, Busy):
                                            lambda index: request_seed(sampling.seed, step, index), self.tokenizer,
                                            self.cfg, self.env.step_timeout_s)
         play(self.llm, self.tokenizer, episodes, sampling, greedy, self.env,
-             self.env.max_episode_tokens or self.env.max_turns * sampling.max_new_tokens)
+             self.env.response_tokens(sampling.max_new_tokens))
         return to_batch(episodes, skipped, self.tokenizer)
 
     def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:

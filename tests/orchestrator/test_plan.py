@@ -275,3 +275,17 @@ def test_learner_figure_within_20_percent_of_measured_peak(tmp_path):
     measured = _profiled_peak(train, tmp_path)
     print(f"planned learner {planned / 1e6:.1f} MB, measured peak {measured / 1e6:.1f} MB, ratio {planned / measured:.3f}")
     assert abs(planned - measured) <= 0.2 * measured
+
+
+def test_episodes_are_planned_at_their_token_budget_not_one_turn():
+    from envs.config import EnvConfig
+
+    assert EnvConfig().response_tokens(16) == 16  # no environment: one response
+    assert EnvConfig(name="calculator", max_turns=3).response_tokens(16) == 48
+    assert EnvConfig(name="calculator", max_turns=3, max_episode_tokens=40).response_tokens(16) == 40
+    single = ["env.name=", "reward.sources=[{kind: exact_match}]"]
+    cfgs = [load_config(REPO / "configs" / "calculator_tiny_cpu.yaml", over) for over in  # 3 turns x 16 tokens
+            ([], single, single + ["rollout.sampling.max_new_tokens=48"])]
+    lines = [{k: v for k, v, _ in dict(P.plan_train(c, 80 * P.GB, None).sections)["learner rank (x1)"]} for c in cfgs]
+    episodes, one_turn, as_long = (x["policy logits"] for x in lines)
+    assert episodes == as_long > one_turn  # planned as a response of the episode's 48 tokens
