@@ -107,3 +107,13 @@ def sampling_params(s: SamplingConfig, seed: int, greedy: bool = False, max_toke
         # step on CPU; only stop strings need that. Without them, RolloutWorker decodes in one batch.
         detokenize=bool(s.stop),
     )
+
+
+def sampled_logprobs(completion) -> list[float]:
+    """The logprob of each token a vLLM completion sampled (requested with logprobs=0)."""
+    return [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
+
+
+def completion_text(completion, tokenizer) -> str:
+    """A completion's text: vLLM's where it detokenized (stop strings), else decoded here."""
+    return completion.text or tokenizer.decode(completion.token_ids, skip_special_tokens=True)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from envs.base import call_all, step_result
 from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.engine import sampling_params
+from rollout.engine import completion_text, sampled_logprobs, sampling_params
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
 
@@ -106,11 +106,11 @@ def take_turn(e: Episode, completion, tokenizer, max_tokens: int) -> str:
     tokens = list(completion.token_ids)
     e.ids += tokens
     e.action_mask += [1] * len(tokens)
-    e.logprobs += [step[tok].logprob for step, tok in zip(completion.logprobs, tokens)]
+    e.logprobs += sampled_logprobs(completion)
     e.turns += 1
     if completion.finish_reason == "length" and len(e.ids) >= max_tokens:
         e.finish = "length"
-    return completion.text if completion.text else tokenizer.decode(tokens, skip_special_tokens=True)
+    return completion_text(completion, tokenizer)
 
 
 def observe(e: Episode, result, tokenizer, role: str, max_tokens: int, last_turn: bool) -> None:

@@ -11,7 +11,7 @@ from envs.base import make_factory
 from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.device import process_device
-from rollout.engine import engine_env, make_engine, request_seed, sampling_params
+from rollout.engine import completion_text, engine_env, make_engine, request_seed, sampled_logprobs, sampling_params
 from rollout.episodes import play, start_episodes, to_batch
 from rollout.profiling import Busy, Profiled
 from rollout.prompts import encode_prompt
@@ -87,7 +87,7 @@ class RolloutWorker(Profiled, Busy):
                 batch.prompt_index.append(index)
                 batch.prompt_ids.append(request["prompt_token_ids"])
                 batch.response_ids.append(list(c.token_ids))
-                batch.logprobs.append([step_lps[tok].logprob for step_lps, tok in zip(c.logprobs, c.token_ids)])
+                batch.logprobs.append(sampled_logprobs(c))
                 batch.response_text.append(c.text)
                 batch.finish_reason.append("length" if c.finish_reason == "length" else "stop")
         if not sampling.stop:  # not detokenized by vLLM (engine.sampling_params): one batch decode, as vLLM would
@@ -114,12 +114,8 @@ class RolloutWorker(Profiled, Busy):
             self._reset_stale_prefix()
             params = [sampling_params(s, s.seed) for s in sampling]
             outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
-        out = []
-        for s, o in zip(sampling, outputs):
-            c = o.outputs[0]
-            text = c.text if s.stop else self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            out.append((list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)], text,
-                        "length" if c.finish_reason == "length" else "stop"))
+        out = [(list(c.token_ids), sampled_logprobs(c), completion_text(c, self.tokenizer),
+                "length" if c.finish_reason == "length" else "stop") for c in (o.outputs[0] for o in outputs)]
         return out, self.version
 
     def _reset_stale_prefix(self) -> None:
