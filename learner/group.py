@@ -99,8 +99,12 @@ class LearnerGroup:
     def policy_state(self):
         return self._all("policy_state")[0]
 
-    def policy_logprobs(self, batch):
-        return self._all("policy_logprobs", batch)[0]
+    def policy_logprobs(self, batch, rows: int = 32) -> list[list[float]]:
+        """The current policy's logprobs of `batch`'s response tokens, `rows` samples per forward."""
+        out = []
+        for i in range(0, len(batch), rows):
+            out += self._all("policy_logprobs", batch.select(list(range(i, min(i + rows, len(batch))))))[0]
+        return out
 
     def describe(self) -> dict:
         return ray.get(self.ranks[0].describe.remote())

@@ -50,10 +50,14 @@ class Evaluation:
     sampled_scored: object
 
 
-def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bool, temperature: float) -> Evaluation:
+def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bool, temperature: float,
+                    policy_logprobs) -> Evaluation:
     """Held-out prompts: greedy answers (accuracy) if `greedy`, and samples as in training (reward,
     KL to the reference, length, diversity). `generate(prompts, greedy) -> RolloutBatch`;
-    `score(batch, meta, temperature, with_reference) -> ScoredBatch` must be read-only (raw rewards)."""
+    `score(batch, meta, temperature, with_reference) -> ScoredBatch` must be read-only (raw rewards);
+    `policy_logprobs(batch)`: the policy's logprob of each response token, computed by the same function
+    as the reference's (not the engine's: its kernels, dtype and top-k/top-p renormalisation differ, and
+    the KL of a policy to itself would not be 0)."""
     g = gs = None
     if greedy:
         g = generate(prompts, True)
@@ -63,8 +67,8 @@ def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bo
     m = reward_metrics(gs, "eval/greedy/") if greedy else {}
     m.update(reward_metrics(ss, "eval/sampled/"))
     acts = s.action_mask or [[1] * len(lp) for lp in s.logprobs]  # episodes: the model's tokens only
-    kl = [b - r for lp, ref, act in zip(s.logprobs, ss.ref_logprobs, acts) for b, r, a in zip(lp, ref, act) if a]
-    m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per token, the k1 estimate on the sampler's tokens
+    kl = [p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts) for p, r, a in zip(lp, ref, act) if a]
+    m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per model token, the k1 estimate on the sampler's tokens
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.response_lengths)
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.response_ids, 1), distinct_n(s.response_ids, 2)
     return Evaluation(m, g, gs, s, ss)
@@ -133,6 +137,7 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
                         reward_model: str = "", run_dir: str = "") -> dict:
     import ray
 
+    from reward_service.reference import ReferenceModel
     from reward_service.service import ScoringService
     from rollout.pool import RolloutPool
 
@@ -155,9 +160,11 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
     evals = {}
     for role, path in (("policy", str(policy)), ("reference", reference)):
         pool = RolloutPool(cfg.rollout, path, 1, cfg.seed, env=cfg.env)
+        model = ReferenceModel(path, micro_batch_size=cfg.reward.micro_batch_size)  # the reference's own function
         try:
             evals[role] = evaluate_policy(lambda p, greedy: pool.generate(p, step=0, greedy=greedy, tasks=meta), scoring.evaluate,
-                                          prompts, meta, cfg.eval.greedy, cfg.rollout.sampling.temperature)
+                                          prompts, meta, cfg.eval.greedy, cfg.rollout.sampling.temperature,
+                                          lambda b: model.logprobs(b, cfg.rollout.sampling.temperature))
         finally:
             pool.shutdown()
     report = {"policy_path": str(policy), "reference_path": reference, "prompts": len(prompts),

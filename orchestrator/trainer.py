@@ -327,7 +327,7 @@ class Trainer:
         meta = [self._meta(e) for e in self.held_out]
         ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, step=0, greedy=greedy, tasks=meta),
                              self.scoring.evaluate, prompts, meta,
-                             self.cfg.eval.greedy, self._temperature)
+                             self.cfg.eval.greedy, self._temperature, self.learner.policy_logprobs)
         self.samples = self._sample_table(prompts, *shown(ev))
         return ev.metrics
 

@@ -120,12 +120,22 @@ def test_evaluation_honours_eval_greedy_and_reads_only_raw_scores():
         return ScoredBatch([1.0] * n, {"math_answer": [1.0] * n}, [True] * n, [False] * n,
                            [[-1.0, -1.0] if with_reference else [] for _ in range(n)])
 
-    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=True, temperature=1.0)
-    assert calls == [("generate", True), ("score", False), ("generate", False), ("score", True)]
+    def policy_logprobs(batch):  # the learner's own, not the engine's -0.5
+        calls.append(("policy_logprobs", len(batch)))
+        return [[-0.75, -0.25]] * len(batch)
+
+    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=True, temperature=1.0,
+                         policy_logprobs=policy_logprobs)
+    assert calls == [("generate", True), ("score", False), ("generate", False), ("score", True), ("policy_logprobs", 6)]
+    # KL per token from the policy's logprobs (mean of -0.75+1 and -0.25+1), not from the engine's
     assert ev.metrics["eval/greedy/reward/accuracy"] == 1.0 and ev.metrics["eval/sampled/kl_ref"] == pytest.approx(0.5)
+    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=True, temperature=1.0,
+                         policy_logprobs=lambda b: [[-1.0, -1.0]] * len(b))
+    assert ev.metrics["eval/sampled/kl_ref"] == 0.0  # a policy equal to its reference: exactly 0
     calls.clear()
-    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=False, temperature=1.0)
-    assert calls == [("generate", False), ("score", True)] and ev.greedy is None
+    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=False, temperature=1.0,
+                         policy_logprobs=policy_logprobs)
+    assert calls == [("generate", False), ("score", True), ("policy_logprobs", 6)] and ev.greedy is None
     assert not any(k.startswith("eval/greedy/") for k in ev.metrics) and ev.metrics["eval/sampled/reward/mean"] == 1.0
 
 

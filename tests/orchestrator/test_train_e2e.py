@@ -67,6 +67,8 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     # sum over 3 seeds was +.13 for PPO; GRPO's rises by more in 6 steps)
     gain = sum(after[k] - before[k] for k in ("eval/greedy/reward/accuracy", "eval/sampled/reward/mean"))
     assert gain > 0, (before, after)
+    # at step 0 the policy is the reference: its KL is 0, not the engine's numerical gap (issue 25.12)
+    assert abs(before["eval/sampled/kl_ref"]) < 1e-5 and after["eval/sampled/kl_ref"] > 1e-4
     # weights reach the engines every step: the sampler's logprobs are the learner's own
     assert all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
     assert rows[-1]["kl/ref"] > 0  # and the policy did move away from the reference
