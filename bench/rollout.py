@@ -31,7 +31,8 @@ import torch
 
 from learner.tiny_gpt import init_tiny_gpt, init_tiny_llama
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.engine import engine_env, request_seed
+from rollout.engine import engine_env
+from rollout.seeds import request_seed
 from rollout.pool import RolloutPool
 from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
 
@@ -93,7 +94,7 @@ def bench_generation(model: str, args) -> dict:
         start = time.perf_counter()
         batch = pool.generate(prompts, step=rep)
         t_pool = time.perf_counter() - start
-        seeds = [request_seed(cfg.sampling.seed, rep, i) for i in range(len(prompts))]
+        seeds = [request_seed(0, rep, i) for i in range(len(prompts))]  # the pool's run seed, 0
         tokens, completions, t_bare = ray.get(bare.generate.remote(tokenizer_ids, args.n, args.new_tokens, seeds))
         if rep:
             pool_times.append(t_pool), bare_times.append(t_bare)

@@ -26,6 +26,7 @@ from learner.supervised import RM, SFT, SupervisedGroup
 from learner.tiny_gpt import init_tiny_gpt
 from orchestrator.config import StageConfig
 from orchestrator.datagen import demonstrations, preferences
+from orchestrator.tasks import make_task
 from orchestrator.stages import encode_rm, encode_sft
 
 
@@ -36,7 +37,8 @@ def bench(model: str, kind: str, world: int, zero: int, steps: int, repeats: int
     cfg.learner = dataclasses.replace(cfg.learner, model_path=model, zero_stage=zero, lr=1e-4)
     cfg.train = dataclasses.replace(cfg.train, batch_size=64, micro_batch_size=32 // world, max_length=64)
     tok = AutoTokenizer.from_pretrained(model)
-    rows = (demonstrations if kind == SFT else preferences)("addition_3digit", 64 * steps, seed=0)
+    examples = make_task("addition_3digit", 64 * steps, seed=0)
+    rows = demonstrations(examples) if kind == SFT else preferences(examples, seed=0)
     batch, _ = (encode_sft if kind == SFT else encode_rm)(tok, rows, cfg)
     group = SupervisedGroup(cfg.learner, cfg.train, kind, world, seed=0)
     masks = [k for k in batch if k.endswith(("attention_mask", "attention"))]

@@ -140,7 +140,7 @@ def _train(args) -> int:
     path, overrides = _split(args)
     if args.profile:  # step 3: after the warm-up steps (first calls, allocations, vLLM's first batches)
         overrides = ["logging.profile_step=3", *overrides]
-    cfg = load_config(path, overrides)  # every config error surfaces here, before Ray starts
+    cfg = load_config(path, overrides, local=True)  # every config error surfaces here, before Ray starts
     print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
     from orchestrator.signals import INTERRUPTED_EXIT_CODE, STOPPED_EXIT_CODE, StopRequest, Stopped, stop_on_signals
     from orchestrator.trainer import Trainer
@@ -185,13 +185,13 @@ def _stage(args) -> int:
 
     path, overrides = _split(args)
     if args.stage == "pipeline":
-        cfg = load_config(path, overrides, root=PipelineConfig)
+        cfg = load_config(path, overrides, root=PipelineConfig, local=True)
         print(record_launch(cfg, "pipeline"), flush=True)
         from orchestrator.pipeline import run_pipeline
 
         run_pipeline(cfg)
         return 0
-    cfg = load_config(path, overrides, root=StageConfig)
+    cfg = load_config(path, overrides, root=StageConfig, local=True)
     print(record_launch(cfg, args.stage), flush=True)
     from orchestrator.stages import run_stage
 
@@ -217,8 +217,10 @@ def _plot(args) -> int:
 
 def _data(args) -> int:
     from orchestrator.datagen import demonstrations, preferences, write_jsonl
+    from orchestrator.tasks import make_task
 
-    rows = (demonstrations if args.kind == "demos" else preferences)(args.task, args.n, args.seed)
+    examples = make_task(args.task, args.n, args.seed)
+    rows = demonstrations(examples) if args.kind == "demos" else preferences(examples, args.seed)
     print(f"relay data: {len(rows)} rows -> {write_jsonl(rows, args.out)}")
     return 0
 

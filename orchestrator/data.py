@@ -9,8 +9,9 @@ import random
 from pathlib import Path
 
 from orchestrator.config import BadLinePolicy, DataConfig
-from orchestrator.tasks import make_task
+from orchestrator.tasks import ONE_PROMPT_TASKS, make_task
 from rollout.prompts import is_chat, is_token_ids
+from rollout.seeds import stream_seed
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +94,73 @@ def load_examples(files: list[str], cfg: DataConfig) -> tuple[list[dict], int]:
 
 
 def load_split(cfg: DataConfig, seed: int) -> tuple[list[dict], list[dict], int]:
-    """(train, eval, skipped lines). A task is generated; held-out prompts come from another seed.
-    Without eval files, eval_size examples drawn at random (seeded) are held out and taken out of
-    the training set; a random draw, not the first lines, since files are often ordered."""
+    """(train, eval, skipped lines). No held-out prompt is ever a training prompt: see task_split,
+    hold_out and drop_overlap."""
     if cfg.task:
-        return make_task(cfg.task, cfg.task_size, seed), make_task(cfg.task, cfg.eval_size, seed + 999_983), 0
+        return *task_split(cfg.task, cfg.task_size, cfg.eval_size, seed), 0
     train, skipped = load_examples(cfg.train_files, cfg)
-    if cfg.eval_files:
-        held_out, skipped_eval = load_examples(cfg.eval_files, cfg)
-        return train, held_out[: cfg.eval_size], skipped + skipped_eval
-    if len(train) <= cfg.eval_size:
-        raise DataError(f"{', '.join(cfg.train_files)}: {len(train)} usable examples leave none to train on after "
-                        f"holding out data.eval_size ({cfg.eval_size}); lower it or give data.eval_files")
-    order = list(range(len(train)))
-    random.Random(seed + 999_983).shuffle(order)
-    held = set(order[: cfg.eval_size])
-    return ([e for i, e in enumerate(train) if i not in held], [train[i] for i in sorted(held)], skipped)
+    if not cfg.eval_files:
+        return *hold_out(train, cfg.eval_size, seed, lambda e: e["prompt"], ", ".join(cfg.train_files)), skipped
+    held_out, skipped_eval = load_examples(cfg.eval_files, cfg)
+    held_out = held_out[: cfg.eval_size]
+    return drop_overlap(train, held_out, lambda e: e["prompt"], "data.eval_files"), held_out, skipped + skipped_eval
+
+
+def prompt_id(prompt) -> str:
+    """A prompt's identity (text, chat messages or token ids), for telling held-out from training."""
+    return json.dumps(prompt, sort_keys=True)
+
+
+def task_split(task: str, train_size: int, eval_size: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) of a generated task, from the run seed's task and held-out streams: the
+    held-out set is eval_size distinct prompts that are not training prompts (except a task of one
+    prompt, tasks.ONE_PROMPT_TASKS: fresh episodes). Fails where the task has too few prompts."""
+    train = make_task(task, train_size, stream_seed(seed, "task"))
+    if task in ONE_PROMPT_TASKS:
+        return train, make_task(task, eval_size, stream_seed(seed, "held_out"))
+    taken, n = {prompt_id(e["prompt"]) for e in train}, 2 * eval_size + 16
+    while True:  # a task's first n examples are the same for every n: draw more until enough are new
+        seen, held_out = set(taken), []
+        for e in make_task(task, n, stream_seed(seed, "held_out")):
+            if len(held_out) < eval_size and prompt_id(e["prompt"]) not in seen:
+                seen.add(prompt_id(e["prompt"]))
+                held_out.append(e)
+        if len(held_out) == eval_size:
+            return train, held_out
+        if n > 8 * (train_size + eval_size):
+            raise DataError(f"data.task {task!r}: of {n} more examples, only {len(held_out)} have a prompt that "
+                            f"is not a training one (data.task_size: {train_size}), short of data.eval_size "
+                            f"({eval_size}): the task has too few distinct prompts; lower task_size or eval_size")
+        n *= 2
+
+
+def hold_out(examples: list[dict], eval_size: int, seed: int, prompt_of, source: str) -> tuple[list[dict], list[dict]]:
+    """(train, held-out): eval_size distinct prompts drawn at random (the run seed's held-out stream;
+    not the first lines, since files are often ordered), one example each; every example with one of
+    them leaves training, repeated lines included."""
+    first: dict[str, int] = {}
+    for i, e in enumerate(examples):
+        first.setdefault(prompt_id(prompt_of(e)), i)
+    if len(first) <= eval_size:
+        raise DataError(f"{source}: {len(first)} distinct prompts leave none to train on after holding out "
+                        f"data.eval_size ({eval_size}); lower it or give data.eval_files")
+    keys = list(first)
+    random.Random(stream_seed(seed, "held_out")).shuffle(keys)
+    held = set(keys[:eval_size])
+    train = [e for e in examples if prompt_id(prompt_of(e)) not in held]
+    return train, [examples[first[k]] for k in sorted(held, key=first.get)]
+
+
+def drop_overlap(train: list[dict], held_out: list[dict], prompt_of, source: str) -> list[dict]:
+    """The training examples whose prompt is not a held-out one; the dropped ones are counted in the log."""
+    held = {prompt_id(prompt_of(e)) for e in held_out}
+    kept = [e for e in train if prompt_id(prompt_of(e)) not in held]
+    if len(kept) < len(train):
+        log.warning("data: %d training examples have a prompt of %s: dropped from training",
+                    len(train) - len(kept), source)
+    if not kept:
+        raise DataError(f"every training example has a prompt of {source}: none left to train on")
+    return kept
 
 
 class PromptSampler:
@@ -122,7 +174,7 @@ class PromptSampler:
     def _make_order(self) -> list[int]:
         order = list(range(self.n))
         if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+            random.Random(stream_seed(self.seed, "data_order", self.epoch)).shuffle(order)
         return order
 
     def next(self, k: int) -> list[int]:

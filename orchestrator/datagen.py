@@ -14,17 +14,16 @@ import json
 import random
 from pathlib import Path
 
-from orchestrator.tasks import make_task
+
+def demonstrations(examples: list[dict]) -> list[dict]:
+    """Task examples (orchestrator/tasks.py) as demonstrations."""
+    return [{"prompt": e["prompt"], "response": e["answer"]} for e in examples]
 
 
-def demonstrations(task: str, n: int, seed: int) -> list[dict]:
-    return [{"prompt": e["prompt"], "response": e["answer"]} for e in make_task(task, n, seed)]
-
-
-def preferences(task: str, n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed * 7919 + 1)
-    return [{"prompt": e["prompt"], "chosen": e["answer"], "rejected": corrupt(e["answer"], rng)}
-            for e in make_task(task, n, seed)]
+def preferences(examples: list[dict], seed: int) -> list[dict]:
+    """Task examples as preference pairs; `seed` picks the rejected answers."""
+    rng = random.Random(seed)
+    return [{"prompt": e["prompt"], "chosen": e["answer"], "rejected": corrupt(e["answer"], rng)} for e in examples]
 
 
 def corrupt(answer: str, rng: random.Random) -> str:

@@ -20,13 +20,14 @@ import torch
 
 from learner.supervised import RM, SFT, SupervisedGroup
 from orchestrator.config import StageConfig
-from orchestrator.data import DataError, policy_prompt, read_examples
+from orchestrator.data import DataError, drop_overlap, hold_out, policy_prompt, read_examples, task_split
 from orchestrator.datagen import demonstrations, preferences, write_jsonl
 from orchestrator.load_config import to_dict
 from orchestrator.tracking import Tracker
 from reward_service.rm_input import pad_right, rm_input_ids
 from reward_service.sources import REWARD_STATS_FILE
 from rollout.prompts import encode_chat, encode_text
+from rollout.seeds import stream_seed
 
 
 
@@ -48,7 +49,7 @@ def run_stage(cfg: StageConfig, kind: str) -> Path:
         ray.init(include_dashboard=False, log_to_driver=False)
     group = SupervisedGroup(dataclasses.replace(cfg.learner, model_path=model_path), cfg.train, kind,
                             cfg.learner_ranks, cfg.seed)
-    tracker = Tracker(cfg.logging, run_dir, cfg.name.replace("/", "_"), to_dict(cfg), resumed=False)
+    tracker = Tracker(cfg.logging, run_dir, cfg.name.replace("/", "_"), to_dict(cfg), resumed_at=None)
     try:
         first = evaluation(group, eval_batch, kind)
         tracker.log(0, {**first, **counts}, cfg.train.steps)
@@ -126,13 +127,17 @@ def stage_table(kind: str, before: dict, after: dict) -> str:
 # ---------------------------------------------------------------------------- data
 def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[dict], list[dict], int]:
     """(train rows, held-out rows, skipped bad lines). A task is generated into the run directory first,
-    so generated and user data go through the same reader."""
+    so generated and user data go through the same reader. No held-out prompt is a training prompt
+    (orchestrator/data.py: task_split, hold_out, drop_overlap)."""
     d = cfg.data
     train_files, eval_files = list(d.train_files), list(d.eval_files)
     if d.task:
-        make = demonstrations if kind == SFT else preferences
-        train_files = [str(write_jsonl(make(d.task, d.task_size, cfg.seed), run_dir / "data" / f"{kind}_train.jsonl"))]
-        eval_files = [str(write_jsonl(make(d.task, d.eval_size, cfg.seed + 999_983), run_dir / "data" / f"{kind}_eval.jsonl"))]
+        def rows(examples, stream):
+            return demonstrations(examples) if kind == SFT else preferences(examples, stream_seed(cfg.seed, stream))
+
+        train_set, held_set = task_split(d.task, d.task_size, d.eval_size, cfg.seed)
+        train_files = [str(write_jsonl(rows(train_set, "rejected"), run_dir / "data" / f"{kind}_train.jsonl"))]
+        eval_files = [str(write_jsonl(rows(held_set, "held_out_rejected"), run_dir / "data" / f"{kind}_eval.jsonl"))]
     fields = [d.prompt_key, d.response_key] if kind == SFT else [d.prompt_key, d.chosen_key, d.rejected_key]
     def parse(record) -> dict:
         problem = _problem(record, fields)
@@ -141,13 +146,17 @@ def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[di
         return {f: record[f] for f in fields}
 
     train, skipped = read_examples(train_files, parse, d.on_bad_line)
-    if eval_files:
-        held_out, more = read_examples(eval_files, parse, d.on_bad_line)
+    prompt_of, more = (lambda r: r[d.prompt_key]), 0
+    if not eval_files:
+        train, held_out = hold_out(train, d.eval_size, cfg.seed, prompt_of, ", ".join(train_files))
     else:
-        held_out, train, more = train[: d.eval_size], train[d.eval_size:], 0
+        held_out, more = read_examples(eval_files, parse, d.on_bad_line)
+        held_out = held_out[: d.eval_size]
+        if not d.task:  # a task's split is disjoint already (and a one-prompt task's held-out is fresh episodes)
+            train = drop_overlap(train, held_out, prompt_of, "data.eval_files")
     if not train or not held_out:
         raise DataError(f"{', '.join(train_files)}: too few usable examples for a train and a held-out split")
-    return train, held_out[: d.eval_size], skipped + more
+    return train, held_out, skipped + more
 
 
 def _problem(record, fields: list[str]) -> str | None:

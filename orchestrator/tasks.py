@@ -45,6 +45,11 @@ def reasoning_gym_task(name: str, n: int, seed: int) -> list[dict]:
              "metadata": {"entry": e}} for e in data]
 
 
+# Tasks whose examples all share one prompt: what differs (guess_number's secret) is hidden from the
+# policy, so no prompt can be unseen; their held-out set is fresh episodes of the same prompt.
+ONE_PROMPT_TASKS = {"guess_number"}
+
+
 def make_task(name: str, n: int, seed: int) -> list[dict]:
     if name == "guess_number":
         return guess_number(n, seed)

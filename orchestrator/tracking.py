@@ -11,10 +11,13 @@ from orchestrator.config import LoggingConfig, WandbMode
 
 
 class Tracker:
-    def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed: bool):
+    def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None):
+        """resumed_at: the step of the checkpoint a resumed run starts from (None: a fresh run)."""
         self.cfg, self.path = cfg, run_dir / "metrics.jsonl"
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = self.path.open("a" if resumed else "w")
+        for path in (self.path, run_dir / "samples.jsonl"):  # a resumed run redoes the steps after its checkpoint
+            keep_until(path, -1 if resumed_at is None else resumed_at)  # a fresh run starts anew
+        self.file = self.path.open("a")
         self.wandb = None
         if cfg.wandb.mode != WandbMode.disabled:
             import wandb
@@ -49,7 +52,8 @@ class Tracker:
         if self.wandb is not None and rows:
             import wandb
 
-            self.wandb.log({name: wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])})
+            # with its step: a log without one moves wandb's step on, and it then drops this step's later logs
+            self.wandb.log({name: wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])}, step=step)
 
     def log_image(self, name: str, step: int, path: Path | None) -> None:
         """A figure already written to the run directory (`path`; None: there was none), to wandb too."""
@@ -62,3 +66,19 @@ class Tracker:
         self.file.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def keep_until(path: Path, step: int) -> None:
+    """Drop the lines of a JSONL log (metrics.jsonl, samples.jsonl) whose step is after `step`, and a
+    torn last line (the process died writing it)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row["step"] <= step:
+            kept.append(line + "\n")
+    path.write_text("".join(kept))

@@ -82,12 +82,6 @@ def engine_batch(cfg: RolloutConfig, gpu: bool, step_samples: int) -> dict:
     return {} if gpu else {"max_num_seqs": max(256, step_samples)}
 
 
-def request_seed(base: int, step: int, prompt_index: int) -> int:
-    """Seed of one prompt's request: a function of the run seed, step and prompt alone, so results
-    do not depend on how prompts were spread over workers (and a resumed run samples the same)."""
-    return (base * 1_000_003 + step * 10_007 + prompt_index) % (2**31 - 1)
-
-
 def sampling_params(s: SamplingConfig, seed: int, greedy: bool = False, max_tokens: int | None = None):
     """max_tokens: this request's cap when below s.max_new_tokens (an episode's token budget)."""
     from vllm import SamplingParams

@@ -5,7 +5,7 @@ import pytest
 
 from orchestrator.config import BadLinePolicy, DataConfig
 from orchestrator.data import DataError, PromptSampler, load_examples, load_split
-from orchestrator.tasks import make_task
+from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS, make_task
 
 
 def write(tmp_path, lines):
@@ -92,3 +92,76 @@ def test_sampler_epochs_and_resume():
     resumed = PromptSampler(5, seed=0, shuffle=True)
     resumed.load_state_dict(s.state_dict())
     assert resumed.next(4) == s.next(4)
+
+
+def config_task_sizes():
+    """(task, task_size, eval_size) of every task a shipped config generates, RL and SFT/RM stages."""
+    import yaml
+    from pathlib import Path
+
+    sections = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        sections += [raw.get("data", {})] + [raw[s].get("data", {}) for s in ("sft", "rm", "ppo") if s in raw]
+    stage = {"task_size": 2000, "eval_size": 200}  # StageConfig's defaults (RL: 1000, 64)
+    return sorted({(d["task"], d.get("task_size", stage["task_size"]), d.get("eval_size", stage["eval_size"]))
+                   for d in sections if d.get("task")})
+
+
+def prompts(rows, key="prompt"):
+    return {json.dumps(r[key], sort_keys=True) for r in rows}
+
+
+BUILTIN_SIZES = [t for t in config_task_sizes() if t[0] in {"addition_2digit", "addition_3digit", "chat_addition_2digit"}]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("task, task_size, eval_size",
+                         [*BUILTIN_SIZES, ("basic_arithmetic", 2000, 128), ("gsm_symbolic", 100, 20)])
+def test_held_out_prompts_of_a_task_are_never_training_prompts(task, task_size, eval_size, seed):
+    if task not in TINY_TASKS:
+        pytest.importorskip("reasoning_gym")
+    train, held_out, _ = load_split(DataConfig(task=task, task_size=task_size, eval_size=eval_size), seed=seed)
+    assert len(train) == task_size and len(held_out) == len(prompts(held_out)) == eval_size  # distinct held-out prompts
+    assert not prompts(train) & prompts(held_out)
+    again = load_split(DataConfig(task=task, task_size=task_size, eval_size=eval_size), seed=seed)
+    assert again[:2] == (train, held_out)  # reproducibly
+
+
+def test_the_shipped_configs_tasks_are_all_checked():
+    assert {t[0] for t in config_task_sizes()} - {t[0] for t in BUILTIN_SIZES} == {"guess_number", "gsm_symbolic"}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_one_prompt_task_holds_out_fresh_episodes(seed):
+    # guess_number: every example is the prompt "guess 1-15:"; the secret (answer) is hidden from the
+    # policy, so no held-out prompt can be unseen: the held-out set is fresh episodes, of other secrets
+    assert "guess_number" in ONE_PROMPT_TASKS
+    train, held_out, _ = load_split(DataConfig(task="guess_number", task_size=2000, eval_size=128), seed=seed)
+    assert len(prompts(train + held_out)) == 1 and len(train) == 2000 and len(held_out) == 128
+    assert [e["answer"] for e in held_out] != [e["answer"] for e in train[:128]]  # another stream
+
+
+def test_a_task_with_too_few_distinct_prompts_fails_naming_the_keys():
+    # addition_2digit has 90 x 90 = 8100 prompts; 2000 training draws leave ~6300 of them unseen
+    with pytest.raises(DataError, match=r"data.task 'addition_2digit': .*data.task_size: 2000.*data.eval_size \(7000\)"):
+        load_split(DataConfig(task="addition_2digit", task_size=2000, eval_size=7000), seed=0)
+
+
+def test_held_out_file_prompts_are_never_training_prompts(tmp_path, caplog):
+    # 30 distinct prompts, each on 1-3 lines: a held-out prompt takes all its copies out of training
+    lines = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(30) for _ in range(1 + i % 3)]
+    path = write(tmp_path, lines)
+    for seed in (0, 1, 2):
+        train, held_out, _ = load_split(DataConfig(train_files=[path], eval_size=10), seed=seed)
+        assert len(held_out) == len(prompts(held_out)) == 10 and not prompts(train) & prompts(held_out)
+        assert len(train) + sum(1 + int(e["prompt"].split("+")[0]) % 3 for e in held_out) == len(lines)
+    with pytest.raises(DataError, match="30 distinct prompts leave none to train on"):
+        load_split(DataConfig(train_files=[path], eval_size=30), seed=0)
+    # with eval files: the training lines whose prompt is held out are dropped, and counted
+    eval_path = tmp_path / "eval.jsonl"
+    eval_path.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in (0, 1, 2, 99)))
+    with caplog.at_level("WARNING", logger="orchestrator.data"):
+        train, held_out, _ = load_split(DataConfig(train_files=[path], eval_files=[str(eval_path)]), seed=0)
+    assert len(held_out) == 4 and not prompts(train) & prompts(held_out) and len(train) == len(lines) - 6
+    assert "6 training examples have a prompt of data.eval_files: dropped from training" in caplog.text

@@ -10,6 +10,7 @@ from orchestrator.data import DataError
 from orchestrator.datagen import corrupt, demonstrations, preferences
 from orchestrator.evaluate import distinct_n, win_rate
 from orchestrator.stages import encode_rm, encode_sft, load_supervised
+from orchestrator.tasks import make_task
 
 
 def stage(tmp_path, **data) -> StageConfig:
@@ -21,10 +22,10 @@ def stage(tmp_path, **data) -> StageConfig:
 
 
 def test_generated_sets_have_the_user_formats_and_pairs_disagree():
-    demos = demonstrations("addition_2digit", 50, seed=0)
+    demos = demonstrations(make_task("addition_2digit", 50, seed=0))
     a, b = (int(x) for x in demos[0]["prompt"].removesuffix("=").split("+"))
     assert demos[0] == {"prompt": f"{a}+{b}=", "response": str(a + b)}
-    pairs = preferences("addition_2digit", 200, seed=0)
+    pairs = preferences(make_task("addition_2digit", 200, seed=0), seed=0)
     assert all(p["chosen"] != p["rejected"] and abs(int(p["chosen"]) - int(p["rejected"])) <= 10 for p in pairs)
     rng = random.Random(0)
     assert all(corrupt(w, rng) != w for w in ["abc", "x", "", "12"])
@@ -124,3 +125,22 @@ def test_cli_data_and_a_bad_sft_file_named_before_any_training(tmp_path):
     out = relay("sft", str(repo / "configs" / "sft_tiny_cpu.yaml"), "data.task=", f"data.train_files=[{bad}]",
                 f"run_root={tmp_path}")
     assert out.returncode == 2 and f"{bad}:2: field 'response' must be non-empty text" in out.stderr
+
+
+@pytest.mark.parametrize("kind", ["sft", "rm"])
+def test_stage_held_out_prompts_are_never_training_prompts(tmp_path, kind):
+    def prompts(rows):
+        return {r["prompt"] for r in rows}
+
+    for seed in (0, 1, 2):  # the configs' sizes: sft_tiny_cpu 5000, rm_tiny_cpu 4000, 200 held out
+        cfg = stage(tmp_path, task="addition_2digit", task_size=5000, eval_size=200)
+        cfg.seed = seed
+        train, held_out, _ = load_supervised(cfg, kind, tmp_path)
+        assert len(train) == 5000 and len(held_out) == len(prompts(held_out)) == 200
+        assert not prompts(train) & prompts(held_out)
+    path = tmp_path / "demos.jsonl"  # a file with repeated prompts, no eval file: a held-out prompt takes every copy
+    path.write_text("".join(json.dumps({"prompt": f"{i}+0=", "response": str(i), "chosen": str(i), "rejected": "x"})
+                            + "\n" for i in range(20) for _ in range(1 + i % 2)))
+    train, held_out, _ = load_supervised(stage(tmp_path, train_files=[str(path)], eval_size=5), kind, tmp_path)
+    assert len(held_out) == len(prompts(held_out)) == 5 and not prompts(train) & prompts(held_out)
+    assert prompts(held_out) != {f"{i}+0=" for i in range(5)}  # a random draw, not the first lines
