@@ -2,7 +2,12 @@
 
 A source that raises, or returns the wrong number of scores, is retried one sample at a time so
 only the culpable samples are marked; NaN/inf/None scores mark just that sample; a source that
-misses its deadline marks its samples and is counted under reward/timeouts. Nothing here can hang.
+misses its deadline (its whole budget: a remote source's every attempt) marks its samples and is
+counted under reward/timeouts. Nothing here can hang.
+
+A marked sample is one the source could not judge (a failure: timeout, exception, no reference),
+never a score; a wrong answer is a score (0). Only sources that train (weight != 0) can make a
+sample invalid: a weight-0 source is a metric.
 """
 from __future__ import annotations
 
@@ -53,6 +58,8 @@ def _clean(x) -> float | None:
 
 
 def run_source(source, prompts: list[str], responses: list[str], metadata: list[dict], timeout_s: float) -> SourceRun:
+    """`timeout_s`: the whole call's deadline (for a remote source, all its attempts: see
+    sources.deadline_s); a remote source keeps the scores of every chunk that answered."""
     n = len(responses)
     try:
         out = call_with_deadline(lambda: source.score(prompts, responses, metadata), timeout_s)
@@ -88,10 +95,13 @@ def _one_by_one(source, prompts, responses, metadata, timeout_s, first_error: st
 
 
 def combine(runs: dict[str, SourceRun], weights: dict[str, float]) -> tuple[list[float], list[bool]]:
-    """Weighted sum per sample; a sample is invalid if any source failed on it."""
+    """Weighted sum per sample; a sample is invalid if a source that trains (weight != 0) failed on
+    it. A weight-0 source is only reported (reward/<name>/*): its failures change nothing."""
     n = len(next(iter(runs.values())).scores)
     total, invalid = [0.0] * n, [False] * n
     for name, run in runs.items():
+        if weights[name] == 0:
+            continue
         for i, s in enumerate(run.scores):
             if s is None:
                 invalid[i] = True

@@ -16,8 +16,10 @@ class SourceKind(str, Enum):
 
 
 class InvalidPolicy(str, Enum):
-    zero = "zero"  # an invalid sample scores 0 and still trains
-    drop = "drop"  # an invalid sample is masked out of the update
+    """What becomes of a sample a source could not judge (a timeout, an exception, a NaN, a failed
+    episode, a missing reference): a failure, unlike a wrong answer, which is a score."""
+    drop = "drop"  # out of the loss, the group baselines and reward/*; counted (reward/dropped_samples)
+    zero = "zero"  # scored 0 and trained on, like a wrong answer (what most frameworks do)
 
 
 class Normalization(str, Enum):
@@ -29,12 +31,12 @@ class Normalization(str, Enum):
 @dataclass
 class RewardSource:
     kind: SourceKind = SourceKind.math_answer  # math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote or environment
-    weight: float = 1.0  # this source's factor in the summed reward; 0 = reported, not trained on
+    weight: float = 1.0  # this source's factor in the summed reward; 0 = reported only: changes neither the reward nor which samples train
     name: str = ""  # metric name (reward/<name>/mean); "" = the kind
     function: str = ""  # function: "module.path:function"
     model_path: str = ""  # reward_model: a Hugging Face folder
     url: str = ""  # remote: the endpoint to POST to (see `relay serve-reward`)
-    timeout_s: float = 10.0  # seconds a call to this source may take, else its samples are invalid (remote: per attempt)
+    timeout_s: float = 10.0  # seconds a call to this source may take, else its samples are invalid (remote: per attempt, retries on top)
     max_retries: int = 2  # remote: retries of a failed or timed-out request
     max_concurrency: int = 4  # remote: requests in flight at once (the batch is split into as many chunks)
     pattern: str = ""  # format: a regular expression the response must match
@@ -51,4 +53,4 @@ class RewardConfig:
     overlong_buffer: int = 0  # DAPO overlong shaping: the last this many tokens before overlong_max_tokens cost up to overlong_penalty, linearly; 0 = off
     overlong_max_tokens: int = 0  # overlong shaping: the length (model tokens) at which the full penalty applies, e.g. rollout.sampling.max_new_tokens
     overlong_penalty: float = 1.0  # overlong shaping: the penalty at and beyond overlong_max_tokens
-    invalid: InvalidPolicy = InvalidPolicy.zero  # a sample some source could not score: zero (reward 0, still trains) or drop (masked out)
+    invalid: InvalidPolicy = InvalidPolicy.drop  # a sample a source could not judge (a failure, not a wrong answer): drop (masked, counted) or zero (trains as 0)

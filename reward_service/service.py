@@ -1,6 +1,9 @@
 """ScoringService: the frozen judge of a rollout batch, as a Ray actor called by method.
 
     rewards (sources combined, clipped, normalised) + reference logprobs -> ScoredBatch
+
+Raw reward: the sources' weighted sum (what eval/* and reward/mean report). The trained reward adds
+the DAPO overlong penalty, then clips and normalises; evaluation never does any of that.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from reward_service.combine import SourceRun, combine, run_source, source_metric
 from reward_service.config import InvalidPolicy, RewardConfig
 from reward_service.reference import ReferenceModel
 from reward_service.shaping import RunningMeanStd, overlong_penalty, shape
-from reward_service.sources import build_source
+from reward_service.sources import build_source, deadline_s
 from reward_service.types import ScoredBatch
 from rollout.device import process_device
 from rollout.logprobs import DEFAULT_CHUNK_TOKENS
@@ -44,10 +47,11 @@ class RewardFunction:
         self.names = source_names(cfg)
         self.sources = {n: build_source(s, cfg.micro_batch_size, device, dtype) for n, s in zip(self.names, cfg.sources)}
         self.weights = {n: s.weight for n, s in zip(self.names, cfg.sources)}
-        self.timeouts = {n: s.timeout_s for n, s in zip(self.names, cfg.sources)}
+        # each call's deadline is the source's whole budget (a remote one's retries included)
+        self.deadlines = {n: deadline_s(self.sources[n], s) for n, s in zip(self.names, cfg.sources)}
 
     def run(self, prompts: list[str], responses: list[str], metadata: list[dict]):
-        runs = {n: run_source(src, prompts, responses, metadata, self.timeouts[n]) for n, src in self.sources.items()}
+        runs = {n: run_source(src, prompts, responses, metadata, self.deadlines[n]) for n, src in self.sources.items()}
         total, invalid = combine(runs, self.weights)
         return runs, total, invalid
 
@@ -59,11 +63,12 @@ class RewardFunction:
 @dataclasses.dataclass
 class Judged:
     """A batch judged but not yet shaped: each source's run, the combined raw reward, which samples
-    are invalid, and the reference logprobs."""
+    are invalid, the reference logprobs, and the overlong penalty (0s when off) shaping adds."""
     runs: dict
     total: list[float]
     invalid: list[bool]
     ref_logprobs: list[list[float]]
+    overlong: list[float]
 
 
 class ScoringService(Profiled, Busy):
@@ -89,7 +94,8 @@ class ScoringService(Profiled, Busy):
         return self._instance
 
     def score(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0) -> ScoredBatch:
-        """For training: rewards clipped and normalised (the running normaliser moves).
+        """For training: raw rewards plus the overlong penalty, clipped and normalised (the running
+        normaliser moves); `raw` keeps the sources' sum.
         `metadata[j]` belongs to prompt j of the step (answer, task entry, ...)."""
         return self.finish(self.judge(batch, metadata=metadata, temperature=temperature))
 
@@ -100,17 +106,22 @@ class ScoringService(Profiled, Busy):
         batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
         with self.working():
             runs, total, invalid = self._judge(batch, metadata)
-            return Judged(runs, total, invalid, self.reference.logprobs(batch, temperature))
+            penalty = self._overlong(batch)
+            if self.cfg.overlong_buffer:
+                runs["overlong"] = SourceRun(penalty)  # reported beside the sources
+            return Judged(runs, total, invalid, self.reference.logprobs(batch, temperature), penalty)
 
     def finish(self, judged: Judged) -> ScoredBatch:
-        """The other half: clip and normalise (the running normaliser moves, in the order of the calls)."""
-        rewards = shape(judged.total, judged.invalid, self.cfg.clip, self.cfg.normalization, self.running)
+        """The other half: add the overlong penalty, clip and normalise (the running normaliser moves,
+        in the order of the calls)."""
+        trained = [t + p for t, p in zip(judged.total, judged.overlong)]
+        rewards = shape(trained, judged.invalid, self.cfg.clip, self.cfg.normalization, self.running)
         return self._scored(judged.runs, judged.total, judged.invalid, rewards, judged.ref_logprobs)
 
     def evaluate(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0,
                  with_reference: bool = True) -> ScoredBatch:
-        """For evaluation, read-only: raw combined rewards (no clip, no normalisation; 0 where
-        invalid), the normaliser untouched; reference logprobs only when asked for."""
+        """For evaluation, read-only: raw combined rewards (no overlong penalty, no clip, no
+        normalisation; 0 where invalid), the normaliser untouched; reference logprobs only when asked for."""
         with self.working():
             runs, total, invalid = self._judge(batch, metadata)
             ref = self.reference.logprobs(batch, temperature) if with_reference else [[] for _ in range(len(batch))]
@@ -125,21 +136,28 @@ class ScoringService(Profiled, Busy):
         if batch.env_return:  # episodes: each sample's own return, for the environment source
             per_sample = [{**m, "env_return": r} for m, r in zip(per_sample, batch.env_return)]
         runs, total, invalid = self.reward.run(prompts, batch.response_text, per_sample)
-        c = self.cfg
-        if c.overlong_buffer:  # DAPO's soft overlong punishment, on the model's own tokens
-            lengths = [sum(a) for a in batch.action_mask] if batch.action_mask else batch.response_lengths
-            runs["overlong"] = SourceRun(overlong_penalty(lengths, c.overlong_max_tokens, c.overlong_buffer, c.overlong_penalty))
-            total = [t + p for t, p in zip(total, runs["overlong"].scores)]
+        if any(batch.env_failure):  # an episode the environment broke off: judged by no source, whatever text it left
+            failed = [bool(f) for f in batch.env_failure]
+            for run in runs.values():
+                run.scores = [None if f else x for x, f in zip(run.scores, failed)]
+            invalid = [bad or f for bad, f in zip(invalid, failed)]
         return runs, total, invalid
+
+    def _overlong(self, batch: RolloutBatch) -> list[float]:
+        """DAPO's soft overlong punishment, on the model's own tokens: training shaping only."""
+        c = self.cfg
+        if not c.overlong_buffer:
+            return [0.0] * len(batch)
+        lengths = [sum(a) for a in batch.action_mask] if batch.action_mask else batch.response_lengths
+        return overlong_penalty(lengths, c.overlong_max_tokens, c.overlong_buffer, c.overlong_penalty)
 
     def _scored(self, runs, total, invalid, rewards, ref_logprobs) -> ScoredBatch:
         drop = self.cfg.invalid == InvalidPolicy.drop
         metrics = source_metrics(runs)
-        good = [t for t, bad in zip(total, invalid) if not bad]
         metrics["reward/invalid_frac"] = sum(invalid) / max(len(invalid), 1)
-        metrics["reward/raw_mean"] = sum(good) / len(good) if good else float("nan")
         return ScoredBatch(
             rewards=rewards,
+            raw=[float("nan") if bad else t for t, bad in zip(total, invalid)],
             components={n: [float("nan") if s is None else s for s in r.scores] for n, r in runs.items()},
             valid=[not (drop and bad) for bad in invalid],
             invalid=invalid,

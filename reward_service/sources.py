@@ -137,8 +137,20 @@ class RemoteSource:
     def __init__(self, cfg: RewardSource):
         self.client = RemoteReward(cfg.url, cfg.timeout_s, cfg.max_retries, cfg.max_concurrency)
 
+    @property
+    def deadline_s(self) -> float:
+        """The client's own deadline (every attempt and its backoff) plus a margin, so that deadline,
+        which keeps the scores of every chunk that answered, fires before the service's."""
+        return self.client.deadline_s + max(2.0, 0.1 * self.client.deadline_s)
+
     def score(self, prompts, responses, metadata):
         return self.client.score(prompts, responses, metadata)  # a RemoteResult: the service reads its counts
+
+
+def deadline_s(source, cfg: RewardSource) -> float:
+    """How long one call to a built source may take in all: `timeout_s`, but for a remote source
+    (where timeout_s is per attempt) its whole budget of retries."""
+    return source.deadline_s if isinstance(source, RemoteSource) else cfg.timeout_s
 
 
 def build_source(cfg: RewardSource, micro_batch_size: int = 16, device: torch.device = torch.device("cpu"),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from reward_service.combine import combine, run_source
+from reward_service.combine import combine, run_source, source_metrics
 from reward_service.config import Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.service import RewardFunction, source_names
 from reward_service.shaping import RunningMeanStd, shape
@@ -87,6 +87,22 @@ def test_reward_function_combines_configured_sources():
     scores = reward(["q", "q", "q"], ["#### 42", "#### 41", "42"], [{"answer": "42"}, {"answer": "42"}, {}])
     # 1 + .5 + .1*(-3/10); 0 + .5 - .03; third: no reference -> cannot judge -> None
     assert scores[0] == pytest.approx(1.47) and scores[1] == pytest.approx(0.47) and scores[2] is None
+
+
+def test_a_weight_0_source_that_cannot_judge_changes_nothing():
+    """Issue 25, item 4: a reported-only source (weight 0) is a metric; its None (here: no reference
+    answer for math_answer) used to mark the sample invalid and so replace the trained reward."""
+    length = RewardSource(kind=SourceKind.function, function=FN + "length")
+    reported = RewardSource(kind=SourceKind.math_answer, weight=0.0)
+    prompts, responses, meta = ["q"] * 3, ["#### 42", "7", "abc"], [{"answer": "42"}, {}, {}]
+    runs, total, invalid = RewardFunction(RewardConfig(sources=[length, reported])).run(prompts, responses, meta)
+    _, alone, alone_invalid = RewardFunction(RewardConfig(sources=[length])).run(prompts, responses, meta)
+    assert total == alone == [7.0, 1.0, 3.0] and invalid == alone_invalid == [False] * 3
+    assert runs["math_answer"].scores == [1.0, None, None]  # still judged and reported
+    assert source_metrics(runs)["reward/math_answer/invalid_frac"] == pytest.approx(2 / 3)
+    # with weight != 0 the same source's None is a sample it could not judge
+    trained = RewardFunction(RewardConfig(sources=[length, RewardSource(weight=0.5)]))
+    assert trained.run(prompts, responses, meta)[2] == [False, True, True]
 
 
 def test_source_names_are_unique():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reward_service.combine import run_source
+from reward_service.combine import run_source, source_metrics
 from reward_service.config import RewardSource, SourceKind
 from reward_service.remote import RemoteReward, serve
 from reward_service.sources import build_source
@@ -197,3 +197,39 @@ def test_serve_reward_rejects_a_bad_config(tmp_path):
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve-reward", str(cfg)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "reward.sources.0.url: a remote source needs url" in out.stderr
+
+
+def remote_reward(url, timeout_s, retries=1, concurrency=2):
+    """The configured remote source, as the scoring service builds and runs it (issue 25, item 3)."""
+    from reward_service.config import RewardConfig
+    from reward_service.service import RewardFunction
+
+    source = RewardSource(kind=SourceKind.remote, url=url, timeout_s=timeout_s, max_retries=retries,
+                          max_concurrency=concurrency)
+    return RewardFunction(RewardConfig(sources=[source]))
+
+
+def test_the_service_waits_for_a_retry_of_a_timed_out_attempt():
+    # chunk ["a", "bb", "ccc"] hangs on its first attempt only; its retry answers. The service's
+    # deadline used to be one attempt's timeout: it cut the call before the retry and voided both chunks
+    hold = first_attempt_of_each_chunk()
+    s = Server(lengths, hold=lambda payload: payload["responses"][0] == "a" and hold(payload))
+    try:
+        runs, total, invalid = remote_reward(s.url, timeout_s=1.0).run(["p"] * 5, RESPONSES, [{}] * 5)
+        assert total == [1.0, 2.0, 3.0, 4.0, 5.0] and invalid == [False] * 5
+        assert source_metrics(runs)["reward/timeouts"] == 1  # the attempt that timed out is counted
+        assert s.requests == 3 and s.answered == 2  # 2 chunks, one retried: the first attempt is still held
+    finally:
+        s.close()
+
+
+def test_a_chunk_that_fails_for_good_marks_only_its_own_samples():
+    s = Server(lengths, hold=lambda payload: payload["responses"][0] == "a")  # every attempt of chunk 1 hangs
+    try:
+        runs, total, invalid = remote_reward(s.url, timeout_s=0.5).run(["p"] * 5, RESPONSES, [{}] * 5)
+        assert invalid == [True, True, True, False, False] and total[3:] == [4.0, 5.0]
+        assert runs["remote"].scores == [None, None, None, 4.0, 5.0]
+        # both attempts of the held chunk timed out (or, on a stalled machine, its hard deadline hit first)
+        assert 1 <= source_metrics(runs)["reward/timeouts"] <= 2
+    finally:
+        s.close()
