@@ -302,11 +302,13 @@ def ppo_value_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Half squared error to the returns; with clip_eps, the pessimistic max of the plain and the
     clipped-around-old-values error (PPO2's value clipping)."""
-    values, returns = values.float(), returns.float()
+    # where() first: garbage on padding (inf, nan) would reach the gradient as 0 * inf = nan
+    values, returns = (torch.where(mask > 0, x.float(), 0.0) for x in (values, returns))
     err = (values - returns) ** 2
     if clip_eps is None:
         loss_tok, clip_frac = err, torch.zeros((), device=values.device)
     else:
+        old_values = torch.where(mask > 0, old_values.float(), 0.0)
         clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
         err_clipped = (clipped - returns) ** 2
         loss_tok = torch.maximum(err, err_clipped)

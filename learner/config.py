@@ -3,6 +3,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
+class Method(str, Enum):
+    none = "none"  # no recipe: every key as given
+    grpo = "grpo"  # GRPO (Shao et al. 2024): group mean and std, per-sequence token mean, KL (k3) in the loss
+    dr_grpo = "dr_grpo"  # Dr. GRPO (Liu et al. 2025): group mean only, no std anywhere, token sums over a constant
+    dapo = "dapo"  # DAPO (Yu et al. 2025): clip-higher 0.2/0.28, token mean, no KL, dynamic sampling
+    gspo = "gspo"  # GSPO (Zheng et al. 2025): one clipped ratio per sequence (3e-4/4e-4), per-sequence mean
+    cispo = "cispo"  # CISPO (MiniMax-M1 2025): clipped detached ratio weights, no lower bound, token mean
+    reinforce_pp = "reinforce_pp"  # REINFORCE++ (Hu 2025): k1 KL per token in the reward, returns whitened over the batch
+    rloo = "rloo"  # RLOO (Ahmadian et al. 2024): leave-one-out baseline, unnormalised, k1 KL in the sequence reward, token sums
+
+
 class Estimator(str, Enum):
     gae = "gae"  # PPO with a critic
     grpo = "grpo"  # group-normalised outcome reward, no critic
@@ -70,6 +81,7 @@ class OffPolicyConfig:
 
 @dataclass
 class AlgorithmConfig:
+    method: Method = Method.none  # a named recipe that sets its paper's keys together (orchestrator/methods.py lists them); a key set otherwise alongside is an error; none = every key as given
     estimator: Estimator = Estimator.grpo  # advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp
     gamma: float = 1.0  # gae and reinforce_pp: discount per token; 1.0 = none
     lam: float = 0.95  # gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns
@@ -81,7 +93,7 @@ class AlgorithmConfig:
     vf_coef: float = 0.5  # gae only: weight of the value loss (shared head: added to the policy loss)
     entropy_coef: float = 0.0  # entropy bonus: coef * entropy is subtracted from the loss; 0 = off
     loss_aggregation: LossAggregation = LossAggregation.token_mean  # how token losses are averaged: token_mean, seq_mean or seq_sum_norm
-    loss_norm_tokens: int = 0  # seq_sum_norm only: the constant each sequence's token sum is divided by; 0 = rollout.sampling.max_new_tokens
+    loss_norm_tokens: int = 0  # seq_sum_norm: each sequence's token sum / this; 0 = its budget (max_new_tokens, an episode's, endpoint: max_model_len)
     kl_estimator: KLEstimator = KLEstimator.k3  # per-token estimate of KL(policy || reference): k1, k2 or k3 (Schulman)
     kl_placement: KLPlacement = KLPlacement.loss  # where the KL penalty goes: reward (per token) or loss
     kl_controller: KLControllerKind = KLControllerKind.fixed  # fixed coefficient, or adaptive (steered towards target_kl)

@@ -1,6 +1,7 @@
 """DeepSpeed engines for the learner: ZeRO 0-3, CPU (gloo) or GPU (NCCL), client or DeepSpeed Adam."""
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -77,6 +78,26 @@ def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_ba
         # bucket and copy it back each step (0.6 s of a SmolLM2 update on a CPU)
         engine.enable_backward_allreduce = False
     return engine
+
+
+def step_micro_batches(rows: torch.Tensor, mine: torch.Tensor, world: int, micro: int, engines: tuple):
+    """One optimizer step's micro-batches for the rank whose share of `rows` is `mine`: (indices,
+    padding), as many as rank 0 has (it has the most rows) so the ranks' collectives pair up; a rank
+    with no rows left makes a padding pass (one row, to be weighted 0). The step's boundary is set
+    on `engines` (None skipped) before each: DeepSpeed's own count assumes gradient_accumulation_steps
+    micro-batches per step, so a short mini-batch would miss its step and leak into the next."""
+    n = max(-(-(-(-len(rows) // world)) // micro), 1)
+    for j in range(n):
+        for engine in [e for e in engines if e is not None]:
+            engine.set_gradient_accumulation_boundary(j == n - 1)
+        idx = mine[j * micro: (j + 1) * micro]
+        yield (rows[:1], True) if len(idx) == 0 else (idx, False)
+
+
+def mean_finite(values: list[float]) -> float:
+    """The mean of the finite values (nan if none): e.g. grad norms, a skipped step's being inf."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
 
 
 def skipped_steps(engine) -> int:

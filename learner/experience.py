@@ -107,15 +107,22 @@ def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_
 
 
 def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Batch normalisation of advantages: whitening over every token of the batch (for REINFORCE++
-    its global normalisation, not per group). GRPO and RLOO are already centred per group: shifting
-    by the batch mean would give an all-equal group a non-zero advantage, so they are only rescaled
-    (and GRPO with its own std scaling is left as it is)."""
+    """Batch normalisation of advantages. An estimator that already subtracts a baseline (GRPO, RLOO,
+    reinforce_baseline, REINFORCE++ with its group baseline) is only rescaled by the batch std: a
+    shift by the token-weighted batch mean would give an all-equal group a non-zero, length-weighted
+    advantage. The others (GAE, REINFORCE++ without a baseline: its global normalisation) are
+    whitened over every token of the batch. GRPO with its own std scaling is left as it is."""
     if not cfg.normalize_advantages or (cfg.estimator == Estimator.grpo and cfg.grpo_scale_by_std):
         return adv
-    if cfg.estimator in (Estimator.grpo, Estimator.rloo):
+    if has_baseline(cfg):
         return A.masked_rescale(adv, mask)
     return A.masked_whiten(adv, mask)
+
+
+def has_baseline(cfg: AlgorithmConfig) -> bool:
+    """True when the estimator's advantages are already centred on a baseline (group or batch mean)."""
+    return (cfg.estimator in (Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline)
+            or (cfg.estimator == Estimator.reinforce_pp and cfg.reinforce_pp_group_baseline))
 
 
 def single_pass(cfg: AlgorithmConfig, batch_size: int) -> bool:

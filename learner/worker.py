@@ -17,7 +17,7 @@ from learner import algorithms as A
 from learner import losses as L
 from learner.config import (AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, OffPolicyKind,
                             PolicyLoss, ValueHead)
-from learner.engine import init_distributed, make_engine, skipped_steps
+from learner.engine import init_distributed, make_engine, mean_finite, skipped_steps, step_micro_batches
 from learner.experience import Experience, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
@@ -26,6 +26,7 @@ from rollout.config import SamplingConfig
 from rollout.device import collective_backend, process_device, to_device
 from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy, map_chunks
 from rollout.profiling import Profiled
+from rollout.seeds import stream_seed
 from rollout.types import RolloutBatch
 from rollout.weight_sync import (SyncGroup, TensorMeta, broadcast_staged, decode_plan, free_port, plan_buckets,
                                  send_weights, stage_buckets)
@@ -55,7 +56,7 @@ class Learner(Profiled):
             raise ValueError(f"learner.logprob_chunk_tokens must be at least 1, got {cfg.logprob_chunk_tokens}")
         self.device = process_device()  # from this actor's Ray resources: everything it computes lives there
         init_distributed(rank, world_size, master_addr, master_port, collective_backend(self.device))
-        seed_everything(seed + rank)
+        seed_everything(stream_seed(seed, "learner", rank))  # init and dropout: each rank its own stream
         self.cfg, self.algo, self.rank, self.world = cfg, algo, rank, world_size
         # the sampler's distribution: logprobs at its temperature, its filters for the gap metric
         self.seed, self.sampling = seed, sampling
@@ -99,11 +100,13 @@ class Learner(Profiled):
                               self.cfg.logprob_chunk_tokens, self.device, recompute=not one_pass)
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
-        n_mini = 0
+        n_mini, norms = 0, []
         for epoch in range(self.algo.ppo_epochs):
-            order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step * 101 + epoch))
+            shuffle = torch.Generator().manual_seed(stream_seed(self.seed, "mini_batches", step, epoch))
+            order = torch.randperm(len(batch), generator=shuffle)
             for i in range(0, len(batch), self.algo.mini_batch_size):
                 self._train_mini_batch(exp, order[i: i + self.algo.mini_batch_size], sums, one_pass)
+                norms.append(float(self.policy_engine.get_global_grad_norm() or 0.0))
                 n_mini += 1
         if one_pass and self.world > 1:  # each rank filled its own rows: assemble them everywhere
             for t in (exp.old_logprobs, exp.sampler_logprobs):
@@ -111,6 +114,7 @@ class Learner(Profiled):
                 dist.all_reduce(full)
                 t.copy_(full.cpu())
         metrics = self._reduce(sums, n_mini)
+        metrics["learner/grad_norm"] = mean_finite(norms)  # pre-clip, over the update's optimizer steps
         metrics.update(self._experience_metrics(exp))
         metrics["learner/skipped_steps"] = float(self._skipped() - skipped_before)
         if metrics["learner/skipped_steps"]:
@@ -121,60 +125,61 @@ class Learner(Profiled):
         return metrics
 
     def _train_mini_batch(self, exp: Experience, rows: torch.Tensor, sums: dict[str, float], one_pass: bool) -> None:
-        agg = self.algo.loss_aggregation.value
+        """One optimizer step on exactly `rows`, whatever their count (engine.step_micro_batches)."""
+        agg, micro = self.algo.loss_aggregation.value, self.algo.micro_batch_size
         total = max(A.aggregate_total(exp.mask[rows], agg), 1e-8)
+        tokens = max(float(exp.mask[rows].sum()), 1e-8)  # per-token metrics are means over these, whatever agg
         mine = exp.by_length(rows)[self.rank:: self.world]  # similar lengths per micro-batch (and per rank)
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
-        for j in range(0, len(mine), self.algo.micro_batch_size):
-            idx = mine[j: j + self.algo.micro_batch_size]
+        for idx, padding in step_micro_batches(rows, mine, self.world, micro, (self.policy_engine, self.critic_engine)):
+            weight = 0.0 if padding else scale
             mb = to_device(exp.rows(idx), self.device)
-            policy_loss, values, m = self._policy_loss(mb, total, agg, exp if one_pass else None, idx)
+            policy_loss, values, m = self._policy_loss(mb, total, agg, exp if one_pass and not padding else None, idx,
+                                                       tokens)
             if self.critic_engine is not None:
                 values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
             if values is not None:
                 vf_loss, vm = A.ppo_value_loss(values, mb["old_values"], mb["returns"], mb["mask"],
                                                self.algo.value_clip_eps, agg, total,
                                                loss_norm_tokens(self.algo, self.sampling))
-                m["loss/value"], m["learner/vf_clip_frac"] = vf_loss.item(), vm["vf_clip_frac"].item() * _share(mb, total, agg)
+                m["loss/value"], m["learner/vf_clip_frac"] = vf_loss.item(), vm["vf_clip_frac"].item() * _share(mb, tokens)
                 if self.critic_engine is None:
                     policy_loss = policy_loss + self.algo.vf_coef * vf_loss
                 else:
-                    self.critic_engine.backward(self.algo.vf_coef * vf_loss * scale)
+                    self.critic_engine.backward(self.algo.vf_coef * vf_loss * weight)
                     self.critic_engine.step()
             if not torch.isfinite(policy_loss):
                 m["learner/nonfinite_losses"] = 1.0  # its gradients are non-finite: the step is skipped
-            self.policy_engine.backward(policy_loss * scale)
+            self.policy_engine.backward(policy_loss * weight)
             self.policy_engine.step()
-            for k, v in m.items():
+            for k, v in ({} if padding else m).items():
                 sums[k] += v
 
-    def _policy_loss(self, mb: dict, total: float, agg: str, fill: Experience | None = None, idx=None):
+    def _policy_loss(self, mb: dict, total: float, agg: str, fill: Experience | None = None, idx=None,
+                     tokens: float = 1.0):
         """fill (single pass): the old logprobs are this forward's, detached; they are written into
-        fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics."""
+        fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics. `tokens`: the
+        mini-batch's response tokens (per-token metrics)."""
         logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
         loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, self.temperature,
                                   self.cfg.logprob_chunk_tokens, total, agg, old_from_forward=fill is not None,
-                                  norm_tokens=loss_norm_tokens(self.algo, self.sampling))
+                                  norm_tokens=loss_norm_tokens(self.algo, self.sampling),
+                                  top_k=self.sampling.top_k, top_p=self.sampling.top_p)
         if fill is not None:
-            self._fill_old(fill, idx, logits, mb, terms["logprobs"])
-        share = _share(mb, total, agg)
-        m = {"loss/policy": terms["policy"].item(), "learner/entropy": terms["entropy"].item(),
+            self._fill_old(fill, idx, mb, terms["logprobs"], terms["sampler_logprobs"])
+        share = _share(mb, tokens)  # metrics are per token in every aggregation (the loss is agg's)
+        m = {"loss/policy": terms["policy"].item(), "learner/entropy": terms["entropy_token"].item() * share,
              "learner/clip_frac": terms["clip_frac"].item() * share,
              "learner/approx_kl": terms["approx_kl"].item() * share}
         if "kl" in terms:
-            m["loss/kl"] = terms["kl"].item()
+            m["loss/kl"] = terms["kl_token"].item() * share
         return loss, values, m
 
-    def _fill_old(self, exp: Experience, idx: torch.Tensor, logits: torch.Tensor, mb: dict, logprobs: torch.Tensor) -> None:
+    def _fill_old(self, exp: Experience, idx: torch.Tensor, mb: dict, logprobs: torch.Tensor,
+                  sampled: torch.Tensor) -> None:
         mask, w = mb["mask"], mb["mask"].shape[1]  # the micro-batch is trimmed to its own width (Experience.rows)
         exp.old_logprobs[idx, :w] = (logprobs * mask).cpu()
-        s = self.sampling
-        if s.top_k > 0 or s.top_p < 1.0:
-            filtered = map_chunks(lambda x, y: A.filtered_logprobs(x, y, s.top_k, s.top_p), logits.detach(),
-                                  mb["input_ids"][:, 1:], self.temperature, self.cfg.logprob_chunk_tokens)
-            exp.sampler_logprobs[idx, :w] = torch.where(mask > 0, filtered, 0.0).cpu()
-        else:
-            exp.sampler_logprobs[idx, :w] = exp.old_logprobs[idx, :w]
+        exp.sampler_logprobs[idx, :w] = torch.where(mask > 0, sampled, 0.0).cpu()
 
     def _reduce(self, sums: dict[str, float], n_mini: int) -> dict[str, float]:
         """Sum each metric over ranks, then average over mini-batches (each is a mini-batch mean)."""
@@ -183,9 +188,7 @@ class Learner(Profiled):
         vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(vec)
-        out = {k: v if k == "learner/nonfinite_losses" else v / max(n_mini, 1) for k, v in zip(keys, vec.tolist())}
-        out["learner/grad_norm"] = float(self.policy_engine.get_global_grad_norm() or 0.0)
-        return out
+        return {k: v if k == "learner/nonfinite_losses" else v / max(n_mini, 1) for k, v in zip(keys, vec.tolist())}
 
     def _experience_metrics(self, exp: Experience) -> dict[str, float]:
         mask, o = exp.mask, self.algo.off_policy
@@ -199,7 +202,7 @@ class Learner(Profiled):
             "kl/coef": self.kl_ctl.value,
             "rollout/logprob_gap": float(A.masked_mean((exp.sampler_logprobs - exp.behaviour_logprobs).abs(), inside)),
             "rollout/outside_filter_frac": float(1.0 - inside.sum() / mask.sum().clamp(min=1)),
-            **{f"off_policy/{k}": v for k, v in A.ratio_stats(exp.old_logprobs, exp.behaviour_logprobs, mask,
+            **{f"off_policy/{k}": v for k, v in A.ratio_stats(exp.sampler_logprobs, exp.behaviour_logprobs, mask,
                                                                o.correction.value, o.level.value, o.cap, o.low, o.high).items()},
             "advantages/mean": float(A.masked_mean(exp.advantages, mask)),
             "advantages/std": float(A.masked_var(exp.advantages, mask).sqrt()),
@@ -337,31 +340,41 @@ class _Sending:
 
 def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: float, temperature: float,
                 chunk_tokens: int, total: float, agg: str, old_from_forward: bool = False,
-                norm_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                norm_tokens: float | None = None, top_k: int = -1,
+                top_p: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A micro-batch's loss from its logits (B, L-1, V) (the policy loss is algorithm.policy_loss's, from
     learner/losses.py's table), and its terms (policy, entropy, clip_frac, approx_kl, kl when placed in
     the loss, and the detached logprobs). Logprobs and entropy come chunk by chunk (no float32
     (B, L-1, V) tensor); the entropy enters the graph only when entropy_coef uses it.
     old_from_forward (experience.single_pass): the old logprobs are these logprobs, detached, instead
-    of mb["old_logprobs"]. norm_tokens: seq_sum_norm's constant."""
+    of mb["old_logprobs"]. norm_tokens: seq_sum_norm's constant. top_k/top_p: the sampler's filter, under which
+    pi_prox meets mu (terms["sampler_logprobs"]). *_token terms: per-token means (metrics), whatever agg."""
     mask, use_entropy = mb["mask"], algo.entropy_coef != 0
     logprobs, entropy = chunked_logprobs_entropy(logits, mb["input_ids"][:, 1:], temperature, chunk_tokens,
                                                  entropy_grad=use_entropy)
     old = logprobs.detach() if old_from_forward else mb["old_logprobs"]  # the proximal policy's
     o = algo.off_policy
-    weights = (A.off_policy_weights(old, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap,
+    # pi_prox as the sampler saw it, under its top-k/top-p filter: mu (the engine's processed logprobs) is
+    # renormalised inside the filter, so an unfiltered pi_prox would put the ratio below 1 in sync mode
+    sampled = mb["sampler_logprobs"] if not old_from_forward and o.correction != OffPolicyKind.none else None
+    if old_from_forward:
+        sampled = (map_chunks(lambda x, y: A.filtered_logprobs(x, y, top_k, top_p), logits.detach(),
+                              mb["input_ids"][:, 1:], temperature, chunk_tokens) if top_k > 0 or top_p < 1.0 else old)
+    weights = (A.off_policy_weights(sampled, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap,
                                     o.low, o.high) if o.correction != OffPolicyKind.none else None)
     # cispo's lower bound has its own key: the paper has none, and PPO's clip_eps would impose one
     low = (algo.cispo_clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
     pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](logprobs, old, mb["advantages"], mask, low,
                                                      algo.clip_eps_high or algo.clip_eps, agg, total, weights, norm_tokens)
-    entropy = A.aggregate(entropy, mask, agg, total, norm_tokens)
+    ent_token, entropy = entropy, A.aggregate(entropy, mask, agg, total, norm_tokens)
     loss = pg - algo.entropy_coef * entropy if use_entropy else pg
-    terms = {"policy": pg, "entropy": entropy, "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"],
-             "logprobs": logprobs.detach()}
+    terms = {"policy": pg, "entropy": entropy, "entropy_token": A.masked_mean(ent_token.detach(), mask),
+             "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"], "logprobs": logprobs.detach(),
+             "sampler_logprobs": sampled}
     if algo.kl_placement == KLPlacement.loss:
-        terms["kl"] = A.aggregate(A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask), mask, agg,
-                                  total, norm_tokens)
+        kl = A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask)
+        terms["kl"] = A.aggregate(kl, mask, agg, total, norm_tokens)
+        terms["kl_token"] = A.masked_mean(kl.detach(), mask)
         loss = loss + kl_coef * terms["kl"]
     return loss, terms
 
@@ -375,10 +388,11 @@ def nonfinite_inputs(exp: Experience) -> list[str]:
 
 
 def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplingConfig) -> int:
-    """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens, or the longest response sampled."""
+    """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens (the trainer sets 0 to the sample's
+    whole budget, orchestrator.trainer.learner_algorithm), else one response's max_new_tokens."""
     return algo.loss_norm_tokens or sampling.max_new_tokens
 
 
-def _share(mb: dict, total: float, agg: str) -> float:
-    """This micro-batch's share of the mini-batch denominator, to weight mean-type metrics."""
-    return A.aggregate_total(mb["mask"], agg) / total
+def _share(mb: dict, tokens: float) -> float:
+    """This micro-batch's share of the mini-batch's response tokens, to weight its per-token metrics."""
+    return float(mb["mask"].sum()) / tokens

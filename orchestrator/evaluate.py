@@ -69,8 +69,8 @@ def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bo
     acts = s.action_mask or [[1] * len(lp) for lp in s.logprobs]  # episodes: the model's tokens only
     kl = [p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts) for p, r, a in zip(lp, ref, act) if a]
     m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per model token, the k1 estimate on the sampler's tokens
-    m["eval/sampled/response/length_mean"] = statistics.fmean(s.response_lengths)
-    m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.response_ids, 1), distinct_n(s.response_ids, 2)
+    m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
+    m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)
     return Evaluation(m, g, gs, s, ss)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import typing
 from pathlib import Path
 
@@ -15,9 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
-from orchestrator.validate import validate, validate_pipeline, validate_reward, validate_stage
+from orchestrator.methods import RECIPES, recipe_conflicts
+from orchestrator.validate import validate, validate_model_paths, validate_pipeline, validate_reward, validate_stage
 
 SECTION_CHECKS = {"reward": validate_reward}
+RECIPE_ROOTS = {TrainConfig: ("",), PipelineConfig: ("ppo.",)}  # where an algorithm section (and its method) sits
 ROOT_CHECKS = {TrainConfig: validate, StageConfig: validate_stage, PipelineConfig: validate_pipeline}
 
 
@@ -25,10 +28,12 @@ class ConfigError(ValueError):
     """A config problem, reported as one line: `<where>: <key>: <what is wrong>`."""
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), section: str = "", root=TrainConfig):
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), section: str = "", root=TrainConfig,
+                local: bool = False):
     """The validated config tree of type `root` (TrainConfig for `relay train`, StageConfig for
     sft/rm, PipelineConfig); with `section` (e.g. "reward"), only that section, checked alone, for
-    commands that need nothing else from the file."""
+    commands that need nothing else from the file. `local`: also check that the model folders it names
+    exist on this machine (the commands that start work)."""
     path = Path(path)
     text = _read(path)
     try:
@@ -58,15 +63,37 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), s
             OmegaConf.update(cfg, key, yaml.safe_load(value) if value else "", merge=True)
         except (OmegaConfBaseException, yaml.YAMLError) as e:
             raise ConfigError(f"{where}: {key}: {_first_line(e)}") from None
+    if not section:
+        _apply_recipe(cfg, root, _given(data) | set(from_cli),
+                      lambda key: f"command line {from_cli[key]!r}" if key in from_cli else in_file(key))
     try:
         tree = OmegaConf.to_object(cfg[section] if section else cfg)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{path}: {e.full_key}: required, but no value was given") from None
 
-    for key, problem in (SECTION_CHECKS[section](tree) if section else ROOT_CHECKS[root](tree)):
+    checks = SECTION_CHECKS[section](tree) if section else ROOT_CHECKS[root](tree)
+    for key, problem in itertools.chain(checks, validate_model_paths(tree) if local and not section else ()):
         where = f"command line {from_cli[key]!r}" if key in from_cli else in_file(key)
         raise ConfigError(f"{where}: {key}: {problem}")
     return tree
+
+
+def _apply_recipe(cfg: DictConfig, root, given: set[str], where) -> None:
+    """algorithm.method's keys (orchestrator/methods.py) onto the merged tree, refusing a key the user
+    gave another value."""
+    for prefix in RECIPE_ROOTS.get(root, ()):
+        method = OmegaConf.select(cfg, prefix + "algorithm.method")
+        for key, problem in recipe_conflicts(method, lambda k: OmegaConf.select(cfg, k), given, prefix):
+            raise ConfigError(f"{where(key)}: {key}: {problem}")
+        for key, value in RECIPES[method].items():
+            OmegaConf.update(cfg, prefix + key, value, merge=True)
+
+
+def _given(node, prefix: str = "") -> set[str]:
+    """Dotted keys a YAML mapping sets (lists count as one key)."""
+    if not isinstance(node, dict):
+        return set()
+    return {f"{prefix}{k}" for k in node} | {key for k, v in node.items() for key in _given(v, f"{prefix}{k}.")}
 
 
 def to_yaml(tree: TrainConfig) -> str:

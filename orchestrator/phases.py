@@ -68,22 +68,32 @@ def quantile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
+def reward_stats(r: list[float]) -> dict[str, float]:
+    """reward/mean, std, min, max and quantiles of `r`; all NaN when no sample could be judged."""
+    if not r:
+        return {f"reward/{k}": float("nan") for k in ("mean", "std", "min", "max", "p10", "p50", "p90")}
+    return {"reward/mean": statistics.fmean(r), "reward/std": statistics.pstdev(r), "reward/min": min(r),
+            "reward/max": max(r), "reward/p10": quantile(r, 0.1), "reward/p50": quantile(r, 0.5),
+            "reward/p90": quantile(r, 0.9)}
+
+
 def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") -> dict[str, float]:
     """What a practitioner watches for reward hacking, collapse and instability, from one batch.
-    Reward statistics cover the samples that train: those dropped as invalid (reward.invalid: drop)
-    are counted instead, with the groups left with fewer than 2 samples."""
-    r = [x for x, keep in zip(scored.rewards, scored.valid) if keep] or [float("nan")]
-    lengths = batch.response_lengths
+    Reward statistics are of the raw reward (the sources' weighted sum, as eval/* reports it; not
+    the shaped one, whose batch mean normalisation makes 0) over the samples every source judged;
+    the others are counted (reward/invalid_frac), those dropped (reward.invalid: drop) with the
+    groups left with fewer than 2 samples."""
+    r = [x for x, bad in zip(scored.raw, scored.invalid) if not bad]
+    lengths = batch.model_lengths  # the model's tokens: an episode's observations are not its response
     kept = {}
     for j, keep in zip(batch.prompt_index, scored.valid):
         kept[j] = kept.get(j, 0) + keep
     m = {
         "reward/dropped_samples": float(len(scored.valid) - sum(scored.valid)),
         "reward/dropped_groups": float(sum(n < 2 for n in kept.values())) if len(batch) > len(kept) else 0.0,
-        "reward/mean": statistics.fmean(r), "reward/std": statistics.pstdev(r), "reward/min": min(r), "reward/max": max(r),
-        "reward/p10": quantile(r, 0.1), "reward/p50": quantile(r, 0.5), "reward/p90": quantile(r, 0.9),
+        **reward_stats(r),
         "response/length_mean": statistics.fmean(lengths), "response/length_max": float(max(lengths)),
-        "response/clipped_frac": sum(f == "length" for f in batch.finish_reason) / len(batch),
+        "response/clipped_frac": sum(f == "length" for f in batch.finish_reason) / len(batch),  # token budget, not turns
         "rollout/skipped_prompts": float(len(batch.skipped)),
     }
     for name, scores in scored.components.items():
@@ -120,6 +130,12 @@ def offset(batch: RolloutBatch, by: int) -> RolloutBatch:
     batch.prompt_index = [i + by for i in batch.prompt_index]
     batch.skipped = [(i + by, why) for i, why in batch.skipped]
     return batch
+
+
+def informative(rewards: list[float], valid: list[bool]) -> bool:
+    """A group teaches a group baseline something only if the rewards of the samples that train
+    differ: a dropped sample (invalid: drop) is no part of its group."""
+    return len({r for r, keep in zip(rewards, valid) if keep}) > 1
 
 
 def pick_groups(groups: list[tuple], want: int) -> tuple[list[tuple], int]:

@@ -22,7 +22,7 @@ from orchestrator.load_config import to_dict
 from orchestrator.placement import cpu_threads, placement, unit
 from orchestrator.profiling import profiled
 from orchestrator.phases import (Ahead, TrainingError, batch_metrics, busy_metrics, checkpoints, nonfinite_cause, offset,
-                                 pick_groups, resume_path, staleness_metrics, timed)
+                                 informative, pick_groups, resume_path, staleness_metrics, timed)
 from orchestrator.plots import plot_run
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.signals import StopRequest, Stopped
@@ -34,6 +34,15 @@ from rollout.pool import RolloutPool, await_ready
 from rollout.types import RolloutBatch
 
 log = logging.getLogger(__name__)
+
+
+def learner_algorithm(cfg: TrainConfig):
+    """The algorithm section the learner runs: loss_norm_tokens 0 resolved to the budget of the
+    longest sample this run can make (seq_sum_norm's constant): one response, an episode's model
+    and observation tokens, or an endpoint conversation (at most rollout.max_model_len)."""
+    a, r = cfg.algorithm, cfg.rollout
+    budget = r.max_model_len if r.endpoint.enabled else cfg.env.response_tokens(r.sampling.max_new_tokens)
+    return dataclasses.replace(a, loss_norm_tokens=a.loss_norm_tokens or budget)
 
 
 class Trainer:
@@ -57,7 +66,8 @@ class Trainer:
         resume_from = resume_path(cfg.checkpoint.resume, self.run_dir / "checkpoints")
         if resume_from:
             self._load(resume_from)
-        self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed=resume_from is not None)
+        self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg),
+                               resumed_at=self.step if resume_from else None)
 
     # ------------------------------------------------------------------ setup
     def _start_roles(self) -> None:
@@ -80,7 +90,7 @@ class Trainer:
                                        runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)},
                                        **({"scheduling_strategy": place[-1]} if place else {})))
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path, threads=learner_threads)
-        self.learner = LearnerGroup(learner_cfg, self.cfg.algorithm, self.cfg.rollout.sampling, c.learner_ranks,
+        self.learner = LearnerGroup(learner_cfg, learner_algorithm(self.cfg), self.cfg.rollout.sampling, c.learner_ranks,
                                     self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
                                     scheduling=place[c.rollout_workers: -1] if place else None,
                                     resources=unit(c.learner_resource) if free else None,
@@ -158,7 +168,7 @@ class Trainer:
             with timed(t, "sync"):
                 self.push(self.step + 1)
             kl_coef = self.learner.update_kl(stats["kl/ref_seq"], len(batch))  # target_kl is per sequence
-        tokens = sum(batch.response_lengths)
+        tokens = sum(batch.model_lengths)  # sampled by the model: an episode's observation tokens are not generated
         self.counters["restarts/scoring"] = self.scoring.restarts
         return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
                 **staleness_metrics(batch.version_first, self.step, self.lead),
@@ -176,7 +186,7 @@ class Trainer:
         the same prompts."""
         if self.gateway is not None:  # an agent program's finished episodes, not data prompts
             batch, examples, counts = endpoint_batch(self.gateway, self.cfg.data.rollout_batch_size,
-                                                     self.endpoint.wait_timeout_s)
+                                                     self.endpoint.wait_timeout_s, self.step)
             self.counters.update(counts)
             return batch, examples, None
         while len(self.ahead) <= self.lead and self.step + len(self.ahead) < self.cfg.total_steps:
@@ -211,8 +221,8 @@ class Trainer:
             for j, example in enumerate(examples):
                 rows = [i for i, p in enumerate(batch.prompt_index) if p == j]
                 if rows:
-                    informative = len({scored.rewards[i] for i in rows}) > 1
-                    groups.append((batch.select(rows), scored.select(rows), example, informative))
+                    kept = scored.select(rows)
+                    groups.append((batch.select(rows), kept, example, informative(kept.rewards, kept.valid)))
             if sum(g[3] for g in groups) >= want or round_ == self.cfg.data.dynamic_sampling_rounds:
                 break
             batch, examples = self.generate(want - sum(g[3] for g in groups))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from envs.base import make_factory
 from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, ValueHead
@@ -58,8 +59,10 @@ def _sampling(cfg):
         yield "rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"
     if s.top_k == 0 or s.top_k < -1:
         yield "rollout.sampling.top_k", f"must be -1 (off) or >= 1, got {s.top_k}"
-    if s.repetition_penalty <= 0:
-        yield "rollout.sampling.repetition_penalty", f"must be > 0, got {s.repetition_penalty}"
+    if s.repetition_penalty != 1.0:
+        yield "rollout.sampling.repetition_penalty", (
+            f"must be 1.0 (off) for training, got {s.repetition_penalty}: the learner cannot reproduce the "
+            "penalty, so the behaviour logprobs would be of another distribution than the policy it trains")
     if s.max_new_tokens < 1:
         yield "rollout.sampling.max_new_tokens", f"must be >= 1, got {s.max_new_tokens}"
     if s.n_samples_per_prompt < 1:
@@ -108,7 +111,7 @@ def _algorithm(cfg):
     if not 0 <= a.cispo_clip_low < 1:
         yield "algorithm.cispo_clip_low", f"must be in [0, 1) (0 = no lower bound), got {a.cispo_clip_low}"
     if a.loss_norm_tokens < 0:
-        yield "algorithm.loss_norm_tokens", f"must be >= 0 (0 = rollout.sampling.max_new_tokens), got {a.loss_norm_tokens}"
+        yield "algorithm.loss_norm_tokens", f"must be >= 0 (0 = a sample's token budget), got {a.loss_norm_tokens}"
     if a.max_skipped_updates < 0:
         yield "algorithm.max_skipped_updates", f"must be >= 0 (0 = never stop), got {a.max_skipped_updates}"
     if a.ppo_epochs < 1:
@@ -139,6 +142,10 @@ def _learner(cfg):
         yield "learner.betas", f"must be two numbers in [0, 1), got {list(lr.betas)}"
     if lr.lora.rank < 0:
         yield "learner.lora.rank", f"must be >= 0, got {lr.lora.rank}"
+    if lr.lora.rank > 0 and lr.lora.dropout != 0:
+        yield "learner.lora.dropout", (f"must be 0 for RL, got {lr.lora.dropout}: dropout makes the update's forward "
+                                       "another function than the one that computed the old logprobs (and than the "
+                                       "reference), so the PPO ratio and the KL start away from 1 and 0")
     if lr.lora.rank > 0 and lr.zero_stage == 3:
         yield "learner.lora.rank", "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2"
     needs_critic = cfg.algorithm.estimator not in CRITIC_FREE
@@ -231,3 +238,30 @@ def _endpoint(cfg):
         yield "data.dynamic_sampling", "the agent endpoint's episodes cannot be regenerated: turn it off"
     if cfg.async_training.mode.value != "sync":
         yield "async_training.mode", "the agent endpoint is asynchronous by itself (agents call while the learner trains): use sync"
+    if cfg.rollout.endpoint.max_staleness < 0:
+        yield "rollout.endpoint.max_staleness", f"must be >= 0, got {cfg.rollout.endpoint.max_staleness}"
+    c = cfg.cluster
+    if c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:  # as Trainer.sleep_engines
+        yield "cluster.colocate", ("the agent endpoint serves agents while the learner trains, but engines colocated "
+                                   "with the learner on GPUs (cluster.gpus_per_rollout_worker and gpus_per_learner > 0) "
+                                   "sleep during each update: set cluster.colocate false")
+
+
+def validate_model_paths(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """The model folders a train, sft, rm or pipeline config names exist here (a builtin:// name is
+    built on first use; "" is filled in or built): checked by the commands that start work, before
+    Ray, rather than by every load (a cluster's config is read and shown on a laptop too)."""
+    if hasattr(cfg, "sft"):  # PipelineConfig: each stage
+        for stage in ("sft", "rm", "ppo"):
+            yield from validate_model_paths(getattr(cfg, stage), f"{stage}.")
+        return
+    paths = [("learner.model_path", cfg.learner.model_path),
+             ("learner.critic_model_path", cfg.learner.critic_model_path)]
+    if hasattr(cfg, "reward"):  # TrainConfig
+        paths.append(("reward.reference_model_path", cfg.reward.reference_model_path))
+        paths += [(f"reward.sources.{i}.model_path", s.model_path) for i, s in enumerate(cfg.reward.sources)
+                  if s.kind == SourceKind.reward_model]
+    for key, path in paths:
+        if path and not path.startswith("builtin://") and not Path(path).is_dir():
+            yield prefix + key, (f"{path!r}: no such folder here; give a local Hugging Face model folder"
+                                 f"{' or builtin://NAME' if key == 'learner.model_path' else ''}")

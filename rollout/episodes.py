@@ -35,8 +35,9 @@ class Episode:
     turns: int = 0
     ret: float = 0.0  # the sum of the environment's rewards
     failure: str = ""  # "", "timeout" or "error": the environment failed and the episode ended
-    finish: str = "stop"  # "stop": the environment ended it; "length": turns or tokens ran out
+    finish: str = "stop"  # "stop": the environment ended it; "length": the token budget ran out; "turns": max_turns
     done: bool = False
+    last_text: str = ""  # the model's last turn as text: what text reward sources score (never an observation)
 
 
 def observation_ids(tokenizer, text: str, role: str, last_token: int | None) -> list[int]:
@@ -108,9 +109,10 @@ def take_turn(e: Episode, completion, tokenizer, max_tokens: int) -> str:
     e.action_mask += [1] * len(tokens)
     e.logprobs += sampled_logprobs(completion)
     e.turns += 1
+    e.last_text = completion_text(completion, tokenizer)
     if completion.finish_reason == "length" and len(e.ids) >= max_tokens:
         e.finish = "length"
-    return completion_text(completion, tokenizer)
+    return e.last_text
 
 
 def observe(e: Episode, result, tokenizer, role: str, max_tokens: int, last_turn: bool) -> None:
@@ -125,7 +127,7 @@ def observe(e: Episode, result, tokenizer, role: str, max_tokens: int, last_turn
         e.done = True
         return
     if e.finish == "length" or last_turn:  # out of tokens or turns: the return stands as the environment left it
-        e.done, e.finish = True, "length"
+        e.done, e.finish = True, e.finish if e.finish == "length" else "turns"
         return
     obs = observation_ids(tokenizer, result.observation or "", role, e.ids[-1] if e.ids else None)
     if len(e.ids) + len(obs) >= max_tokens:
@@ -136,7 +138,7 @@ def observe(e: Episode, result, tokenizer, role: str, max_tokens: int, last_turn
     e.logprobs += [0.0] * len(obs)
 
 
-def to_batch(episodes: list[Episode], skipped: list[tuple[int, str]], tokenizer) -> RolloutBatch:
+def to_batch(episodes: list[Episode], skipped: list[tuple[int, str]]) -> RolloutBatch:
     batch = RolloutBatch([], [], [], [], [], [], skipped)
     for e in episodes:
         batch.prompt_index.append(e.index)
@@ -148,5 +150,5 @@ def to_batch(episodes: list[Episode], skipped: list[tuple[int, str]], tokenizer)
         batch.env_return.append(None if e.failure else e.ret)
         batch.turns.append(e.turns)
         batch.env_failure.append(e.failure)
-    batch.response_text = tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
+        batch.response_text.append(e.last_text)  # the model's own words: a tool's printed answer is not its answer
     return batch

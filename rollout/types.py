@@ -17,8 +17,13 @@ class RolloutBatch:
     prompt_ids: list[list[int]]  # (B, ragged) the prompt tokens the engine saw (after truncation)
     response_ids: list[list[int]]  # (B, ragged) every sampled token, EOS and stop-string tokens included
     logprobs: list[list[float]]  # (B, ragged) behaviour logprob of each sampled token (engine's own)
-    response_text: list[str]  # (B,) decoded, stop string excluded
-    finish_reason: list[str]  # (B,) "stop" (EOS or stop string) or "length"
+    # (B,) the model's own text, stop string excluded: what text reward sources read. An episode's
+    # (or an endpoint sample's) is its last model turn, never an observation's or a message's words
+    response_text: list[str]
+    # (B,) "stop" (EOS, stop string, or the environment ended it), "length" (the token budget ran
+    # out: the model was cut, or no room was left for the next observation) or "turns" (an episode
+    # used its env.max_turns); only "length" counts as clipped
+    finish_reason: list[str]
     skipped: list[tuple[int, str]] = field(default_factory=list)  # prompts with no samples, and why
     # the policy version (weight syncs the engine had received) at each sample's first and last
     # token; equal while an engine takes new weights only between calls, as relay's do
@@ -35,7 +40,20 @@ class RolloutBatch:
 
     @property
     def response_lengths(self) -> list[int]:
+        """Every token after the prompt (an episode's observations too): the tensors' widths."""
         return [len(r) for r in self.response_ids]
+
+    @property
+    def model_ids(self) -> list[list[int]]:
+        """The tokens the model sampled (an episode's observation tokens left out): what every
+        length, throughput and diversity metric counts."""
+        if not self.action_mask:
+            return self.response_ids
+        return [[t for t, a in zip(r, m) if a] for r, m in zip(self.response_ids, self.action_mask)]
+
+    @property
+    def model_lengths(self) -> list[int]:
+        return [sum(m) for m in self.action_mask] if self.action_mask else self.response_lengths
 
     @staticmethod
     def concat(batches: list[RolloutBatch]) -> RolloutBatch:

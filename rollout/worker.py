@@ -11,9 +11,10 @@ from envs.base import make_factory
 from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.device import process_device
-from rollout.engine import completion_text, engine_env, make_engine, request_seed, sampled_logprobs, sampling_params
+from rollout.engine import completion_text, engine_env, make_engine, sampled_logprobs, sampling_params
 from rollout.episodes import play, start_episodes, to_batch
 from rollout.profiling import Busy, Profiled
+from rollout.seeds import request_seed, stream_seed
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
 
@@ -31,8 +32,8 @@ class RolloutWorker(Profiled, Busy):
         self.env_factory = make_factory(self.env.name, self.env.options) if self.env else None
         self.device = process_device()
         os.environ.update(engine_env(cfg, threads, self.device.type == "cuda"))
-        self.cfg, self.seed = cfg, seed
-        self.llm = make_engine(cfg, model_path, seed, self.device, sleep_mode, step_samples)
+        self.cfg, self.seed = cfg, seed  # the run seed
+        self.llm = make_engine(cfg, model_path, stream_seed(seed, "engine"), self.device, sleep_mode, step_samples)
         self.tokenizer = self.llm.get_tokenizer()
         self.asleep = False
         self.prefix_stale = False
@@ -78,7 +79,7 @@ class RolloutWorker(Profiled, Busy):
                 skipped.append((index, reason))
                 continue
             requests.append({"prompt_token_ids": ids})
-            params.append(sampling_params(sampling, request_seed(sampling.seed, step, index), greedy))
+            params.append(sampling_params(sampling, self._request_seed(sampling, step, index), greedy))
             kept.append(index)
         outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []
         batch = RolloutBatch([], [], [], [], [], [], skipped)
@@ -101,11 +102,11 @@ class RolloutWorker(Profiled, Busy):
         self._reset_stale_prefix()
         samples = 1 if greedy else sampling.n_samples_per_prompt
         episodes, skipped = start_episodes(self.env_factory, prompts, tasks, first_index, samples,
-                                           lambda index: request_seed(sampling.seed, step, index), self.tokenizer,
+                                           lambda index: self._request_seed(sampling, step, index), self.tokenizer,
                                            self.cfg, self.env.step_timeout_s)
         play(self.llm, self.tokenizer, episodes, sampling, greedy, self.env,
              self.env.response_tokens(sampling.max_new_tokens))
-        return to_batch(episodes, skipped, self.tokenizer)
+        return to_batch(episodes, skipped)
 
     def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:
         """One completion per token-id prompt, each with its own sampling (the agent endpoint's calls,
@@ -117,6 +118,10 @@ class RolloutWorker(Profiled, Busy):
         out = [(list(c.token_ids), sampled_logprobs(c), completion_text(c, self.tokenizer),
                 "length" if c.finish_reason == "length" else "stop") for c in (o.outputs[0] for o in outputs)]
         return out, self.version
+
+    def _request_seed(self, sampling: SamplingConfig, step: int, index: int) -> int:
+        """The run seed's sampling stream, or rollout.sampling.seed's where it overrides the run seed."""
+        return request_seed(self.seed if sampling.seed is None else sampling.seed, step, index)
 
     def _reset_stale_prefix(self) -> None:
         if self.prefix_stale:  # cached KV was computed with the old weights; reset here, off the sync's clock

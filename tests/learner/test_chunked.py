@@ -117,7 +117,8 @@ def test_policy_loss_equals_the_unchunked_one_and_keeps_the_entropy_out_of_the_g
     torch.testing.assert_close(loss, want, atol=1e-6, rtol=0)
     torch.testing.assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(want, logits)[0],
                                atol=1e-6, rtol=0)
-    assert loss.grad_fn is not None and set(terms) == {"policy", "entropy", "clip_frac", "approx_kl", "kl", "logprobs"}
+    assert loss.grad_fn is not None and set(terms) == {"policy", "entropy", "clip_frac", "approx_kl", "kl", "logprobs",
+                                                   "entropy_token", "kl_token", "sampler_logprobs"}
     assert terms["logprobs"].grad_fn is None  # detached: the old logprobs of a single pass (experience.single_pass)
     assert (terms["entropy"].grad_fn is None) == (entropy_coef == 0)  # still reported, as a metric
     assert terms["entropy"].item() > 0

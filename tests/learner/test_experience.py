@@ -1,5 +1,7 @@
 """Advantages as the learner builds them from a config (learner/experience.py): batch normalisation
 per estimator, and samples dropped as invalid (reward.invalid: drop) leaving their groups."""
+import math
+
 import torch
 
 from learner.config import AlgorithmConfig, Baseline, Estimator
@@ -50,3 +52,16 @@ def test_dropped_samples_leave_the_group_baseline():
     valid = [True, True, False, True, True, False, False, False]
     adv = outcome(AlgorithmConfig(), [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], 4, valid)
     assert torch.allclose(adv, t([0.57735, -1.154701, 0, 0.57735, 0, 0, 0, 0]), atol=1e-5)
+
+
+def test_a_group_baseline_is_rescaled_never_shifted_so_an_all_equal_group_stays_zero():
+    # group 0 centred: .5, -.5, -.5, .5 on 1, 2, 3, 1 tokens; group 1 (all 2.0) 0 on 2, 3, 1, 2 tokens.
+    # Token mean (1 - 2.5) / 15 = -.1: whitening would give group 1 +.1 / std. Rescaling divides by the
+    # unbiased token std sqrt((2 * .6^2 + 5 * .4^2 + 8 * .1^2) / 14) = sqrt(1.6 / 14) and shifts nothing.
+    scores, std = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], math.sqrt(1.6 / 14)
+    want = t([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]) / std
+    for cfg in (AlgorithmConfig(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.group),
+                AlgorithmConfig(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True)):
+        adv = outcome(cfg, scores, 4)
+        assert torch.equal(adv[4:], torch.zeros(4)), cfg.estimator
+        assert torch.allclose(adv, want, atol=1e-5), cfg.estimator

@@ -107,6 +107,25 @@ def test_sharded_update_equals_the_global_one(ray_cluster, tiny_model, zero_batc
         assert metrics[key] == pytest.approx(want_metrics[key], abs=1e-5), key
 
 
+@pytest.mark.parametrize("zero", [0, 2])
+def test_a_short_last_mini_batch_trains_the_same_on_two_ranks(ray_cluster, tiny_model, zero):
+    """33 rows, mini-batches of 32 + 1: on two ranks the 1-row mini-batch leaves rank 1 without rows,
+    which makes a zero-weight pass so the ranks' collectives pair up; the result is one rank's."""
+    batch, scored = make_scored_batch(tiny_model, n_prompts=11, group=3, seed=10)
+    a = algo(mini_batch_size=32, micro_batch_size=8)
+    states = []
+    for world in (1, 2):
+        group = LearnerGroup(LearnerConfig(model_path=tiny_model, lr=1e-3, zero_stage=zero if world == 2 else 0), a,
+                             SamplingConfig(n_samples_per_prompt=3), world, seed=0, num_cpus=0, threads=1)
+        try:
+            group.update(batch, scored, step=0)
+            states.append(group.policy_state())
+        finally:
+            group.shutdown()
+    worst = max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0])
+    assert worst < 2e-5, f"max |param difference| {worst:.2e}"
+
+
 @pytest.mark.parametrize("value_head", [ValueHead.shared, ValueHead.separate])
 def test_both_critics_train(ray_cluster, tiny_model, value_head):
     batch, scored = make_scored_batch(tiny_model, seed=3)
@@ -216,7 +235,10 @@ def test_the_single_pass_update_equals_the_recompute_forward(ray_cluster, tiny_m
                 "learner/grad_norm", "learner/approx_kl"):
         assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
     assert m1["rollout/outside_filter_frac"] > 0  # the filter did exclude tokens
-    assert all(torch.allclose(w1[k], w0[k], atol=1e-6) for k in w0)
+    # Adam's first step is lr * g / (|g| + eps): a gradient entry near eps turns float rounding of the
+    # two paths' forwards into a visible share of one step, so allow 2% of lr there and 1e-6 elsewhere
+    diff = torch.cat([(w1[k] - w0[k]).abs().flatten() for k in w0])
+    assert diff.max() < 0.02 * 1e-3 and (diff > 1e-6).float().mean() < 1e-3, (diff.max(), (diff > 1e-6).sum())
 
 
 def test_a_single_pass_update_over_two_ranks_equals_the_recompute_one(ray_cluster, tiny_model, zero_batch):

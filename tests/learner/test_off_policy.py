@@ -91,3 +91,31 @@ def test_the_decoupled_objective_weights_each_tokens_clipped_term_hand_example()
     assert close(loss2, -(2 * 1.2 + 0.5 * (-2) + 0.5) / 4)
     loss2.backward()
     assert close(lp2.grad[0, 0], 0.0)
+
+
+def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_same_top_k_filter():
+    """In sync mode the sampler's logprobs are the learner's own renormalised inside top-k (vLLM's
+    processed logprobs): the ratio must be 1 and IcePop must keep every token. Unfiltered, the
+    ratio would be the kept mass, 2/8-ish here, and IcePop (low .5) would mask every token."""
+    from learner.config import AlgorithmConfig, KLPlacement, OffPolicyConfig, OffPolicyKind
+    from learner.worker import policy_loss
+
+    logits = t([[[0.3, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0]] * 3])  # (1, 3, 8); the 2 kept tokens hold ~.28
+    ids = t([[5, 0, 1, 0]])  # labels 0, 1, 0: inside the top-2
+    mask, adv = torch.ones(1, 3), t([[1.0, -0.5, 2.0]])
+    filtered = A.filtered_logprobs(logits, ids[:, 1:], top_k=2)
+    assert float(A.logprobs_from_logits(logits, ids[:, 1:]).exp().max()) < 0.5 * float(filtered.exp().min())
+    plain = AlgorithmConfig(kl_placement=KLPlacement.reward)
+    ice = AlgorithmConfig(kl_placement=KLPlacement.reward,
+                          off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop, low=0.5, high=2.0))
+    mb = {"input_ids": ids, "mask": mask, "advantages": adv, "behaviour_logprobs": filtered.clone()}
+    want, _ = policy_loss(logits, mb, plain, 0.0, 1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
+    # single pass: pi_prox (and its filtered view) come from this forward
+    got, terms = policy_loss(logits, mb, ice, 0.0, 1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
+    assert close(got, want) and close(terms["sampler_logprobs"], filtered)
+    # recompute path: the experience's sampler_logprobs (the learner's under the filter) are used
+    mb |= {"old_logprobs": A.logprobs_from_logits(logits, ids[:, 1:]), "sampler_logprobs": filtered}
+    got, _ = policy_loss(logits, mb, ice, 0.0, 1.0, 16, 3.0, "token_mean", top_k=2)
+    assert close(got, want) and float(want) != 0.0
+    ratio = A.ratio_stats(mb["sampler_logprobs"], mb["behaviour_logprobs"], mask, "icepop", low=0.5, high=2.0)
+    assert close(ratio["ratio_mean"], 1.0) and ratio["clipped_frac"] == 0.0

@@ -172,6 +172,11 @@ def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
     assert malloc_env(False, gpu=False, threaded=True) == {} == malloc_env(True, gpu=True, threaded=True)
 
 
+ENDPOINT = ["rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1", "algorithm.estimator=reinforce_baseline",
+            "algorithm.reinforce_baseline=batch", "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32",
+            "reward.sources=[{kind: environment}]"]  # a valid endpoint run of the grpo preset
+
+
 @pytest.mark.parametrize("preset, overrides, message", [
     ("calculator_tiny_cpu", ["env.name=nope"], "env.name: 'nope' is neither a built-in"),
     ("calculator_tiny_cpu", ["env.name=envs.builtin:Nope"], "env.name: cannot load 'envs.builtin:Nope'"),
@@ -185,7 +190,55 @@ def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
                              "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32"],
      "env.name: the agent endpoint's episodes are the agent program's own"),
     ("grpo_tiny_cpu", ["reward.overlong_buffer=4"], r"reward.overlong_max_tokens: overlong shaping needs overlong_max_tokens >= overlong_buffer \(4\)"),
+    # engines colocated with the learner on GPUs sleep during the update, when agents still call them
+    ("grpo_tiny_cpu", [*ENDPOINT, "cluster.colocate=true", "cluster.gpus_per_rollout_worker=1", "cluster.gpus_per_learner=1"],
+     "cluster.colocate: the agent endpoint serves agents while the learner trains"),
+    ("grpo_tiny_cpu", [*ENDPOINT, "rollout.endpoint.max_staleness=-1"], "rollout.endpoint.max_staleness: must be >= 0"),
 ])
 def test_environment_endpoint_and_overlong_settings_are_checked_by_key(preset, overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(REPO / "configs" / f"{preset}.yaml", overrides)
+
+
+def test_a_model_folder_that_is_not_here_is_a_config_error_naming_the_key(tmp_path):
+    missing = str(tmp_path / "no_model")
+    with pytest.raises(ConfigError) as e:
+        load_config(DEFAULT, [f"learner.model_path={missing}"], local=True)
+    assert str(e.value).startswith(f"command line 'learner.model_path={missing}': learner.model_path: '{missing}'")
+    assert load_config(DEFAULT, [f"learner.model_path={missing}"]).learner.model_path == missing  # a plain load: shown anywhere
+    text = (f"data:\n  task: addition_2digit\nlearner:\n  model_path: {tmp_path}\nreward:\n  reference_model_path: {missing}\n"
+            f"  sources:\n    - kind: reward_model\n      model_path: {tmp_path}\n    - kind: reward_model\n"
+            f"      model_path: {missing}\n")
+    for key, line in (("reward.reference_model_path", 6), ("reward.sources.1.model_path", 11)):
+        with pytest.raises(ConfigError, match=rf"c.yaml:{line}: {key}: .*no such folder"):
+            load_config(write(tmp_path, text), local=True)
+        text = text.replace(f"reference_model_path: {missing}", f"reference_model_path: {tmp_path}")
+    from orchestrator.config import PipelineConfig, StageConfig
+
+    with pytest.raises(ConfigError, match="learner.model_path: .*no such folder"):
+        load_config(REPO / "configs" / "rm_tiny_cpu.yaml", [f"learner.model_path={missing}"], root=StageConfig, local=True)
+    with pytest.raises(ConfigError, match="ppo.learner.critic_model_path: .*no such folder"):
+        load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [f"ppo.learner.critic_model_path={missing}"],
+                    root=PipelineConfig, local=True)
+
+
+def test_relay_train_with_a_missing_model_fails_before_ray_starts(tmp_path):
+    out = relay("train", "configs/grpo_tiny_cpu.yaml", f"learner.model_path={tmp_path / 'no_model'}",
+                f"run_root={tmp_path}", "logging.wandb.mode=disabled")
+    assert out.returncode == 2 and "relay: config error: " in out.stderr and "learner.model_path: " in out.stderr
+    assert "Traceback" not in out.stderr and "Ray" not in out.stderr + out.stdout
+
+
+def test_seq_sum_norms_constant_defaults_to_a_samples_whole_budget():
+    """algorithm.loss_norm_tokens 0: the longest sample the run can make, an episode's whole budget
+    (model and observation tokens), not one turn's max_new_tokens; an explicit value stands."""
+    from orchestrator.trainer import learner_algorithm
+
+    calc = REPO / "configs" / "calculator_tiny_cpu.yaml"
+    single, episode = load_config(DEFAULT), load_config(calc)
+    assert learner_algorithm(single).loss_norm_tokens == single.rollout.sampling.max_new_tokens
+    e, new = episode.env, episode.rollout.sampling.max_new_tokens
+    assert learner_algorithm(episode).loss_norm_tokens == (e.max_episode_tokens or e.max_turns * new) > new
+    assert learner_algorithm(load_config(calc, ["algorithm.loss_norm_tokens=7"])).loss_norm_tokens == 7
+    agents = load_config(DEFAULT, ENDPOINT)
+    assert learner_algorithm(agents).loss_norm_tokens == agents.rollout.max_model_len  # a conversation's limit

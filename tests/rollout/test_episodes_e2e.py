@@ -46,7 +46,7 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
                                                lambda i: 100 + i, tok, cfg, timeout_s)
             play(rec, tok, episodes, cfg.sampling, False, EnvConfig(name="test", max_turns=max_turns, step_timeout_s=timeout_s),
                  budget)
-            return to_batch(episodes, skipped, tok), rec.calls
+            return to_batch(episodes, skipped), rec.calls
 
     return ray.get(Player.remote().play.remote())
 
@@ -82,7 +82,7 @@ def test_episode_tokens_are_what_the_engine_sampled_turn_by_turn(ray_cluster, ti
                 assert lps[pos: pos + len(obs)] == [0.0] * len(obs)
                 pos += len(obs)
         assert pos == len(ids) and len(acts) == len(lps) == len(ids)
-    assert batch.env_return == [0.75] * 6 and batch.finish_reason == ["length"] * 6  # out of turns
+    assert batch.env_return == [0.75] * 6 and batch.finish_reason == ["turns"] * 6  # out of turns, not clipped
     # the learner scores the same tokens: transformers' logprobs of the model's tokens match the engine's
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     with torch.no_grad():
