@@ -104,10 +104,11 @@ class Learner(Profiled):
         for epoch in range(self.algo.ppo_epochs):
             shuffle = torch.Generator().manual_seed(stream_seed(self.seed, "mini_batches", step, epoch))
             order = torch.randperm(len(batch), generator=shuffle)
-            for i in range(0, len(batch), self.algo.mini_batch_size):
-                self._train_mini_batch(exp, order[i: i + self.algo.mini_batch_size], sums, one_pass)
-                norms.append(float(self.policy_engine.get_global_grad_norm() or 0.0))
-                n_mini += 1
+            for rows in order.split(self.algo.mini_batch_size):
+                if exp.mask[rows].any():  # else nothing trains (all invalid): no step, no move by Adam's momentum
+                    self._train_mini_batch(exp, rows, sums, one_pass)
+                    norms.append(float(self.policy_engine.get_global_grad_norm() or 0.0))
+                    n_mini += 1
         if one_pass and self.world > 1:  # each rank filled its own rows: assemble them everywhere
             for t in (exp.old_logprobs, exp.sampler_logprobs):
                 full = t.to(self.device)  # NCCL reduces device tensors only

@@ -95,3 +95,17 @@ def test_grad_norm_is_the_mean_over_the_updates_optimizer_steps(learner, tiny_mo
         inner.step = step
     assert len(norms) == 2 and norms[0] != pytest.approx(norms[1])  # two different steps: the last alone is not the mean
     assert metrics["learner/grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-6)
+
+
+def test_a_batch_with_no_trainable_sample_takes_no_step_and_moves_no_weight(learner, tiny_model):
+    """Every sample dropped as could-not-judge (reward.invalid: drop): a zero gradient step would still
+    move the weights through Adam's momentum from the update before and through weight decay."""
+    import dataclasses
+
+    batch, scored = make_scored_batch(tiny_model, n_prompts=4, group=GROUP, seed=10)
+    learner.update(batch, scored, step=2)  # momentum to carry
+    before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    dropped = dataclasses.replace(scored, valid=[False] * len(batch), invalid=[True] * len(batch))
+    metrics = learner.update(batch, dropped, step=3)
+    assert all(torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
+    assert metrics["learner/skipped_steps"] == 0
