@@ -50,7 +50,8 @@ def make_batch(samples: int, group: int = 8) -> tuple[RolloutBatch, ScoredBatch]
     P = [p for p in prompts for _ in range(group)]
     R = torch.randint(3, 60, (samples, 32), generator=g).tolist()
     batch = RolloutBatch([i // group for i in range(samples)], P, R, [[-4.0] * 32] * samples, ["x"] * samples, ["length"] * samples)
-    scored = ScoredBatch(torch.rand(samples, generator=g).tolist(), {}, [True] * samples, [False] * samples, [[-4.0] * 32] * samples)
+    rewards = torch.rand(samples, generator=g).tolist()
+    scored = ScoredBatch(rewards, {}, [True] * samples, [False] * samples, [[-4.0] * 32] * samples, raw=rewards)
     return batch, scored
 
 

@@ -1,6 +1,6 @@
 """The environment interface, loading one by name, and running many steps with a deadline.
 
-An Environment holds one episode. relay makes an instance per episode, calls `reset(task)` once and
+An Environment holds one episode. relay makes an instance per episode, calls `reset(task, seed)` once and
 `step(action)` after every model turn, from worker threads: either may be a coroutine function
 (`async def`). A call that raises, returns something malformed or misses env.step_timeout_s ends its
 episode (counted); it never stops the run, and never the other episodes.
@@ -19,9 +19,12 @@ from typing import Any, Callable
 class Environment:
     """Subclass and override `step` (and `reset` if the episode's first prompt is not the data's)."""
 
-    def reset(self, task: dict) -> str | list[dict] | None:
+    def reset(self, task: dict, seed: int) -> str | list[dict] | None:
         """Start an episode. `task`: the data example's "prompt", "answer" and metadata fields.
-        Returns the first prompt (text or chat messages), or None to use the data's prompt."""
+        `seed`: for whatever the environment draws at random (e.g. `random.Random(seed)`), from the
+        run seed (rollout.seeds.env_seed: per step, batch, prompt and sample), so another run seed
+        plays other draws and the same one replays them. Returns the first prompt (text or chat
+        messages), or None to use the data's prompt."""
         return None
 
     def step(self, action: str) -> tuple[str | None, float, bool, dict]:

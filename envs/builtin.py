@@ -18,7 +18,7 @@ class Calculator(Environment):
         self.pattern = re.compile(rf"^\s*{re.escape(call_prefix)}\s+(-?\d{{1,9}})\s*([-+*])\s*(-?\d{{1,9}})\s*$")
         self.answer = ""
 
-    def reset(self, task: dict) -> None:
+    def reset(self, task: dict, seed: int) -> None:
         self.answer = str(task["answer"]).strip()
         return None
 
@@ -36,7 +36,7 @@ class GuessNumber(Environment):
     def __init__(self, low: int = 1, high: int = 15):
         self.low, self.high, self.secret = low, high, None
 
-    def reset(self, task: dict) -> None:
+    def reset(self, task: dict, seed: int) -> None:
         self.secret = int(task["answer"])
         if not self.low <= self.secret <= self.high:
             raise ValueError(f"secret {self.secret} outside [{self.low}, {self.high}]")

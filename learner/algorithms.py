@@ -250,18 +250,10 @@ def aggregate_total(mask: Tensor, mode: str) -> float:
     return float(mask.sum()) if mode == "token_mean" else float((mask.sum(-1) > 0).sum())
 
 
-def ppo_policy_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_eps: float,
-    clip_eps_high: float | None = None,
-    aggregation: str = "token_mean",
-    total: float | None = None,
-    weights: Tensor | None = None,
-    norm_tokens: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+def ppo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
+                    clip_eps_high: float | None = None, aggregation: str = "token_mean", total: float | None = None,
+                    weights: Tensor | None = None,
+                    norm_tokens: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), negated to be minimised.
 
     `advantages` is per token (B, T); broadcast an outcome advantage with `adv[:, None] * mask`.
@@ -327,16 +319,24 @@ def ppo_value_loss(
 
 def behaviour_ratio(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, level: str = "token") -> Tensor:
     """pi_prox/mu per token (level "token"), or per sequence broadcast over its tokens: the product of
-    its token ratios ("sequence") or their geometric mean ("geometric"). 1 on padding; log-ratios
-    are clamped to +-20 so a sequence product cannot overflow."""
-    log_ratio = torch.where(mask > 0, prox_logprobs.float() - behaviour_logprobs.float(), 0.0)
+    its token ratios ("sequence") or their geometric mean ("geometric"), over the tokens inside the
+    learner's filter only (filter_inside). 1 on padding and outside tokens; log-ratios are clamped to
+    +-20 so a sequence product cannot overflow."""
+    inside = filter_inside(prox_logprobs, mask)
+    log_ratio = torch.where(inside > 0, prox_logprobs.float() - behaviour_logprobs.float(), 0.0)
     if level == "sequence":
-        log_ratio = masked_sum(log_ratio, mask, dim=-1)[:, None].expand_as(log_ratio)
+        log_ratio = masked_sum(log_ratio, inside, dim=-1)[:, None].expand_as(log_ratio)
     elif level == "geometric":
-        log_ratio = masked_mean(log_ratio, mask, dim=-1)[:, None].expand_as(log_ratio)
+        log_ratio = masked_mean(log_ratio, inside, dim=-1)[:, None].expand_as(log_ratio)
     elif level != "token":
         raise ValueError(f"unknown off-policy level {level!r}; expected token, sequence or geometric")
-    return torch.where(mask > 0, log_ratio.clamp(-20.0, 20.0).exp(), 1.0)
+    return torch.where(inside > 0, log_ratio.clamp(-20.0, 20.0).exp(), 1.0)
+
+
+def filter_inside(prox_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """`mask` without the tokens whose pi_prox logprob is not finite: kept by the sampler, outside the
+    learner's top-k/top-p filter (a near-tie, another dtype). Weight 0 and counted cut, not a silent e^-20."""
+    return mask * torch.isfinite(prox_logprobs)
 
 
 def truncated_is(ratio: Tensor, mask: Tensor, cap: float, low: float, high: float) -> tuple[Tensor, Tensor]:
@@ -369,17 +369,21 @@ def off_policy_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: 
         return None
     ratio = behaviour_ratio(prox_logprobs.detach(), behaviour_logprobs, mask, level)
     weights, _ = OFF_POLICY_CORRECTIONS[kind](ratio, mask, cap, low, high)
-    return torch.where(mask > 0, weights, 0.0)
+    return torch.where(filter_inside(prox_logprobs.detach(), mask) > 0, weights, 0.0)
 
 
 def ratio_stats(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, kind: str, level: str = "token",
                 cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> dict[str, float]:
-    """What a user watches of pi_prox/mu at `level`: its mean and max over tokens, and the fraction of
-    tokens `kind` truncated or masked (0 for "none")."""
+    """What a user watches of pi_prox/mu at `level`: its mean and max over the tokens inside the
+    learner's filter, and the fraction of tokens `kind` truncated or masked (0 for "none"), the
+    tokens outside the filter included (they get weight 0)."""
     ratio = behaviour_ratio(prox_logprobs, behaviour_logprobs, mask, level)
-    cut = OFF_POLICY_CORRECTIONS[kind](ratio, mask, cap, low, high)[1] if kind != "none" else torch.zeros_like(mask)
-    inside = mask > 0
-    return {"ratio_mean": float(masked_mean(ratio, mask)), "ratio_max": float(ratio[inside].max()) if inside.any() else 1.0,
+    inside = filter_inside(prox_logprobs, mask)
+    cut = torch.zeros_like(mask)
+    if kind != "none":  # outside the filter: weight 0, so cut
+        cut = OFF_POLICY_CORRECTIONS[kind](ratio, inside, cap, low, high)[1] + (mask > 0).float() - (inside > 0).float()
+    has = inside > 0
+    return {"ratio_mean": float(masked_mean(ratio, inside)), "ratio_max": float(ratio[has].max()) if has.any() else 1.0,
             "clipped_frac": float(masked_mean(cut, mask))}
 
 

@@ -10,8 +10,8 @@ class Method(str, Enum):
     dapo = "dapo"  # DAPO (Yu et al. 2025): clip-higher 0.2/0.28, token mean, no KL, dynamic sampling
     gspo = "gspo"  # GSPO (Zheng et al. 2025): one clipped ratio per sequence (3e-4/4e-4), per-sequence mean
     cispo = "cispo"  # CISPO (MiniMax-M1 2025): clipped detached ratio weights, no lower bound, token mean
-    reinforce_pp = "reinforce_pp"  # REINFORCE++ (Hu 2025): k1 KL per token in the reward, returns whitened over the batch
-    rloo = "rloo"  # RLOO (Ahmadian et al. 2024): leave-one-out baseline, unnormalised, k1 KL in the sequence reward, token sums
+    reinforce_pp = "reinforce_pp"  # REINFORCE++ (Hu 2025): k1 KL per token in the reward, returns batch-whitened
+    rloo = "rloo"  # RLOO (Ahmadian et al. 2024): leave-one-out, unnormalised, k1 KL in the sequence reward
 
 
 class Estimator(str, Enum):
@@ -81,7 +81,7 @@ class OffPolicyConfig:
 
 @dataclass
 class AlgorithmConfig:
-    method: Method = Method.none  # a named recipe that sets its paper's keys together (orchestrator/methods.py lists them); a key set otherwise alongside is an error; none = every key as given
+    method: Method = Method.none  # a recipe setting its paper's keys (orchestrator/methods.py); none = keys as given
     estimator: Estimator = Estimator.grpo  # advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp
     gamma: float = 1.0  # gae and reinforce_pp: discount per token; 1.0 = none
     lam: float = 0.95  # gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns
@@ -93,7 +93,7 @@ class AlgorithmConfig:
     vf_coef: float = 0.5  # gae only: weight of the value loss (shared head: added to the policy loss)
     entropy_coef: float = 0.0  # entropy bonus: coef * entropy is subtracted from the loss; 0 = off
     loss_aggregation: LossAggregation = LossAggregation.token_mean  # how token losses are averaged: token_mean, seq_mean or seq_sum_norm
-    loss_norm_tokens: int = 0  # seq_sum_norm: each sequence's token sum / this; 0 = its budget (max_new_tokens, an episode's, endpoint: max_model_len)
+    loss_norm_tokens: int = 0  # seq_sum_norm: a sequence's token sum / this; 0 = its token budget (episode, endpoint)
     kl_estimator: KLEstimator = KLEstimator.k3  # per-token estimate of KL(policy || reference): k1, k2 or k3 (Schulman)
     kl_placement: KLPlacement = KLPlacement.loss  # where the KL penalty goes: reward (per token) or loss
     kl_controller: KLControllerKind = KLControllerKind.fixed  # fixed coefficient, or adaptive (steered towards target_kl)
@@ -101,7 +101,7 @@ class AlgorithmConfig:
     target_kl: float = 6.0  # adaptive controller only: KL per sequence (summed over a response's tokens, mean over samples), as in Ziegler et al. 2019 / TRL
     kl_horizon: int = 10000  # adaptive controller only: samples over which the error is corrected
     whiten_rewards: bool = False  # gae only: rescale token rewards to unit batch std around their (kept) mean before GAE
-    normalize_advantages: bool = True  # gae, reinforce_baseline, reinforce_pp: whiten over the batch; rloo and grpo without std scaling: divide by the batch std only (an all-equal group stays 0); grpo with grpo_scale_by_std: nothing more
+    normalize_advantages: bool = True  # by the batch std: gae, reinforce_pp whitened; baselined estimators only divided
     grpo_scale_by_std: bool = True  # grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)
     reinforce_baseline: Baseline = Baseline.group  # estimator reinforce_baseline only: which mean is subtracted
     reinforce_pp_group_baseline: bool = False  # reinforce_pp only: subtract the group's mean score first (REINFORCE++-baseline)

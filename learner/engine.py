@@ -94,6 +94,31 @@ def step_micro_batches(rows: torch.Tensor, mine: torch.Tensor, world: int, micro
         yield (rows[:1], True) if len(idx) == 0 else (idx, False)
 
 
+def grad_norm(engine) -> float:
+    """The last optimizer step's pre-clip gradient norm; NaN where the engine gives none (DeepSpeed's
+    own Adam without ZeRO returns None): unknown, never 0."""
+    norm = engine.get_global_grad_norm()
+    return float("nan") if norm is None else float(norm)
+
+
+TOKENS = "learner/metric_tokens"  # the response tokens each micro-batch's per-token metrics were weighted by
+PER_TOKEN = ("learner/entropy", "learner/clip_frac", "learner/approx_kl", "loss/kl", "learner/vf_clip_frac")
+
+
+def update_metrics(sums: dict[str, float], n_mini: int) -> dict[str, float]:
+    """The update's metrics from their sums over micro-batches and ranks (worker.micro_metrics): the
+    per-token ones divided by every response token of the update (a 1-row mini-batch weighs its
+    tokens, not half), the non-finite loss count as a count, a loss (one per mini-batch) averaged."""
+    tokens = sums.get(TOKENS, 0.0)
+    out = {}
+    for k, v in sums.items():
+        if k in PER_TOKEN:
+            out[k] = v / tokens if tokens else float("nan")
+        elif k != TOKENS:
+            out[k] = v if k == "learner/nonfinite_losses" else v / max(n_mini, 1)
+    return out
+
+
 def mean_finite(values: list[float]) -> float:
     """The mean of the finite values (nan if none): e.g. grad norms, a skipped step's being inf."""
     finite = [v for v in values if math.isfinite(v)]

@@ -107,11 +107,12 @@ def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_
 
 
 def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Batch normalisation of advantages. An estimator that already subtracts a baseline (GRPO, RLOO,
-    reinforce_baseline, REINFORCE++ with its group baseline) is only rescaled by the batch std: a
-    shift by the token-weighted batch mean would give an all-equal group a non-zero, length-weighted
-    advantage. The others (GAE, REINFORCE++ without a baseline: its global normalisation) are
-    whitened over every token of the batch. GRPO with its own std scaling is left as it is."""
+    """Batch normalisation of advantages. An outcome estimator that already subtracts a baseline
+    (GRPO, RLOO, reinforce_baseline) is only rescaled by the batch std: a shift by the token-weighted
+    batch mean would give an all-equal group a non-zero, length-weighted advantage. The others are
+    whitened over every token of the batch: GAE, and REINFORCE++ with or without its group baseline,
+    as Hu 2025 does (its returns carry per-token KL, so an all-equal group is not 0 there anyway).
+    GRPO with its own std scaling is left as it is."""
     if not cfg.normalize_advantages or (cfg.estimator == Estimator.grpo and cfg.grpo_scale_by_std):
         return adv
     if has_baseline(cfg):
@@ -120,9 +121,8 @@ def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> to
 
 
 def has_baseline(cfg: AlgorithmConfig) -> bool:
-    """True when the estimator's advantages are already centred on a baseline (group or batch mean)."""
-    return (cfg.estimator in (Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline)
-            or (cfg.estimator == Estimator.reinforce_pp and cfg.reinforce_pp_group_baseline))
+    """True when the outcome estimator's advantages are already centred on a baseline (group or batch mean)."""
+    return cfg.estimator in (Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline)
 
 
 def single_pass(cfg: AlgorithmConfig, batch_size: int) -> bool:
@@ -183,3 +183,40 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
     return Experience(input_ids, attention_mask, position_ids, mask, old_logprobs, ref,
                       behaviour, sampler_logprobs,
                       old_values if needs_values else None, adv, returns)
+
+
+def experience_metrics(exp: Experience, algo: AlgorithmConfig, kl_coef: float) -> dict[str, float]:
+    """The update's metrics of its inputs. With no token to train (every sample dropped), the KL to the
+    reference is NaN, not 0: the adaptive controller skips a non-finite KL rather than shrink beta."""
+    mask, o, nan = exp.mask, algo.off_policy, float("nan")
+    kl = A.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl_estimator.value, mask)
+    empty = not bool(mask.any())
+    # the sampler's and the learner's logprob of each sampled token, under the same top-k/top-p
+    # filter; tokens the learner's filter excludes are counted apart, not averaged as -inf
+    inside = A.filter_inside(exp.sampler_logprobs, mask)
+    ratio = A.ratio_stats(exp.sampler_logprobs, exp.behaviour_logprobs, mask, o.correction.value, o.level.value,
+                          o.cap, o.low, o.high)
+    m = {
+        "kl/ref": nan if empty else float(A.masked_mean(kl, mask)),  # per token
+        "kl/ref_seq": nan if empty else float(A.sequence_kl(kl, mask)),  # per sequence: what the controller steers
+        "kl/coef": kl_coef,
+        "rollout/logprob_gap": float(A.masked_mean((exp.sampler_logprobs - exp.behaviour_logprobs).abs(), inside)),
+        "rollout/outside_filter_frac": float(1.0 - inside.sum() / mask.sum().clamp(min=1)),
+        **{f"off_policy/{k}": v for k, v in ratio.items()},
+        "advantages/mean": float(A.masked_mean(exp.advantages, mask)),
+        "advantages/std": float(A.masked_var(exp.advantages, mask).sqrt()),
+    }
+    if exp.returns is not None:
+        m["returns/mean"] = float(A.masked_mean(exp.returns, mask))
+        m["learner/explained_variance"] = float(A.explained_variance(exp.old_values, exp.returns, mask))
+    for name in nonfinite_inputs(exp):
+        m[f"learner/nonfinite/{name}"] = 1.0
+    return m
+
+
+def nonfinite_inputs(exp: Experience) -> list[str]:
+    """Names of the update's inputs with a NaN/inf on a training token: what a non-finite loss
+    came from (e.g. old_logprobs at temperature 0, a NaN reward in advantages)."""
+    names = ["old_logprobs", "ref_logprobs", "advantages", "old_values", "returns"]
+    return [n for n in names if getattr(exp, n) is not None
+            and not torch.isfinite(torch.where(exp.mask > 0, getattr(exp, n), 0.0)).all()]

@@ -17,8 +17,9 @@ from learner import algorithms as A
 from learner import losses as L
 from learner.config import (AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, OffPolicyKind,
                             PolicyLoss, ValueHead)
-from learner.engine import init_distributed, make_engine, mean_finite, skipped_steps, step_micro_batches
-from learner.experience import Experience, make_experience, single_pass
+from learner.engine import (TOKENS, grad_norm, init_distributed, make_engine, mean_finite, skipped_steps,
+                            step_micro_batches, update_metrics)
+from learner.experience import Experience, experience_metrics, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
@@ -93,7 +94,7 @@ class Learner(Profiled):
         """One PPO/GRPO update on a scored batch: recompute, advantages, epochs of mini-batches."""
         start = time.perf_counter()
         skipped_before = self._skipped()
-        one_pass = self.single_pass and single_pass(self.algo, len(batch))  # the update's forward gives the old logprobs
+        one_pass = self.single_pass and single_pass(self.algo, len(batch))  # the update's forward: the old logprobs
         self.policy_engine.eval()
         exp = make_experience(self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value,
                               self.sampling, self.pad_id, self.algo.micro_batch_size, self.rank, self.world,
@@ -107,7 +108,7 @@ class Learner(Profiled):
             for rows in order.split(self.algo.mini_batch_size):
                 if exp.mask[rows].any():  # else nothing trains (all invalid): no step, no move by Adam's momentum
                     self._train_mini_batch(exp, rows, sums, one_pass)
-                    norms.append(float(self.policy_engine.get_global_grad_norm() or 0.0))
+                    norms.append(grad_norm(self.policy_engine))
                     n_mini += 1
         if one_pass and self.world > 1:  # each rank filled its own rows: assemble them everywhere
             for t in (exp.old_logprobs, exp.sampler_logprobs):
@@ -116,10 +117,10 @@ class Learner(Profiled):
                 t.copy_(full.cpu())
         metrics = self._reduce(sums, n_mini)
         metrics["learner/grad_norm"] = mean_finite(norms)  # pre-clip, over the update's optimizer steps
-        metrics.update(self._experience_metrics(exp))
-        metrics["learner/skipped_steps"] = float(self._skipped() - skipped_before)
-        if metrics["learner/skipped_steps"]:
-            log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", metrics["learner/skipped_steps"])
+        metrics.update(experience_metrics(exp, self.algo, self.kl_ctl.value))
+        metrics["learner/skipped_steps"] = skipped = float(self._skipped() - skipped_before)
+        if skipped:
+            log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", skipped)
         tokens = float(exp.mask.sum()) * self.algo.ppo_epochs
         metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start)
         self.updates += 1
@@ -129,21 +130,20 @@ class Learner(Profiled):
         """One optimizer step on exactly `rows`, whatever their count (engine.step_micro_batches)."""
         agg, micro = self.algo.loss_aggregation.value, self.algo.micro_batch_size
         total = max(A.aggregate_total(exp.mask[rows], agg), 1e-8)
-        tokens = max(float(exp.mask[rows].sum()), 1e-8)  # per-token metrics are means over these, whatever agg
         mine = exp.by_length(rows)[self.rank:: self.world]  # similar lengths per micro-batch (and per rank)
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
         for idx, padding in step_micro_batches(rows, mine, self.world, micro, (self.policy_engine, self.critic_engine)):
             weight = 0.0 if padding else scale
             mb = to_device(exp.rows(idx), self.device)
-            policy_loss, values, m = self._policy_loss(mb, total, agg, exp if one_pass and not padding else None, idx,
-                                                       tokens)
+            policy_loss, values, m = self._policy_loss(mb, total, agg, exp if one_pass and not padding else None, idx)
             if self.critic_engine is not None:
                 values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
             if values is not None:
                 vf_loss, vm = A.ppo_value_loss(values, mb["old_values"], mb["returns"], mb["mask"],
                                                self.algo.value_clip_eps, agg, total,
                                                loss_norm_tokens(self.algo, self.sampling))
-                m["loss/value"], m["learner/vf_clip_frac"] = vf_loss.item(), vm["vf_clip_frac"].item() * _share(mb, tokens)
+                m["loss/value"] = vf_loss.item()
+                m["learner/vf_clip_frac"] = vm["vf_clip_frac"].item() * m[TOKENS]
                 if self.critic_engine is None:
                     policy_loss = policy_loss + self.algo.vf_coef * vf_loss
                 else:
@@ -156,11 +156,9 @@ class Learner(Profiled):
             for k, v in ({} if padding else m).items():
                 sums[k] += v
 
-    def _policy_loss(self, mb: dict, total: float, agg: str, fill: Experience | None = None, idx=None,
-                     tokens: float = 1.0):
+    def _policy_loss(self, mb: dict, total: float, agg: str, fill: Experience | None = None, idx=None):
         """fill (single pass): the old logprobs are this forward's, detached; they are written into
-        fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics. `tokens`: the
-        mini-batch's response tokens (per-token metrics)."""
+        fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics."""
         logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
         loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, self.temperature,
                                   self.cfg.logprob_chunk_tokens, total, agg, old_from_forward=fill is not None,
@@ -168,13 +166,7 @@ class Learner(Profiled):
                                   top_k=self.sampling.top_k, top_p=self.sampling.top_p)
         if fill is not None:
             self._fill_old(fill, idx, mb, terms["logprobs"], terms["sampler_logprobs"])
-        share = _share(mb, tokens)  # metrics are per token in every aggregation (the loss is agg's)
-        m = {"loss/policy": terms["policy"].item(), "learner/entropy": terms["entropy_token"].item() * share,
-             "learner/clip_frac": terms["clip_frac"].item() * share,
-             "learner/approx_kl": terms["approx_kl"].item() * share}
-        if "kl" in terms:
-            m["loss/kl"] = terms["kl_token"].item() * share
-        return loss, values, m
+        return loss, values, micro_metrics(terms, mb["mask"])
 
     def _fill_old(self, exp: Experience, idx: torch.Tensor, mb: dict, logprobs: torch.Tensor,
                   sampled: torch.Tensor) -> None:
@@ -183,37 +175,13 @@ class Learner(Profiled):
         exp.sampler_logprobs[idx, :w] = torch.where(mask > 0, sampled, 0.0).cpu()
 
     def _reduce(self, sums: dict[str, float], n_mini: int) -> dict[str, float]:
-        """Sum each metric over ranks, then average over mini-batches (each is a mini-batch mean)."""
+        """Sum each metric over ranks, then engine.update_metrics (per token over the whole update)."""
         sums.setdefault("learner/nonfinite_losses", 0.0)
         keys = sorted(sums)
         vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(vec)
-        return {k: v if k == "learner/nonfinite_losses" else v / max(n_mini, 1) for k, v in zip(keys, vec.tolist())}
-
-    def _experience_metrics(self, exp: Experience) -> dict[str, float]:
-        mask, o = exp.mask, self.algo.off_policy
-        kl = A.kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator.value, mask)
-        # the sampler's and the learner's logprob of each sampled token, under the same top-k/top-p
-        # filter; tokens the learner's filter excludes are counted apart, not averaged as -inf
-        inside = mask * torch.isfinite(exp.sampler_logprobs)
-        m = {
-            "kl/ref": float(A.masked_mean(kl, mask)),  # per token
-            "kl/ref_seq": float(A.sequence_kl(kl, mask)),  # per sequence: what the adaptive controller steers
-            "kl/coef": self.kl_ctl.value,
-            "rollout/logprob_gap": float(A.masked_mean((exp.sampler_logprobs - exp.behaviour_logprobs).abs(), inside)),
-            "rollout/outside_filter_frac": float(1.0 - inside.sum() / mask.sum().clamp(min=1)),
-            **{f"off_policy/{k}": v for k, v in A.ratio_stats(exp.sampler_logprobs, exp.behaviour_logprobs, mask,
-                                                               o.correction.value, o.level.value, o.cap, o.low, o.high).items()},
-            "advantages/mean": float(A.masked_mean(exp.advantages, mask)),
-            "advantages/std": float(A.masked_var(exp.advantages, mask).sqrt()),
-        }
-        if exp.returns is not None:
-            m["returns/mean"] = float(A.masked_mean(exp.returns, mask))
-            m["learner/explained_variance"] = float(A.explained_variance(exp.old_values, exp.returns, mask))
-        for name in nonfinite_inputs(exp):
-            m[f"learner/nonfinite/{name}"] = 1.0
-        return m
+        return update_metrics(dict(zip(keys, vec.tolist())), n_mini)
 
     def _skipped(self) -> int:
         return skipped_steps(self.policy_engine) + (skipped_steps(self.critic_engine) if self.critic_engine else 0)
@@ -366,7 +334,8 @@ def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: 
     # cispo's lower bound has its own key: the paper has none, and PPO's clip_eps would impose one
     low = (algo.cispo_clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
     pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](logprobs, old, mb["advantages"], mask, low,
-                                                     algo.clip_eps_high or algo.clip_eps, agg, total, weights, norm_tokens)
+                                                     algo.clip_eps_high or algo.clip_eps, agg, total, weights,
+                                                     norm_tokens)
     ent_token, entropy = entropy, A.aggregate(entropy, mask, agg, total, norm_tokens)
     loss = pg - algo.entropy_coef * entropy if use_entropy else pg
     terms = {"policy": pg, "entropy": entropy, "entropy_token": A.masked_mean(ent_token.detach(), mask),
@@ -380,12 +349,15 @@ def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: 
     return loss, terms
 
 
-def nonfinite_inputs(exp: Experience) -> list[str]:
-    """Names of the update's inputs with a NaN/inf on a training token: what a non-finite loss
-    came from (e.g. old_logprobs at temperature 0, a NaN reward in advantages)."""
-    names = ["old_logprobs", "ref_logprobs", "advantages", "old_values", "returns"]
-    return [n for n in names if getattr(exp, n) is not None
-            and not torch.isfinite(torch.where(exp.mask > 0, getattr(exp, n), 0.0)).all()]
+def micro_metrics(terms: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+    """A micro-batch's metrics for engine.update_metrics: its loss, and its per-token means times its
+    response tokens (summed, then divided by the update's tokens: one unit in every aggregation)."""
+    tokens = float(mask.sum())
+    m = {"loss/policy": terms["policy"].item(), TOKENS: tokens}
+    names = {"learner/entropy": "entropy_token", "learner/clip_frac": "clip_frac", "learner/approx_kl": "approx_kl",
+             "loss/kl": "kl_token"}
+    m.update({k: terms[t].item() * tokens for k, t in names.items() if t in terms})
+    return m
 
 
 def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplingConfig) -> int:
@@ -393,7 +365,3 @@ def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplingConfig) -> int:
     whole budget, orchestrator.trainer.learner_algorithm), else one response's max_new_tokens."""
     return algo.loss_norm_tokens or sampling.max_new_tokens
 
-
-def _share(mb: dict, tokens: float) -> float:
-    """This micro-batch's share of the mini-batch's response tokens, to weight its per-token metrics."""
-    return float(mb["mask"].sum()) / tokens

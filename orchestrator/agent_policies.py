@@ -19,7 +19,7 @@ import torch
 
 from learner.sft import sft_tokens
 from learner.tiny_gpt import init_tiny_gpt
-from orchestrator.tasks import make_task
+from orchestrator.tasks import draw_task
 from rollout.episodes import observation_ids
 from rollout.prompts import encode_text
 
@@ -59,11 +59,17 @@ AGENTS = {"tiny-calculator-gpt": ("addition_3digit", calculator_turns, 800),
           "tiny-guess-gpt": ("guess_number", guess_turns, 600)}
 
 
-def build_tiny_agent(out: Path, seed: int = 0) -> Path:
-    """Train `out.name` (a key of AGENTS) for its fixed number of SFT steps and save it."""
+def agent_examples(name: str, seed: int) -> list[dict]:
+    """The task examples agent `name` is trained on: trainable prompts only, never a run's held-out
+    one (tasks.reserved; guess_number, one prompt, reserves none)."""
+    return draw_task(AGENTS[name][0], 5000, seed + 1, held_out=False)
+
+
+def build_tiny_agent(out: Path, name: str, seed: int = 0) -> Path:
+    """Train `name` (a key of AGENTS) for its fixed number of SFT steps and save it in `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    task, turns_of, steps = AGENTS[out.name]
+    task, turns_of, steps = AGENTS[name]
     torch.manual_seed(seed)
     start, rng = time.time(), random.Random(seed)
     print(f"relay: building the starting policy {out} (SFT from scratch on {task} episodes, {steps} steps)...", flush=True)
@@ -71,7 +77,7 @@ def build_tiny_agent(out: Path, seed: int = 0) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     init_tiny_gpt(tmp, n_layer=2, n_embd=128, n_head=4, n_positions=128, seed=seed)
     model, tok = AutoModelForCausalLM.from_pretrained(tmp), AutoTokenizer.from_pretrained(tmp)
-    rows = [transcript(tok, e["prompt"], turns_of(e, rng)) for e in make_task(task, 5000, seed=seed + 1)]
+    rows = [transcript(tok, e["prompt"], turns_of(e, rng)) for e in agent_examples(name, seed)]
     L = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), L), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros(len(rows), L - 1)

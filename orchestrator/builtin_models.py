@@ -9,6 +9,7 @@ cached as plain Hugging Face folders under <run_root>/models, with nothing downl
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import shutil
@@ -20,23 +21,34 @@ import torch
 from learner.sft import greedy_accuracy, sft
 from learner.tiny_gpt import init_tiny_gpt
 from orchestrator.agent_policies import AGENTS, build_tiny_agent
-from orchestrator.tasks import make_task
+from orchestrator.tasks import draw_task
 
 BUILTIN = "builtin://"  # learner.model_path prefix: a policy relay builds itself under run_root/models
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# A builder's version, raised whenever what it trains on changes (v2: trainable prompts only, never a
+# held-out one, tasks.reserved): the cache folder is NAME-vK, so a model an older relay built is not reused.
+VERSIONS = {"tiny-addition-gpt": 2, "tiny-calculator-gpt": 2}
+
+
+def builtin_folder(model_path: str, run_root: str) -> Path:
+    """Where `builtin://NAME` is cached (<run_root>/models/NAME, or NAME-vK: VERSIONS); a local folder as is."""
+    if not model_path.startswith(BUILTIN):
+        return Path(model_path)
+    name = model_path.removeprefix(BUILTIN)
+    return Path(run_root) / "models" / (f"{name}-v{VERSIONS[name]}" if name in VERSIONS else name)
 
 
 def resolve_model_path(model_path: str, run_root: str) -> str:
-    """A local folder as is; `builtin://NAME` -> built (once) under <run_root>/models/NAME."""
+    """A local folder as is; `builtin://NAME` -> built (once) under <run_root>/models (builtin_folder)."""
     if not model_path.startswith(BUILTIN):
         return model_path
     name = model_path.removeprefix(BUILTIN)
     builders = {"tiny-addition-gpt": build_tiny_policy, "smollm2-135m-instruct": convert_smollm2,
-                **{agent: build_tiny_agent for agent in AGENTS}}
+                **{agent: functools.partial(build_tiny_agent, name=agent) for agent in AGENTS}}
     if name not in builders:
         raise ValueError(f"learner.model_path: unknown built-in model {name!r}; known: {', '.join(builders)}")
-    out = Path(run_root) / "models" / name
-    if not out.exists():  # builders write NAME.tmp and rename it when complete
+    out = builtin_folder(model_path, run_root)
+    if not out.exists():  # builders write <folder>.tmp and rename it when complete
         builders[name](out)
     return str(out)
 
@@ -78,11 +90,10 @@ def build_tiny_policy(out: Path, task: str = "addition_2digit", steps: int = 200
     shutil.rmtree(tmp, ignore_errors=True)
     init_tiny_gpt(tmp, n_layer=2, n_embd=128, n_head=4, n_positions=64, seed=seed)
     model, tok = AutoModelForCausalLM.from_pretrained(tmp), AutoTokenizer.from_pretrained(tmp)
-    train = make_task(task, 5000, seed=seed + 1)
-    probe = make_task(task, 100, seed=seed + 3)
+    train, probe, held_out = tiny_policy_data(task, seed)
     losses = sft(model, tok, [(e["prompt"], e["answer"]) for e in train], steps=steps, seed=seed,
                  stop=lambda: greedy_accuracy(model, tok, probe) >= target_accuracy)
-    accuracy = greedy_accuracy(model, tok, make_task(task, 200, seed=seed + 2))
+    accuracy = greedy_accuracy(model, tok, held_out)
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / "relay_sft.json").write_text(json.dumps({"task": task, "steps": len(losses), "final_loss": losses[-1],
                                                     "greedy_accuracy": accuracy}))
@@ -90,3 +101,10 @@ def build_tiny_policy(out: Path, task: str = "addition_2digit", steps: int = 200
     print(f"relay: starting policy ready in {time.time() - start:.0f}s after {len(losses)} SFT steps: "
           f"held-out greedy accuracy {accuracy:.0%}", flush=True)
     return out
+
+
+def tiny_policy_data(task: str, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """(SFT set, early-stopping probe, the accuracy it reports) of build_tiny_policy: trained and
+    stopped on trainable prompts only, so no run's held-out prompt (tasks.reserved) is ever seen."""
+    return (draw_task(task, 5000, seed + 1, held_out=False), draw_task(task, 100, seed + 3, held_out=False),
+            draw_task(task, 200, seed + 2, held_out=True))

@@ -35,14 +35,15 @@ class ClusterConfig:
 @dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)  # prompt files, JSONL or Parquet; give these or task, not both
-    eval_files: list[str] = field(default_factory=list)  # held-out prompt files (training lines with one of their prompts are dropped, counted in the log); empty = eval_size distinct training prompts drawn at random (seeded), every line of them removed from training
+    eval_files: list[str] = field(
+        default_factory=list)  # held-out prompt files (their prompts leave training, counted); []: drawn (eval_size)
     task: str = ""  # prompts from a task instead of files (addition_2digit, addition_3digit, guess_number, a reasoning-gym name); "" = files
     task_size: int = 1000  # training prompts generated from task (task only)
     prompt_key: str = "prompt"  # the field holding the prompt: text, a list of chat messages, or token ids
     answer_key: str = "answer"  # optional reference answer, passed to rewards; other fields travel as metadata
     apply_chat_template: bool = False  # send a text prompt as one user message through the tokenizer's chat template
     rollout_batch_size: int = 8  # prompts per step (each sampled rollout.sampling.n_samples_per_prompt times)
-    eval_size: int = 64  # held-out prompts evaluated before and after training (and every eval.every_n_steps); never training prompts (guess_number, one prompt: fresh episodes)
+    eval_size: int = 64  # held-out prompts, evaluated at start, end and every eval.every_n_steps; never trained on
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded); false = file order
     on_bad_line: BadLinePolicy = BadLinePolicy.error  # a malformed line: error (stop, naming file:line) or skip (and count it)
     dynamic_sampling: bool = False  # GRPO/RLOO (DAPO): drop groups whose rewards are all equal, top up
@@ -99,7 +100,7 @@ class AsyncConfig:
 @dataclass
 class TrainConfig:
     name: str = "run"  # run folder: <run_root>/<name>; also the wandb run name
-    seed: int = 0  # every random stream (rollout/seeds.py): sampling, prompt order, generated task data, the held-out draw, vLLM engines, learner init, dropout and mini-batch order
+    seed: int = 0  # every random stream (rollout/seeds.py): sampling, data, held-out draw, engines, envs, learner
     total_steps: int = 10  # RL steps (generate, score, update, sync)
     run_root: str = "runs"  # folder of the run folders, and of built-in models (<run_root>/models)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: actors per role and their devices

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 from orchestrator.config import BadLinePolicy, DataConfig
-from orchestrator.tasks import ONE_PROMPT_TASKS, make_task
+from orchestrator.tasks import RESERVE_ONE_IN, TaskTooSmall, draw_task, prompt_id
 from rollout.prompts import is_chat, is_token_ids
 from rollout.seeds import stream_seed
 
@@ -106,32 +106,20 @@ def load_split(cfg: DataConfig, seed: int) -> tuple[list[dict], list[dict], int]
     return drop_overlap(train, held_out, lambda e: e["prompt"], "data.eval_files"), held_out, skipped + skipped_eval
 
 
-def prompt_id(prompt) -> str:
-    """A prompt's identity (text, chat messages or token ids), for telling held-out from training."""
-    return json.dumps(prompt, sort_keys=True)
-
-
 def task_split(task: str, train_size: int, eval_size: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) of a generated task, from the run seed's task and held-out streams: the
-    held-out set is eval_size distinct prompts that are not training prompts (except a task of one
-    prompt, tasks.ONE_PROMPT_TASKS: fresh episodes). Fails where the task has too few prompts."""
-    train = make_task(task, train_size, stream_seed(seed, "task"))
-    if task in ONE_PROMPT_TASKS:
-        return train, make_task(task, eval_size, stream_seed(seed, "held_out"))
-    taken, n = {prompt_id(e["prompt"]) for e in train}, 2 * eval_size + 16
-    while True:  # a task's first n examples are the same for every n: draw more until enough are new
-        seen, held_out = set(taken), []
-        for e in make_task(task, n, stream_seed(seed, "held_out")):
-            if len(held_out) < eval_size and prompt_id(e["prompt"]) not in seen:
-                seen.add(prompt_id(e["prompt"]))
-                held_out.append(e)
-        if len(held_out) == eval_size:
-            return train, held_out
-        if n > 8 * (train_size + eval_size):
-            raise DataError(f"data.task {task!r}: of {n} more examples, only {len(held_out)} have a prompt that "
-                            f"is not a training one (data.task_size: {train_size}), short of data.eval_size "
-                            f"({eval_size}): the task has too few distinct prompts; lower task_size or eval_size")
-        n *= 2
+    """(train, held-out) of a generated task, from the run seed's task and held-out streams: training
+    examples have unreserved prompts only, the held-out set is eval_size distinct reserved ones
+    (tasks.reserved: the same prompts for every seed and stage, so no stage or built-in starting
+    policy trained on them either). A task of one prompt (tasks.ONE_PROMPT_TASKS) has fresh episodes
+    as its held-out set. Fails, naming the keys, where the task has too few prompts."""
+    try:
+        train = draw_task(task, train_size, stream_seed(seed, "task"), held_out=False)
+        held_out = draw_task(task, eval_size, stream_seed(seed, "held_out"), held_out=True)
+    except TaskTooSmall as e:
+        raise DataError(f"data.task {task!r}: {e} (data.task_size: {train_size}, data.eval_size: {eval_size}): the "
+                        f"task has too few distinct prompts (1 in {RESERVE_ONE_IN} is held-out only); lower them"
+                        ) from None
+    return train, held_out
 
 
 def hold_out(examples: list[dict], eval_size: int, seed: int, prompt_of, source: str) -> tuple[list[dict], list[dict]]:
@@ -176,6 +164,11 @@ class PromptSampler:
         if self.shuffle:
             random.Random(stream_seed(self.seed, "data_order", self.epoch)).shuffle(order)
         return order
+
+    @property
+    def drawn(self) -> int:
+        """Prompts handed out so far (epochs included): a new number after every draw."""
+        return self.epoch * self.n + self.position
 
     def next(self, k: int) -> list[int]:
         out = []

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from orchestrator.config import TrainConfig
 from orchestrator.data import load_split, policy_prompt, reward_metadata
-from orchestrator.phases import VERIFIABLE, prompt_text
+from orchestrator.phases import prompt_text, reward_metrics
 from reward_service.config import RewardSource, SourceKind
+from rollout.seeds import EVALUATION
 
 # (label in tables and report.json, metric key)
 LABELS = [("greedy accuracy", "eval/greedy/reward/accuracy"), ("greedy reward", "eval/greedy/reward/mean"),
@@ -64,29 +65,14 @@ def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bo
         gs = score(g, meta, 1.0, False)  # nothing reads a KL of greedy answers
     s = generate(prompts, False)
     ss = score(s, meta, temperature, True)
-    m = reward_metrics(gs, "eval/greedy/") if greedy else {}
-    m.update(reward_metrics(ss, "eval/sampled/"))
+    m = {f"eval/greedy/{k}": v for k, v in reward_metrics(gs).items()} if greedy else {}
+    m.update({f"eval/sampled/{k}": v for k, v in reward_metrics(ss).items()})  # as training reports its batch
     acts = s.action_mask or [[1] * len(lp) for lp in s.logprobs]  # episodes: the model's tokens only
     kl = [p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts) for p, r, a in zip(lp, ref, act) if a]
     m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per model token, the k1 estimate on the sampler's tokens
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)
     return Evaluation(m, g, gs, s, ss)
-
-
-def reward_metrics(scored, prefix: str) -> dict[str, float]:
-    """Raw reward over the samples every source could judge, per-source means, and the accuracy
-    of the first verifiable source."""
-    good = [r for r, bad in zip(scored.rewards, scored.invalid) if not bad]
-    m = {f"{prefix}reward/mean": statistics.fmean(good) if good else float("nan"),
-         f"{prefix}reward/invalid_frac": 1 - len(good) / max(len(scored.rewards), 1)}
-    for name, values in scored.components.items():
-        judged = [v for v in values if v == v]  # not NaN
-        if judged:
-            m[f"{prefix}reward/{name}/mean"] = statistics.fmean(judged)
-            if name.startswith(VERIFIABLE):
-                m.setdefault(f"{prefix}reward/accuracy", statistics.fmean(judged))
-    return m
 
 
 def labelled(metrics: dict[str, float]) -> dict[str, float]:
@@ -137,7 +123,6 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
                         reward_model: str = "", run_dir: str = "") -> dict:
     import ray
 
-    from reward_service.reference import ReferenceModel
     from reward_service.service import ScoringService
     from rollout.pool import RolloutPool
 
@@ -157,16 +142,8 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
         if s.kind == SourceKind.reward_model and not s.model_path:
             raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
     scoring = ScoringService(dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference), reference)
-    evals = {}
-    for role, path in (("policy", str(policy)), ("reference", reference)):
-        pool = RolloutPool(cfg.rollout, path, 1, cfg.seed, env=cfg.env)
-        model = ReferenceModel(path, micro_batch_size=cfg.reward.micro_batch_size)  # the reference's own function
-        try:
-            evals[role] = evaluate_policy(lambda p, greedy: pool.generate(p, step=0, greedy=greedy, tasks=meta), scoring.evaluate,
-                                          prompts, meta, cfg.eval.greedy, cfg.rollout.sampling.temperature,
-                                          lambda b: model.logprobs(b, cfg.rollout.sampling.temperature))
-        finally:
-            pool.shutdown()
+    evals = evaluate_roles(cfg, str(policy), reference, scoring, prompts, meta,
+                           lambda path: RolloutPool(cfg.rollout, path, 1, cfg.seed, env=cfg.env))
     report = {"policy_path": str(policy), "reference_path": reference, "prompts": len(prompts),
               "reward_model": reward_model or None, **{role: labelled(ev.metrics) for role, ev in evals.items()}}
     if reward_model:
@@ -178,6 +155,29 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
     (out / "report.md").write_text(markdown(report, evals, prompts, curves, cfg.eval.num_samples_to_log))
     print(f"relay eval: {out / 'report.md'}", flush=True)
     return report
+
+
+def evaluate_roles(cfg: TrainConfig, policy: str, reference: str, scoring, prompts: list, meta: list[dict],
+                   make_pool) -> dict[str, Evaluation]:
+    """The policy's and the reference's evaluations, each generating through its own engine
+    (`make_pool(path)`, shut down after). The KL's policy side is the role's own logprobs by the
+    reference's function: for the reference role the scoring service's reference model itself, for
+    the policy a copy built as that one is, freed before the reference's turn (no second reference)."""
+    from reward_service.reference import ReferenceModel
+
+    ref, temperature, evals = scoring.reference, cfg.rollout.sampling.temperature, {}
+    for role, path in (("policy", policy), ("reference", reference)):
+        model = ref if role == "reference" else ReferenceModel(path, ref.dtype, ref.micro_batch_size, ref.chunk_tokens,
+                                                               ref.device)
+        pool = make_pool(path)
+        try:
+            evals[role] = evaluate_policy(lambda p, greedy: pool.generate(p, 0, greedy, tasks=meta, draw=EVALUATION),
+                                          scoring.evaluate, prompts, meta, cfg.eval.greedy, temperature,
+                                          lambda b: model.logprobs(b, temperature))
+        finally:
+            pool.shutdown()
+            del model  # the policy's copy: freed before the reference role runs
+    return evals
 
 
 def sample_rows(prompts: list, greedy, scored, k: int) -> list[dict]:

@@ -7,6 +7,7 @@ recipe silently computes something else (Dr. GRPO with a batch std is no longer 
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 
 from learner.config import Estimator, KLEstimator, KLPlacement, LossAggregation, Method, PolicyLoss
@@ -55,6 +56,21 @@ def recipe_conflicts(method: Method, get, given: set[str], prefix: str = "") -> 
         if prefix + key in given and got != want:
             yield prefix + key, (f"algorithm.method={method.value} sets it to {_show(want)}, got {_show(got)}: "
                                  "drop the key, or use algorithm.method=none and set every key yourself")
+
+
+def tree_conflicts(cfg) -> Iterator[tuple[str, str]]:
+    """(key, problem) for each key of cfg.algorithm.method's recipe that the built tree (a TrainConfig)
+    holds with another value: a config made in code, where no loader applied the recipe."""
+    method = cfg.algorithm.method
+    yield from recipe_conflicts(method, lambda key: operator.attrgetter(key)(cfg), set(RECIPES[method]))
+
+
+def endpoint_incompatible(method: Method) -> bool:
+    """The recipe compares the samples of one prompt (group advantages) or regenerates them (dynamic
+    sampling), which the agent endpoint's episodes (one sample each, not regenerable) cannot give."""
+    recipe = RECIPES[method]
+    grouped = recipe.get("algorithm.estimator") in (Estimator.grpo, Estimator.rloo)
+    return grouped or bool(recipe.get("data.dynamic_sampling"))
 
 
 def _show(value) -> str:

@@ -24,15 +24,16 @@ class Ahead:
     pending: list | None  # its generate calls in flight
     batch: RolloutBatch | None = None  # once collected
     judged: object = None  # its scoring launched behind its generation (ScoringPool.judge_ahead), if any
+    draw: int = 0  # with step, seeds its requests (rollout.seeds.request_seed): unique per batch launched
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch)}
+        return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch), "draw": self.draw}
 
     @staticmethod
     def from_state(state: dict) -> Ahead:
         batch = RolloutBatch(**state["batch"])
         batch.skipped = [tuple(s) for s in batch.skipped]
-        return Ahead(state["step"], state["indices"], None, batch)
+        return Ahead(state["step"], state["indices"], None, batch, draw=state["draw"])
 
 
 def staleness_metrics(versions: list[int], step: int, lead: int) -> dict[str, float]:
@@ -77,13 +78,30 @@ def reward_stats(r: list[float]) -> dict[str, float]:
             "reward/p90": quantile(r, 0.9)}
 
 
+def reward_metrics(scored: ScoredBatch) -> dict[str, float]:
+    """The reward of a scored batch, one implementation for training (reward/*) and evaluation
+    (eval/*/reward/*). Statistics of the raw reward (the sources' weighted sum; not the shaped one,
+    whose batch normalisation makes a mean of 0) and the accuracy of the first verifiable source,
+    both over the same samples: those every source that trains could judge (the rest counted as
+    reward/invalid_frac). Each source's mean and invalid fraction over the batch (a weight-0 source's
+    failures are its own), and the scoring calls' counts."""
+    judged = [not bad for bad in scored.invalid]
+    m = reward_stats([x for x, ok in zip(scored.raw, judged) if ok])
+    m["reward/invalid_frac"] = 1 - sum(judged) / max(len(judged), 1)
+    for name, scores in scored.components.items():
+        good = [s for s in scores if s == s]  # not NaN
+        m[f"reward/{name}/mean"] = statistics.fmean(good) if good else float("nan")
+        m[f"reward/{name}/invalid_frac"] = 1 - len(good) / max(len(scores), 1)
+        right = [s for s, ok in zip(scores, judged) if ok and s == s]
+        if name.startswith(VERIFIABLE) and right:
+            m.setdefault("reward/accuracy", statistics.fmean(right))
+    return m | scored.metrics
+
+
 def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") -> dict[str, float]:
-    """What a practitioner watches for reward hacking, collapse and instability, from one batch.
-    Reward statistics are of the raw reward (the sources' weighted sum, as eval/* reports it; not
-    the shaped one, whose batch mean normalisation makes 0) over the samples every source judged;
-    the others are counted (reward/invalid_frac), those dropped (reward.invalid: drop) with the
-    groups left with fewer than 2 samples."""
-    r = [x for x, bad in zip(scored.raw, scored.invalid) if not bad]
+    """What a practitioner watches for reward hacking, collapse and instability, from the batch that
+    trains: its reward (reward_metrics), the samples dropped (reward.invalid: drop) with the groups
+    left with fewer than 2 samples, lengths in model tokens, and an episode's environment."""
     lengths = batch.model_lengths  # the model's tokens: an episode's observations are not its response
     kept = {}
     for j, keep in zip(batch.prompt_index, scored.valid):
@@ -91,16 +109,11 @@ def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") ->
     m = {
         "reward/dropped_samples": float(len(scored.valid) - sum(scored.valid)),
         "reward/dropped_groups": float(sum(n < 2 for n in kept.values())) if len(batch) > len(kept) else 0.0,
-        **reward_stats(r),
+        **reward_metrics(scored),
         "response/length_mean": statistics.fmean(lengths), "response/length_max": float(max(lengths)),
         "response/clipped_frac": sum(f == "length" for f in batch.finish_reason) / len(batch),  # token budget, not turns
         "rollout/skipped_prompts": float(len(batch.skipped)),
     }
-    for name, scores in scored.components.items():
-        good = [s for s in scores if s == s]  # not NaN
-        if name.startswith(VERIFIABLE) and good:
-            m.setdefault("reward/accuracy", statistics.fmean(good))
-    m.update(scored.metrics)
     if batch.env_return:
         m.update(episode_metrics(batch))
     return {prefix + k: v for k, v in m.items()}
@@ -112,6 +125,8 @@ def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
     observed = sum(len(m) - sum(m) for m in batch.action_mask)
     return {"env/return_mean": statistics.fmean(returns), "env/turns_mean": statistics.fmean(batch.turns),
             "env/timeouts": float(batch.env_failure.count("timeout")), "env/errors": float(batch.env_failure.count("error")),
+            # a turn cut at max_new_tokens inside an episode that went on: response/clipped_frac misses it
+            "response/clipped_turn_frac": sum(batch.clipped_turns) / max(sum(batch.turns), 1),
             "env/observation_token_frac": observed / max(sum(batch.response_lengths), 1)}
 
 
@@ -164,6 +179,40 @@ def nonfinite_cause(stats: dict[str, float]) -> str:
         return "non-finite: " + "; ".join(NONFINITE_CAUSES[n] for n in found)
     return ("the inputs were finite, so the loss or its gradients overflowed: lower learner.lr, or set "
             "learner.grad_clip")
+
+
+def check_progress(counters: dict, stats: dict[str, float], scored: ScoredBatch, max_skipped: int,
+                   max_unjudged: int, step: int) -> None:
+    """Stop the run (TrainingError) once it cannot learn: more than `max_skipped`
+    (algorithm.max_skipped_updates) updates in a row skipped for non-finite values, or `max_unjudged`
+    (reward.max_unjudged_steps) steps in a row in which no sample could be judged (a reward source
+    or environment that is down: nothing trains under invalid: drop, only zeros under zero). Going on
+    would only spend compute. 0: never. The counts in a row are in `counters` (checkpointed)."""
+    skipped = stats["learner/skipped_steps"] > 0 or stats["learner/nonfinite_losses"] > 0
+    key = "learner/skipped_updates_in_a_row"
+    in_a_row = counters[key] = counters[key] + 1 if skipped else 0
+    if max_skipped and in_a_row > max_skipped:
+        raise TrainingError(f"step {step}: {in_a_row} updates in a row were skipped for non-finite values "
+                            f"(algorithm.max_skipped_updates: {max_skipped}); {nonfinite_cause(stats)}")
+    key = "reward/unjudged_steps_in_a_row"
+    in_a_row = counters[key] = counters[key] + 1 if scored.invalid and all(scored.invalid) else 0
+    if max_unjudged and in_a_row >= max_unjudged:
+        raise TrainingError(f"step {step}: no sample could be judged in {in_a_row} steps in a row "
+                            f"(reward.max_unjudged_steps: {max_unjudged}); {unjudged_cause(scored)}")
+
+
+def unjudged_cause(scored: ScoredBatch) -> str:
+    """The sources that failed in the last step's batch, each with its first error."""
+    failed = [name for name, scores in scored.components.items() if any(s != s for s in scores)]
+    return "; ".join(f"{name} failed on {sum(s != s for s in scored.components[name])} of {len(scored.invalid)} "
+                     f"samples: {scored.errors.get(name, 'no error raised (a None or NaN score, or a failed episode)')}"
+                     for name in failed) or "no source reported a failure"
+
+
+def finished_before(run_dir: Path, resumed_at: int | None, total_steps: int) -> bool:
+    """A resumed run whose earlier run also evaluated after its last step (eval_after.json; a fresh
+    run removes an earlier one's): its final rows are logged already, so it is not evaluated again."""
+    return resumed_at is not None and resumed_at >= total_steps and (run_dir / "eval_after.json").exists()
 
 
 def checkpoints(root: Path) -> list[tuple[int, Path]]:

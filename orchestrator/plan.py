@@ -63,8 +63,8 @@ def shape_from_hf(c: dict) -> ModelShape:
 
 def find_shape(path: str, key: str, run_root: str) -> tuple[ModelShape, str]:
     """(shape, where it came from). builtin://NAME is looked up under run_root/models, never built."""
-    from orchestrator.builtin_models import BUILTIN
-    folder = Path(run_root) / "models" / path.removeprefix(BUILTIN) if path.startswith(BUILTIN) else Path(path)
+    from orchestrator.builtin_models import builtin_folder
+    folder = builtin_folder(path, run_root)
     if (folder / "config.json").is_file():
         return shape_from_hf(json.loads((folder / "config.json").read_text())), f"{folder}/config.json"
     name = folder.name.lower()

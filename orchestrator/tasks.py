@@ -5,6 +5,8 @@ loader produces, so rewards see one format whatever the source.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 
 TINY_TASKS = {"addition_2digit": (10, 99), "addition_3digit": (100, 999),
@@ -54,3 +56,52 @@ def make_task(name: str, n: int, seed: int) -> list[dict]:
     if name == "guess_number":
         return guess_number(n, seed)
     return tiny_arithmetic(name, n, seed) if name in TINY_TASKS else reasoning_gym_task(name, n, seed)
+
+
+# One prompt in RESERVE_ONE_IN of a generated task is held-out only, whatever the seed, stage or command:
+# no run, SFT/RM stage or built-in starting policy ever trains on it, so a held-out set drawn from these
+# is unseen by everything that came before (the pipeline's stages, `relay data`, builtin://). 1 in 8
+# leaves ~1000 of the 8100 two-digit sums for held-out sets (the presets hold out at most 200).
+RESERVE_ONE_IN = 8
+
+
+class TaskTooSmall(ValueError):
+    """A generated task gives too few examples of the kind asked for (draw_task)."""
+
+
+def prompt_id(prompt) -> str:
+    """A prompt's identity (text, chat messages or token ids), for telling held-out from training."""
+    return json.dumps(prompt, sort_keys=True)
+
+
+def reserved(prompt) -> bool:
+    """Whether a generated task's prompt is reserved for held-out sets: a stable hash of the prompt
+    (not Python's hash(), which changes per process)."""
+    digest = hashlib.blake2b(prompt_id(prompt).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % RESERVE_ONE_IN == 0
+
+
+def draw_task(name: str, n: int, seed: int, held_out: bool) -> list[dict]:
+    """n examples of make_task(name, ., seed), in its order: the first n distinct reserved prompts
+    (held_out), or the first n examples whose prompt is not reserved (training). A task of one prompt
+    (ONE_PROMPT_TASKS) reserves nothing: its examples as they are. A task's first k examples are the
+    same for every size, so a bigger draw only adds examples. Raises TaskTooSmall where the task gives
+    too few within 16 x RESERVE_ONE_IN x n (+64) examples."""
+    if name in ONE_PROMPT_TASKS:
+        return make_task(name, n, seed)
+    r, limit = RESERVE_ONE_IN, 16 * RESERVE_ONE_IN * n + 64
+    size = n * r * 5 // 4 + 64 if held_out else n * r // (r - 1) + n // 20 + 16  # expected to be enough at once
+    while True:
+        out, seen = [], set()
+        for e in make_task(name, size, seed):
+            key = prompt_id(e["prompt"])
+            if len(out) < n and reserved(e["prompt"]) == held_out and not (held_out and key in seen):
+                seen.add(key)
+                out.append(e)
+        if len(out) == n or size >= limit:
+            break
+        size = min(2 * size, limit)
+    if len(out) < n:
+        kind = "distinct prompts reserved for held-out sets" if held_out else "examples with a trainable prompt"
+        raise TaskTooSmall(f"{size} examples hold only {len(out)} {kind}, short of {n}")
+    return out

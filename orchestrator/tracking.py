@@ -5,26 +5,28 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from pathlib import Path
 
 from orchestrator.config import LoggingConfig, WandbMode
 
 
 class Tracker:
-    def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None):
-        """resumed_at: the step of the checkpoint a resumed run starts from (None: a fresh run)."""
+    def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None,
+                 finished: bool = False):
+        """resumed_at: the step of the checkpoint a resumed run starts from (None: a fresh run);
+        finished: it resumes a run that had also evaluated after its last step (its rows are kept)."""
         self.cfg, self.path = cfg, run_dir / "metrics.jsonl"
         run_dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.path, run_dir / "samples.jsonl"):  # a resumed run redoes the steps after its checkpoint
-            keep_until(path, -1 if resumed_at is None else resumed_at)  # a fresh run starts anew
+        # a resumed run redoes the steps after its checkpoint, and the final evaluation at it
+        # (unless it finished); a fresh run starts anew
+        step = -1 if resumed_at is None else resumed_at
+        final = keep_until(self.path, step, redo_final=not finished)
+        keep_until(run_dir / "samples.jsonl", step, redo_final=final)
         self.file = self.path.open("a")
         self.wandb = None
         if cfg.wandb.mode != WandbMode.disabled:
-            import wandb
-
-            self.wandb = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity or None, name=name,
-                                    config=config, mode=cfg.wandb.mode.value, dir=str(run_dir), resume="allow",
-                                    id=name.replace("/", "_"))
+            self.wandb = start_wandb(cfg, run_dir, name, config, resumed_at)
         self.start = time.time()
 
     def log(self, step: int, metrics: dict[str, float], total_steps: int) -> None:
@@ -68,17 +70,49 @@ class Tracker:
             self.wandb.finish()
 
 
-def keep_until(path: Path, step: int) -> None:
-    """Drop the lines of a JSONL log (metrics.jsonl, samples.jsonl) whose step is after `step`, and a
-    torn last line (the process died writing it)."""
+def start_wandb(cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None):
+    """A fresh run gets a new wandb run (its id kept in the run directory: a later run of the same
+    name is another wandb run). A resumed one rewinds that wandb run to its checkpoint's step, so
+    the redone steps replace the first run's rather than being dropped as "less than the current
+    step" (wandb's resume_from; offline, wandb records the rewind and applies it at `wandb sync`).
+    Where the rewind is refused (online without the feature), or no id was kept, the resumed run
+    logs to a new wandb run, and says so."""
+    import wandb
+
+    id_file = run_dir / "wandb_id"
+    init = dict(project=cfg.wandb.project, entity=cfg.wandb.entity or None, name=name, config=config,
+                mode=cfg.wandb.mode.value, dir=str(run_dir))
+    if resumed_at is not None and id_file.exists():
+        old = id_file.read_text().strip()
+        try:
+            return wandb.init(id=old, resume_from=f"{old}?_step={resumed_at}", **init)
+        except Exception as e:  # noqa: BLE001 (wandb raises its own errors for a refused rewind)
+            why = f"wandb could not rewind run {old} to step {resumed_at} ({type(e).__name__}: {e})"
+    else:
+        why = "no wandb id was kept in the run directory" if resumed_at is not None else ""
+    new = uuid.uuid4().hex[:12]
+    id_file.write_text(new + "\n")
+    if why:
+        print(f"relay: {why}; the resumed run logs to a new wandb run {new}", flush=True)
+    return wandb.init(id=new, **init)
+
+
+def keep_until(path: Path, step: int, redo_final: bool = False) -> bool:
+    """Drop the lines of a JSONL log (metrics.jsonl, samples.jsonl) whose step is after `step`, a
+    torn last line (the process died writing it) and, with redo_final, the lines at `step` that a
+    final evaluation wrote (metrics: rows without timing/total; samples: any, as only a final
+    evaluation writes them beside such a row). True if a line at `step` was dropped."""
     if not path.exists():
-        return
-    kept = []
+        return False
+    kept, dropped = [], False
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if row["step"] <= step:
+        final = redo_final and row["step"] == step and "timing/total" not in row
+        if row["step"] <= step and not final:
             kept.append(line + "\n")
+        dropped = dropped or final
     path.write_text("".join(kept))
+    return dropped

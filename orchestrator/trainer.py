@@ -21,8 +21,8 @@ from orchestrator.evaluate import evaluate_policy, sample_rows, samples_table, s
 from orchestrator.load_config import to_dict
 from orchestrator.placement import cpu_threads, placement, unit
 from orchestrator.profiling import profiled
-from orchestrator.phases import (Ahead, TrainingError, batch_metrics, busy_metrics, checkpoints, nonfinite_cause, offset,
-                                 informative, pick_groups, resume_path, staleness_metrics, timed)
+from orchestrator.phases import (Ahead, batch_metrics, busy_metrics, check_progress, checkpoints, finished_before,
+                                 informative, offset, pick_groups, resume_path, staleness_metrics, timed)
 from orchestrator.plots import plot_run
 from orchestrator.builtin_models import resolve_model_path
 from orchestrator.signals import StopRequest, Stopped
@@ -31,6 +31,7 @@ from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
 from rollout.device import malloc_env
 from rollout.pool import RolloutPool, await_ready
+from rollout.seeds import EVALUATION
 from rollout.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train), cfg.seed, cfg.data.shuffle)
         self.step = 0  # also the policy version the engines hold: weight syncs since the initial model
         self.counters = {"restarts/rollout": 0, "restarts/scoring": 0, "data/skipped_lines": self.skipped_lines,
-                         "rollout/dropped_groups": 0, "learner/skipped_updates_in_a_row": 0, "async/dropped_stale": 0}
+                         "rollout/dropped_groups": 0, "learner/skipped_updates_in_a_row": 0, "async/dropped_stale": 0,
+                         "reward/unjudged_steps_in_a_row": 0}
         # async_training: batches whose generation runs ahead of the learner, at most `lead` of them
         # beyond the one being trained (so a sample trains at most `lead` versions after its own)
         a = cfg.async_training
@@ -66,8 +68,9 @@ class Trainer:
         resume_from = resume_path(cfg.checkpoint.resume, self.run_dir / "checkpoints")
         if resume_from:
             self._load(resume_from)
+        self.finished = finished_before(self.run_dir, self.step if resume_from else None, cfg.total_steps)
         self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg),
-                               resumed_at=self.step if resume_from else None)
+                               resumed_at=self.step if resume_from else None, finished=self.finished)
 
     # ------------------------------------------------------------------ setup
     def _start_roles(self) -> None:
@@ -90,8 +93,8 @@ class Trainer:
                                        runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)},
                                        **({"scheduling_strategy": place[-1]} if place else {})))
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path, threads=learner_threads)
-        self.learner = LearnerGroup(learner_cfg, learner_algorithm(self.cfg), self.cfg.rollout.sampling, c.learner_ranks,
-                                    self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
+        self.learner = LearnerGroup(learner_cfg, learner_algorithm(self.cfg), self.cfg.rollout.sampling,
+                                    c.learner_ranks, self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
                                     scheduling=place[c.rollout_workers: -1] if place else None,
                                     resources=unit(c.learner_resource) if free else None,
                                     keep_freed_memory=c.cpu_keep_freed_memory)
@@ -105,6 +108,7 @@ class Trainer:
         to minutes; abandoning one would redo it anyway), then _stop checkpoints and raises Stopped."""
         stop = stop or StopRequest()
         if self.step == 0:
+            (self.run_dir / "eval_after.json").unlink(missing_ok=True)  # an earlier run's of this name
             self.before = self.evaluate()
             self._write_json("eval_before.json", self.before)
             self.tracker.log_table("eval/samples", 0, self.samples)
@@ -127,13 +131,18 @@ class Trainer:
         if stop.requested:
             self._stop(stop.signal, saved_at)
         self.channel.settle()
-        after = self.evaluate()
-        self.tracker.log(self.step, after, self.cfg.total_steps)
-        self.tracker.log_table("eval/samples", self.step, self.samples)
-        self._write_json("eval_after.json", after)
+        if self.finished:  # resumed after its final evaluation (eval_after.json): rows, table and figure are logged
+            after = json.loads((self.run_dir / "eval_after.json").read_text())
+        else:
+            after = self.evaluate()
+            self.tracker.log(self.step, after, self.cfg.total_steps)
+            self.tracker.log_table("eval/samples", self.step, self.samples)
+            self._write_json("eval_after.json", after)
+            figure = plot_run(self.run_dir / "metrics.jsonl", self.run_dir / "pipeline.png")
+            self.tracker.log_image("pipeline", self.step, figure)
         print(summary_table(self.before, after), flush=True)
-        print(samples_table(self.samples), flush=True)
-        self.tracker.log_image("pipeline", self.step, plot_run(self.run_dir / "metrics.jsonl", self.run_dir / "pipeline.png"))
+        if not self.finished:
+            print(samples_table(self.samples), flush=True)
         self.tracker.close()
         return after
 
@@ -164,15 +173,15 @@ class Trainer:
             self._judge_next()
             with timed(t, "update"), self.rollout.asleep(self.sleep_engines):  # awake again before the sync
                 stats = self.learner.update(batch, scored, self.step)
-            self.check_finite(stats)
+            self.check_progress(stats, scored)
             with timed(t, "sync"):
                 self.push(self.step + 1)
-            kl_coef = self.learner.update_kl(stats["kl/ref_seq"], len(batch))  # target_kl is per sequence
+            kl_coef = self.learner.update_kl(stats["kl/ref_seq"], sum(scored.valid))  # per sequence, those trained
         tokens = sum(batch.model_lengths)  # sampled by the model: an episode's observation tokens are not generated
         self.counters["restarts/scoring"] = self.scoring.restarts
         return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
-                **staleness_metrics(batch.version_first, self.step, self.lead),
-                **busy_metrics(t, busy_before, self._busy()),
+                **staleness_metrics(batch.version_first, self.step, self.endpoint.max_staleness if self.gateway else
+                                    self.lead), **busy_metrics(t, busy_before, self._busy()),  # the bound in force
                 "throughput/tokens_per_s": tokens / t["timing/total"], "throughput/samples_per_s": len(batch) / t["timing/total"]}
 
     def _busy(self) -> dict[str, list[float]]:
@@ -216,7 +225,7 @@ class Trainer:
         """Dynamic sampling (DAPO): groups whose rewards are all equal teach GRPO nothing; replace
         them with fresh prompts, for up to dynamic_sampling_rounds extra rounds. If still short,
         equal groups fill the rest, so the batch keeps its shape."""
-        want, groups, skipped = self.cfg.data.rollout_batch_size, [], list(batch.skipped)
+        want, groups, skipped, calls = self.cfg.data.rollout_batch_size, [], list(batch.skipped), [scored]
         for round_ in range(self.cfg.data.dynamic_sampling_rounds + 1):
             for j, example in enumerate(examples):
                 rows = [i for i, p in enumerate(batch.prompt_index) if p == j]
@@ -227,14 +236,14 @@ class Trainer:
                 break
             batch, examples = self.generate(want - sum(g[3] for g in groups))
             scored = self.score(batch, examples)
-            skipped += batch.skipped
+            skipped, calls = skipped + batch.skipped, calls + [scored]
         chosen, dropped = pick_groups(groups, want)
         self.counters["rollout/dropped_groups"] += dropped
         for j, (b, _, _, _) in enumerate(chosen):
             b.prompt_index = [j] * len(b)
         merged = RolloutBatch.concat([b for b, _, _, _ in chosen])
         merged.skipped = skipped
-        return merged, [e for _, _, e, _ in chosen], type(scored).concat([s for _, s, _, _ in chosen])
+        return merged, [e for _, _, e, _ in chosen], type(scored).concat([s for _, s, _, _ in chosen], calls)
 
     def generate(self, want: int | None = None, first: Ahead | None = None) -> tuple[RolloutBatch, list[dict]]:
         """`want` (default rollout_batch_size) prompts' samples, starting from `first` (launched
@@ -254,10 +263,8 @@ class Trainer:
         return batch, examples
 
     def _launch(self, step: int, n: int) -> Ahead:
-        """Launch generation for the next n prompts, seeded as step `step`'s."""
-        job = Ahead(step, self.sampler.next(n), None)
-        self._resubmit(job)
-        return job
+        """Launch the next n prompts, seeded by (step, draw): a top-up or dynamic-sampling round has its own."""
+        return self._resubmit(Ahead(step, self.sampler.next(n), None, draw=self.sampler.drawn))
 
     def _collect(self, job: Ahead) -> RolloutBatch:
         """The job's samples. If an engine died, wait for Ray to restart it, give it the current weights
@@ -295,11 +302,12 @@ class Trainer:
             if job.batch is None:
                 self._resubmit(job)
 
-    def _resubmit(self, job: Ahead) -> None:
+    def _resubmit(self, job: Ahead) -> Ahead:
         """(Re)launch the job's generation from its prompts and tasks (what an environment resets on)."""
         examples = [self.train[i] for i in job.indices]
-        job.pending, job.judged = self.rollout.submit([self._prompt(e) for e in examples], job.step,
+        job.pending, job.judged = self.rollout.submit([self._prompt(e) for e in examples], job.step, draw=job.draw,
                                                       tasks=[self._meta(e) for e in examples]), None
+        return job
 
     def _judge_next(self) -> None:
         """Asynchronous modes: launch the next batch's scoring behind its generation, so it runs as soon
@@ -312,17 +320,9 @@ class Trainer:
             parts = job.pending if job.batch is None else [job.batch]
             job.judged = self.scoring.judge_ahead(parts, [self._meta(self.train[i]) for i in job.indices], self._temperature)
 
-    def check_finite(self, stats: dict[str, float]) -> None:
-        """Stop the run once more than algorithm.max_skipped_updates updates in a row were skipped for
-        non-finite values, naming what was non-finite; a skipped update changes nothing, so going on
-        would only spend compute."""
-        skipped = stats["learner/skipped_steps"] > 0 or stats["learner/nonfinite_losses"] > 0
-        in_a_row = self.counters["learner/skipped_updates_in_a_row"] = (
-            self.counters["learner/skipped_updates_in_a_row"] + 1 if skipped else 0)
-        limit = self.cfg.algorithm.max_skipped_updates
-        if limit and in_a_row > limit:
-            raise TrainingError(f"step {self.step}: {in_a_row} updates in a row were skipped for non-finite values "
-                                f"(algorithm.max_skipped_updates: {limit}); {nonfinite_cause(stats)}")
+    def check_progress(self, stats: dict[str, float], scored) -> None:  # stop a run that cannot learn
+        check_progress(self.counters, stats, scored, self.cfg.algorithm.max_skipped_updates,
+                       self.cfg.reward.max_unjudged_steps, self.step)
 
     def _prompt(self, example: dict):
         return policy_prompt(example["prompt"], self.cfg.data.apply_chat_template)
@@ -335,7 +335,7 @@ class Trainer:
         """Held-out prompts through orchestrator.evaluate (read-only scoring, raw rewards)."""
         prompts = [self._prompt(e) for e in self.held_out]
         meta = [self._meta(e) for e in self.held_out]
-        ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, step=0, greedy=greedy, tasks=meta),
+        ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, 0, greedy, tasks=meta, draw=EVALUATION),
                              self.scoring.evaluate, prompts, meta,
                              self.cfg.eval.greedy, self._temperature, self.learner.policy_logprobs)
         self.samples = self._sample_table(prompts, *shown(ev))

@@ -5,7 +5,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from envs.base import make_factory
-from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, ValueHead
+from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, Method, ValueHead
+from orchestrator.methods import endpoint_incompatible, tree_conflicts
 from reward_service.config import SourceKind
 
 CRITIC_FREE = {Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline, Estimator.reinforce_pp}
@@ -14,19 +15,20 @@ GROUPED = {Estimator.grpo, Estimator.rloo}
 
 def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from _sampling(cfg)
+    yield from _method(cfg)
     yield from _algorithm(cfg)
     yield from _batches(cfg)
     yield from _learner(cfg)
     yield from _rewards(cfg.reward)
     yield from _cluster(cfg)
+    yield from _data(cfg.data)
     yield from _env(cfg)
 
 
 def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
     """relay sft / relay rm."""
-    t, d = cfg.train, cfg.data
-    if not d.task and not d.train_files:
-        yield f"{prefix}data.train_files", "give data files, or data.task to generate the set"
+    t = cfg.train
+    yield from _data(cfg.data, prefix)
     if t.batch_size % (t.micro_batch_size * cfg.learner_ranks):
         yield (f"{prefix}train.batch_size", f"must be a multiple of train.micro_batch_size x learner_ranks "
                f"({t.micro_batch_size} x {cfg.learner_ranks}), got {t.batch_size}")
@@ -89,18 +91,22 @@ def _batches(cfg):
             f"algorithm.mini_batch_size ({a.mini_batch_size})")
 
 
+def _method(cfg):
+    """A named recipe: one the agent endpoint cannot serve is refused as such (not by the keys it sets,
+    whose errors would ask for n >= 2 and n = 1 in turn); else the tree must hold every key it sets."""
+    m = cfg.algorithm.method
+    if m != Method.none and cfg.rollout.endpoint.enabled and endpoint_incompatible(m):
+        yield "algorithm.method", (f"algorithm.method={m.value} is incompatible with the agent endpoint: it compares "
+                                   "or regenerates the samples of one prompt, and each episode is its own prompt; "
+                                   "use reinforce_pp, or none with estimator reinforce_baseline, baseline batch")
+        return
+    yield from tree_conflicts(cfg)
+
+
 def _algorithm(cfg):
     a, n = cfg.algorithm, cfg.rollout.sampling.n_samples_per_prompt
-    if a.estimator in GROUPED and n < 2:
-        yield "rollout.sampling.n_samples_per_prompt", (
-            f"{a.estimator.value} compares samples of one prompt: needs >= 2, got {n}")
-    if a.estimator == Estimator.reinforce_baseline and a.reinforce_baseline == Baseline.group and n < 2:
-        yield "algorithm.reinforce_baseline", (
-            f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n}); "
-            "use batch")
-    if a.estimator == Estimator.reinforce_pp and a.reinforce_pp_group_baseline and n < 2:
-        yield "algorithm.reinforce_pp_group_baseline", (
-            f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n})")
+    if n < 2 and not cfg.rollout.endpoint.enabled:  # the endpoint's n is 1: _endpoint says why that cannot work
+        yield from group_baselines(a, n).items()
     for key in ("gamma", "lam"):
         if not 0 <= getattr(a, key) <= 1:
             yield f"algorithm.{key}", f"must be in [0, 1], got {getattr(a, key)}"
@@ -130,6 +136,20 @@ def _algorithm(cfg):
             yield "algorithm.kl_horizon", f"must be >= 1, got {a.kl_horizon}"
         if a.init_kl_coef == 0:
             yield "algorithm.init_kl_coef", "an adaptive controller cannot move a coefficient of 0"
+
+
+def group_baselines(a, n: int) -> dict[str, str]:
+    """{key: problem with n samples per prompt} for each setting of `a` that compares the samples of one prompt."""
+    out = {}
+    if a.estimator in GROUPED:
+        out["rollout.sampling.n_samples_per_prompt"] = (f"{a.estimator.value} compares samples of one prompt: "
+                                                        f"needs >= 2, got {n}")
+    need = f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n})"
+    if a.estimator == Estimator.reinforce_baseline and a.reinforce_baseline == Baseline.group:
+        out["algorithm.reinforce_baseline"] = need + "; use batch"
+    if a.estimator == Estimator.reinforce_pp and a.reinforce_pp_group_baseline:
+        out["algorithm.reinforce_pp_group_baseline"] = need
+    return out
 
 
 def _learner(cfg):
@@ -169,6 +189,8 @@ def _rewards(reward):
             yield f"reward.sources.{i}.function", f"expected 'module.path:function', got {src.function!r}"
         if src.kind == SourceKind.remote and src.timeout_s <= 0:
             yield f"reward.sources.{i}.timeout_s", "a remote reward needs a deadline > 0"
+    if reward.max_unjudged_steps < 0:
+        yield "reward.max_unjudged_steps", f"must be >= 0 (0 = never stop), got {reward.max_unjudged_steps}"
     if reward.overlong_buffer < 0:
         yield "reward.overlong_buffer", f"must be >= 0 (0 = off), got {reward.overlong_buffer}"
     if reward.overlong_buffer > 0 and not 0 < reward.overlong_buffer <= reward.overlong_max_tokens:
@@ -195,10 +217,21 @@ def _cluster(cfg):
     for key in ("rollout_workers", "learner_ranks"):
         if getattr(c, key) < 1:
             yield f"cluster.{key}", f"must be >= 1, got {getattr(c, key)}"
-    if not cfg.data.train_files and not cfg.data.task:
-        yield "data.train_files", "give prompt files (JSONL/Parquet) or data.task (a reasoning-gym task)"
-    if cfg.data.train_files and cfg.data.task:
-        yield "data.task", "give either data.train_files or data.task, not both"
+
+
+def _data(d, prefix: str = ""):
+    """The data section of relay train and of each supervised stage (the same keys)."""
+    if not d.train_files and not d.task:
+        yield f"{prefix}data.train_files", "give prompt files (JSONL/Parquet), or data.task to generate them"
+    if d.train_files and d.task:
+        yield f"{prefix}data.task", "give either data.train_files or data.task, not both"
+    if d.task and d.eval_files:
+        yield f"{prefix}data.eval_files", ("a task draws its own held-out set (prompts no training set holds): "
+                                          "give eval_files with train_files, not with data.task")
+    if d.task and d.task_size < 1:
+        yield f"{prefix}data.task_size", f"must be >= 1, got {d.task_size}"
+    if d.eval_size < 1:  # evaluation before and after training needs prompts
+        yield f"{prefix}data.eval_size", f"must be >= 1, got {d.eval_size}"
 
 
 def _env(cfg):
@@ -231,20 +264,33 @@ def _env(cfg):
 
 def _endpoint(cfg):
     if cfg.rollout.sampling.n_samples_per_prompt != 1:
-        yield "rollout.sampling.n_samples_per_prompt", ("must be 1 with the agent endpoint: each episode is its own "
-                                                        "prompt (use a batch baseline, e.g. estimator reinforce_baseline "
-                                                        "with reinforce_baseline batch)")
+        yield "rollout.sampling.n_samples_per_prompt", ("must be 1 with the agent endpoint: each episode is its "
+                                                        "own prompt (use a batch baseline, e.g. estimator "
+                                                        "reinforce_baseline with reinforce_baseline batch)")
+    for key in group_baselines(cfg.algorithm, 1):
+        yield ("algorithm.estimator" if key.startswith("rollout.") else key,
+               "compares the samples of one prompt, and each agent endpoint episode is its own prompt: use estimator "
+               "reinforce_baseline with reinforce_baseline batch, or reinforce_pp")
     if cfg.data.dynamic_sampling:
         yield "data.dynamic_sampling", "the agent endpoint's episodes cannot be regenerated: turn it off"
     if cfg.async_training.mode.value != "sync":
-        yield "async_training.mode", "the agent endpoint is asynchronous by itself (agents call while the learner trains): use sync"
+        yield "async_training.mode", ("the agent endpoint is asynchronous by itself (agents call while the learner "
+                                      "trains): use sync")
     if cfg.rollout.endpoint.max_staleness < 0:
         yield "rollout.endpoint.max_staleness", f"must be >= 0, got {cfg.rollout.endpoint.max_staleness}"
     c = cfg.cluster
     if c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:  # as Trainer.sleep_engines
-        yield "cluster.colocate", ("the agent endpoint serves agents while the learner trains, but engines colocated "
-                                   "with the learner on GPUs (cluster.gpus_per_rollout_worker and gpus_per_learner > 0) "
-                                   "sleep during each update: set cluster.colocate false")
+        yield "cluster.colocate", ("the agent endpoint serves agents while the learner trains, but engines "
+                                   "colocated with the learner on GPUs (cluster.gpus_per_rollout_worker and "
+                                   "gpus_per_learner > 0) sleep during each update: set cluster.colocate false")
+
+
+def critic_path_used(cfg) -> bool:
+    """learner.critic_model_path is read only to start a separate critic from a reward model
+    (learner.models.build_critic), in a run that has a critic at all: elsewhere it is ignored."""
+    lr = cfg.learner
+    return (hasattr(cfg, "algorithm") and cfg.algorithm.estimator not in CRITIC_FREE
+            and lr.value_head == ValueHead.separate and lr.critic_init == CriticInit.reward_model)
 
 
 def validate_model_paths(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -255,8 +301,9 @@ def validate_model_paths(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
         for stage in ("sft", "rm", "ppo"):
             yield from validate_model_paths(getattr(cfg, stage), f"{stage}.")
         return
-    paths = [("learner.model_path", cfg.learner.model_path),
-             ("learner.critic_model_path", cfg.learner.critic_model_path)]
+    paths = [("learner.model_path", cfg.learner.model_path)]
+    if critic_path_used(cfg):
+        paths.append(("learner.critic_model_path", cfg.learner.critic_model_path))
     if hasattr(cfg, "reward"):  # TrainConfig
         paths.append(("reward.reference_model_path", cfg.reward.reference_model_path))
         paths += [(f"reward.sources.{i}.model_path", s.model_path) for i, s in enumerate(cfg.reward.sources)

@@ -2,8 +2,9 @@
 
 A source that raises, or returns the wrong number of scores, is retried one sample at a time so
 only the culpable samples are marked; NaN/inf/None scores mark just that sample; a source that
-misses its deadline (its whole budget: a remote source's every attempt) marks its samples and is
-counted under reward/timeouts. Nothing here can hang.
+misses its deadline (its whole budget: a remote source's every attempt) marks its samples. One unit
+for reward/timeouts: calls (a remote source: chunks) whose samples a timeout lost; a failed attempt
+that a retry made good is counted apart (reward/retried_attempts). Nothing here can hang.
 
 A marked sample is one the source could not judge (a failure: timeout, exception, no reference),
 never a score; a wrong answer is a score (0). Only sources that train (weight != 0) can make a
@@ -25,8 +26,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class SourceRun:
     scores: list[float | None]  # None: invalid for this sample
-    timeouts: int = 0
+    timeouts: int = 0  # calls (remote: chunks) whose samples were lost to a timeout
     errors: list[str] = field(default_factory=list)
+    retried: int = 0  # remote: failed attempts of chunks that a retry then answered
 
 
 class Deadline(Exception):
@@ -69,7 +71,8 @@ def run_source(source, prompts: list[str], responses: list[str], metadata: list[
         error = f"{type(e).__name__}: {e}"
     else:
         if isinstance(out, RemoteResult):
-            return SourceRun([_clean(s) if s is not None else None for s in out.scores], out.timeouts, out.errors)
+            return SourceRun([_clean(s) if s is not None else None for s in out.scores], out.timeouts, out.errors,
+                             out.retried)
         if len(out) == n:
             return SourceRun([_clean(s) for s in out])
         error = f"returned {len(out)} scores for {n} samples"
@@ -110,16 +113,14 @@ def combine(runs: dict[str, SourceRun], weights: dict[str, float]) -> tuple[list
     return total, invalid
 
 
-def source_metrics(runs: dict[str, SourceRun]) -> dict[str, float]:
-    m: dict[str, float] = {}
+def call_counts(runs: dict[str, SourceRun]) -> dict[str, float]:
+    """The call's counts (summed over the calls of a step); the per-source means and invalid
+    fractions are of the samples that train, computed from the scores (orchestrator.phases)."""
     for name, run in runs.items():
-        good = [s for s in run.scores if s is not None]
-        m[f"reward/{name}/mean"] = sum(good) / len(good) if good else float("nan")
-        m[f"reward/{name}/invalid_frac"] = 1 - len(good) / max(len(run.scores), 1)
-        bad = len(run.scores) - len(good)
+        bad = sum(s is None for s in run.scores)
         if bad or run.errors:
             log.warning("reward %s: %d of %d samples invalid%s", name, bad, len(run.scores),
                         f" ({run.errors[0]})" if run.errors else "")
-    m["reward/timeouts"] = float(sum(r.timeouts for r in runs.values()))
-    m["reward/errors"] = float(sum(len(r.errors) for r in runs.values()))
-    return m
+    return {"reward/timeouts": float(sum(r.timeouts for r in runs.values())),
+            "reward/errors": float(sum(len(r.errors) for r in runs.values())),
+            "reward/retried_attempts": float(sum(r.retried for r in runs.values()))}

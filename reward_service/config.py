@@ -4,7 +4,7 @@ from enum import Enum
 
 
 class SourceKind(str, Enum):
-    math_answer = "math_answer"  # final answer (#### N line, last \boxed{}, else math-verify's pick) vs the reference, by math-verify
+    math_answer = "math_answer"  # the final answer (#### N, last \boxed{}, else math-verify's pick) vs the reference
     exact_match = "exact_match"  # stripped response equals the reference answer
     format = "format"  # response matches `pattern` (e.g. required tags)
     length_penalty = "length_penalty"  # -|chars - target_length| / target_length
@@ -12,14 +12,14 @@ class SourceKind(str, Enum):
     function = "function"  # user code `module.path:function(prompts, responses, metadata) -> floats`
     reward_model = "reward_model"  # a sequence-classification model with a scalar head
     remote = "remote"  # POST to an HTTP endpoint (see `relay serve-reward`)
-    environment = "environment"  # the episode's return from the environment (env.name); invalid where the environment failed
+    environment = "environment"  # the episode's return (env.name); invalid where the environment failed
 
 
 class InvalidPolicy(str, Enum):
     """What becomes of a sample a source could not judge (a timeout, an exception, a NaN, a failed
     episode, a missing reference): a failure, unlike a wrong answer, which is a score."""
     drop = "drop"  # out of the loss, the group baselines and reward/*; counted (reward/dropped_samples)
-    zero = "zero"  # scored 0 and trained on, like a wrong answer (what most frameworks do)
+    zero = "zero"  # a raw reward of 0, then shaped and trained exactly like a wrong answer (as most frameworks do)
 
 
 class Normalization(str, Enum):
@@ -31,12 +31,12 @@ class Normalization(str, Enum):
 @dataclass
 class RewardSource:
     kind: SourceKind = SourceKind.math_answer  # math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote or environment
-    weight: float = 1.0  # this source's factor in the summed reward; 0 = reported only: changes neither the reward nor which samples train
+    weight: float = 1.0  # factor in the summed reward; 0 = reported only: changes no reward, nor which samples train
     name: str = ""  # metric name (reward/<name>/mean); "" = the kind
     function: str = ""  # function: "module.path:function"
     model_path: str = ""  # reward_model: a Hugging Face folder
     url: str = ""  # remote: the endpoint to POST to (see `relay serve-reward`)
-    timeout_s: float = 10.0  # seconds a call to this source may take, else its samples are invalid (remote: per attempt, retries on top)
+    timeout_s: float = 10.0  # seconds a call may take, else its samples are invalid (remote: per attempt, plus retries)
     max_retries: int = 2  # remote: retries of a failed or timed-out request
     max_concurrency: int = 4  # remote: requests in flight at once (the batch is split into as many chunks)
     pattern: str = ""  # format: a regular expression the response must match
@@ -53,4 +53,5 @@ class RewardConfig:
     overlong_buffer: int = 0  # DAPO overlong shaping: the last this many tokens before overlong_max_tokens cost up to overlong_penalty, linearly; 0 = off
     overlong_max_tokens: int = 0  # overlong shaping: the length (model tokens) at which the full penalty applies, e.g. rollout.sampling.max_new_tokens
     overlong_penalty: float = 1.0  # overlong shaping: the penalty at and beyond overlong_max_tokens
-    invalid: InvalidPolicy = InvalidPolicy.drop  # a sample a source could not judge (a failure, not a wrong answer): drop (masked, counted) or zero (trains as 0)
+    invalid: InvalidPolicy = InvalidPolicy.drop  # a sample not judged (a failure): drop (masked, counted) or zero
+    max_unjudged_steps: int = 3  # stop the run after this many steps in a row with no sample judged; 0 = never

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class RemoteResult:
     scores: list[float | None]  # None: this sample got no usable reward
-    timeouts: int = 0  # chunks that missed their deadline
-    errors: list[str] = field(default_factory=list)  # one line per failed chunk
+    timeouts: int = 0  # chunks lost to a timeout (their last attempt timed out, or the call's deadline hit)
+    errors: list[str] = field(default_factory=list)  # one line per lost chunk
+    retried: int = 0  # failed attempts of chunks that a retry then answered
 
 
 class RemoteReward:
@@ -53,17 +54,19 @@ class RemoteReward:
             result.errors.append(f"{self.url}: no answer within the {self.deadline_s:.1f} s deadline")
         for fut in done:
             a, b = futures[fut]
-            scores, error, timed_out = fut.result()
-            result.timeouts += timed_out
-            if error:
+            scores, error, failed, timed_out = fut.result()
+            if scores is None:
+                result.timeouts += timed_out
                 result.errors.append(f"{self.url}: {error}")
             else:
+                result.retried += failed
                 result.scores[a:b] = scores
         return result
 
-    def _post(self, prompts, responses, metadata) -> tuple[list[float | None] | None, str, int]:
+    def _post(self, prompts, responses, metadata) -> tuple[list[float | None] | None, str, int, bool]:
+        """(scores or None, the last error, the failed attempts, whether the last failure was a timeout)."""
         body = json.dumps({"prompts": prompts, "responses": responses, "metadata": metadata}).encode()
-        error, timeouts = "", 0
+        error, timed_out = "", False
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -71,23 +74,19 @@ class RemoteReward:
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                     raw = reply.read()
-            except TimeoutError:
-                error, timeouts = f"timed out after {self.timeout_s} s (attempt {attempt + 1})", timeouts + 1
-                continue
             except urllib.error.HTTPError as e:
-                error = f"HTTP {e.code}"
+                error, timed_out = f"HTTP {e.code}", False
                 if e.code < 500:
-                    return None, error, timeouts  # the request itself is wrong: retrying will not help
+                    return None, error, attempt + 1, False  # the request itself is wrong: retrying will not help
                 continue
-            except (urllib.error.URLError, ConnectionError, OSError) as e:
+            except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
                 reason = getattr(e, "reason", e)
-                if isinstance(reason, TimeoutError):
-                    error, timeouts = f"timed out after {self.timeout_s} s (attempt {attempt + 1})", timeouts + 1
-                else:
-                    error = f"unreachable: {reason}"
+                timed_out = isinstance(reason, TimeoutError)
+                error = f"timed out after {self.timeout_s} s (attempt {attempt + 1})" if timed_out else f"unreachable: {reason}"
                 continue
-            return (*_parse(raw, len(responses)), timeouts)
-        return None, error, timeouts
+            scores, error = _parse(raw, len(responses))
+            return scores, error, attempt, False  # a garbage reply is an error, not retried
+        return None, error, self.max_retries + 1, timed_out
 
 
 def _parse(raw: bytes, n: int) -> tuple[list[float | None] | None, str]:

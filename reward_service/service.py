@@ -14,7 +14,7 @@ import uuid
 import ray
 import torch
 
-from reward_service.combine import SourceRun, combine, run_source, source_metrics
+from reward_service.combine import SourceRun, call_counts, combine, run_source
 from reward_service.config import InvalidPolicy, RewardConfig
 from reward_service.reference import ReferenceModel
 from reward_service.shaping import RunningMeanStd, overlong_penalty, shape
@@ -113,9 +113,12 @@ class ScoringService(Profiled, Busy):
 
     def finish(self, judged: Judged) -> ScoredBatch:
         """The other half: add the overlong penalty, clip and normalise (the running normaliser moves,
-        in the order of the calls)."""
-        trained = [t + p for t, p in zip(judged.total, judged.overlong)]
-        rewards = shape(trained, judged.invalid, self.cfg.clip, self.cfg.normalization, self.running)
+        in the order of the calls). Under invalid: zero a sample that could not be judged enters as
+        a raw 0, exactly like a wrong answer (normalised with the rest); under drop it is left out."""
+        zero = self.cfg.invalid == InvalidPolicy.zero
+        trained = [(0.0 if bad and zero else t) + p for t, bad, p in zip(judged.total, judged.invalid, judged.overlong)]
+        left_out = [bad and not zero for bad in judged.invalid]
+        rewards = shape(trained, left_out, self.cfg.clip, self.cfg.normalization, self.running)
         return self._scored(judged.runs, judged.total, judged.invalid, rewards, judged.ref_logprobs)
 
     def evaluate(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0,
@@ -148,13 +151,10 @@ class ScoringService(Profiled, Busy):
         c = self.cfg
         if not c.overlong_buffer:
             return [0.0] * len(batch)
-        lengths = [sum(a) for a in batch.action_mask] if batch.action_mask else batch.response_lengths
-        return overlong_penalty(lengths, c.overlong_max_tokens, c.overlong_buffer, c.overlong_penalty)
+        return overlong_penalty(batch.model_lengths, c.overlong_max_tokens, c.overlong_buffer, c.overlong_penalty)
 
     def _scored(self, runs, total, invalid, rewards, ref_logprobs) -> ScoredBatch:
         drop = self.cfg.invalid == InvalidPolicy.drop
-        metrics = source_metrics(runs)
-        metrics["reward/invalid_frac"] = sum(invalid) / max(len(invalid), 1)
         return ScoredBatch(
             rewards=rewards,
             raw=[float("nan") if bad else t for t, bad in zip(total, invalid)],
@@ -162,7 +162,8 @@ class ScoringService(Profiled, Busy):
             valid=[not (drop and bad) for bad in invalid],
             invalid=invalid,
             ref_logprobs=ref_logprobs,
-            metrics=metrics,
+            metrics=call_counts(runs),
+            errors={n: r.errors[0] for n, r in runs.items() if r.errors},
         )
 
     @ray.method(concurrency_group="stats")

@@ -1,6 +1,7 @@
 """Reward shaping after combination: clipping, then batch or running normalisation.
 
-Normalisation uses valid samples only; invalid ones stay at 0. The running normaliser's state is
+Normalisation uses the samples that train only; those left out (invalid under reward.invalid: drop)
+stay at 0, masked out of the loss anyway. The running normaliser's state is
 part of the run's checkpoint, so a resumed run normalises exactly as the uninterrupted one would.
 """
 from __future__ import annotations
@@ -46,11 +47,11 @@ def overlong_penalty(lengths: list[int], max_tokens: int, buffer: int, factor: f
     return [0.0 if n <= start else -factor * min(n - start, buffer) / buffer for n in lengths]
 
 
-def shape(rewards: list[float], invalid: list[bool], clip: float, normalization: Normalization,
+def shape(rewards: list[float], left_out: list[bool], clip: float, normalization: Normalization,
           running: RunningMeanStd, eps: float = 1e-8) -> list[float]:
-    """Clip to [-clip, clip] (0 = off), then normalise over the valid samples; invalid -> 0."""
+    """Clip to [-clip, clip] (0 = off), then normalise over the samples not `left_out`; those -> 0."""
     out = [min(max(r, -clip), clip) if clip > 0 else r for r in rewards]
-    good = [r for r, bad in zip(out, invalid) if not bad]
+    good = [r for r, bad in zip(out, left_out) if not bad]
     if normalization == Normalization.batch and good:
         mean = sum(good) / len(good)
         std = math.sqrt(sum((r - mean) ** 2 for r in good) / (len(good) - 1)) if len(good) > 1 else 1.0
@@ -58,4 +59,4 @@ def shape(rewards: list[float], invalid: list[bool], clip: float, normalization:
     elif normalization == Normalization.running:
         running.update(good)
         out = [(r - running.mean) / (running.std + eps) for r in out]
-    return [0.0 if bad else r for r, bad in zip(out, invalid)]
+    return [0.0 if bad else r for r, bad in zip(out, left_out)]

@@ -8,29 +8,35 @@ from dataclasses import dataclass, field
 class ScoredBatch:
     """Aligned with the RolloutBatch it scores (B samples)."""
 
-    rewards: list[float]  # (B,) what trains: raw + overlong penalty, clipped and normalised; 0 for invalid samples
+    rewards: list[float]  # (B,) what trains: raw + overlong penalty, clipped and normalised (see reward.invalid)
     components: dict[str, list[float]]  # source name -> (B,) raw score, nan where that source failed
     valid: list[bool]  # (B,) False: out of the loss and the group baselines (invalid: drop, the default)
     invalid: list[bool]  # (B,) a source that trains could not judge the sample (a failure, not a score)
     ref_logprobs: list[list[float]]  # (B, ragged) reference-policy logprob of each response token
-    metrics: dict[str, float] = field(default_factory=dict)  # reward/*: means, invalid_frac, timeouts
     # (B,) the sources' weighted sum before any shaping (overlong, clip, normalisation), nan where
-    # invalid: what reward/mean reports. Left empty, it is `rewards` (a batch built unshaped)
-    raw: list[float] = field(default_factory=list)
+    # invalid: what reward/mean reports. Required: a default would pass shaped rewards off as raw
+    raw: list[float] = field(kw_only=True)
+    # the scoring calls' own counts (reward/timeouts, reward/errors, reward/retried_attempts) and each
+    # failing source's first error: of the calls, so a selection of samples carries none of them
+    metrics: dict[str, float] = field(default_factory=dict, kw_only=True)
+    errors: dict[str, str] = field(default_factory=dict, kw_only=True)
 
     def __post_init__(self):
-        if not self.raw:
-            self.raw = [float("nan") if bad else r for r, bad in zip(self.rewards, self.invalid)]
+        if len(self.raw) != len(self.rewards):
+            raise ValueError(f"raw has {len(self.raw)} entries for {len(self.rewards)} rewards")
 
     def select(self, rows: list[int]) -> ScoredBatch:
+        """The samples `rows`, without the calls' counts (which belong to the whole calls)."""
         pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
         return ScoredBatch(pick(self.rewards), {k: pick(v) for k, v in self.components.items()}, pick(self.valid),
-                           pick(self.invalid), pick(self.ref_logprobs), dict(self.metrics), pick(self.raw))
+                           pick(self.invalid), pick(self.ref_logprobs), raw=pick(self.raw))
 
     @staticmethod
-    def concat(parts: list[ScoredBatch]) -> ScoredBatch:
-        """Join in order; metrics are those of the first part."""
-        out = ScoredBatch([], {k: [] for k in parts[0].components}, [], [], [], dict(parts[0].metrics))
+    def concat(parts: list[ScoredBatch], calls: list[ScoredBatch] | None = None) -> ScoredBatch:
+        """Join in order, with the counts and first errors of `calls` (default: the parts) summed
+        (call_totals): the scoring calls the parts were selected from, e.g. every dynamic-sampling round."""
+        metrics, errors = call_totals(parts if calls is None else calls)
+        out = ScoredBatch([], {k: [] for k in parts[0].components}, [], [], [], raw=[], metrics=metrics, errors=errors)
         for p in parts:
             out.rewards += p.rewards
             out.valid += p.valid
@@ -40,3 +46,15 @@ class ScoredBatch:
             for k, v in p.components.items():
                 out.components[k] += v
         return out
+
+
+def call_totals(parts: list[ScoredBatch]) -> tuple[dict[str, float], dict[str, str]]:
+    """The counts of several scoring calls summed, and each source's first error among them."""
+    metrics: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for p in parts:
+        for k, v in p.metrics.items():
+            metrics[k] = metrics.get(k, 0.0) + v
+        for k, v in p.errors.items():
+            errors.setdefault(k, v)
+    return metrics, errors

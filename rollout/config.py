@@ -19,7 +19,7 @@ class SamplingConfig:
     n_samples_per_prompt: int = 4  # samples of one prompt come back contiguous (GRPO groups)
     stop: list[str] = field(default_factory=list)  # stop strings, excluded from the response
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids beside the tokenizer's EOS
-    seed: int | None = None  # null: sampling follows the run seed (the config's `seed`); an int overrides it for sampling alone (per-request seeds: rollout/seeds.py)
+    seed: int | None = None  # null: sampling follows the run seed (`seed`); an int overrides it for sampling alone
 
 
 @dataclass
@@ -32,7 +32,7 @@ class EndpointConfig:
     batch_wait_ms: float = 10.0  # requests arriving within this window go to an engine in one call
     wait_timeout_s: float = 600.0  # a step waits at most this long for its finished episodes, then the run stops, saying how many came
     idle_timeout_s: float = 3600.0  # an episode with no call and no reward for this long is dropped, counted (endpoint/abandoned_episodes)
-    max_staleness: int = 1  # a sample trains at most this many versions after its first call's; older: dropped, counted (endpoint/dropped_stale)
+    max_staleness: int = 1  # versions a sample may train past its first call's; older: dropped (endpoint/dropped_stale)
 
 
 @dataclass

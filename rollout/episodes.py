@@ -33,6 +33,7 @@ class Episode:
     action_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = observation
     logprobs: list[float] = field(default_factory=list)  # behaviour logprob per token (0.0 on observations)
     turns: int = 0
+    clipped_turns: int = 0  # turns cut at max_new_tokens (the episode may go on: not its finish)
     ret: float = 0.0  # the sum of the environment's rewards
     failure: str = ""  # "", "timeout" or "error": the environment failed and the episode ended
     finish: str = "stop"  # "stop": the environment ended it; "length": the token budget ran out; "turns": max_turns
@@ -61,12 +62,15 @@ def continuation_ids(tokenizer, messages: list[dict], last_token: int | None) ->
 
 
 def start_episodes(factory: Callable[[], Any], prompts: list[Prompt], tasks: list[dict], first_index: int,
-                   samples: int, seed_of: Callable[[int], int], tokenizer, cfg: RolloutConfig, timeout_s: float):
-    """`samples` episodes per prompt, each with its own environment reset on the prompt's task. A
-    prompt whose reset fails (raises, hangs) or whose first prompt cannot be used is skipped, with
-    the reason, as an unusable data prompt is. Returns (episodes, skipped)."""
+                   samples: int, seed_of: Callable[[int], int], env_seed_of: Callable[[int, int], int], tokenizer,
+                   cfg: RolloutConfig, timeout_s: float):
+    """`samples` episodes per prompt, each with its own environment reset on the prompt's task and on
+    env_seed_of(prompt index, sample) (seed_of: a prompt's sampling seed). A prompt whose reset fails
+    (raises, hangs) or whose first prompt cannot be used is skipped, with the reason, as an unusable
+    data prompt is. Returns (episodes, skipped)."""
     envs = [factory() for _ in range(len(prompts) * samples)]
-    calls = [(env.reset, ({"prompt": prompts[i // samples], **tasks[i // samples]},)) for i, env in enumerate(envs)]
+    calls = [(env.reset, ({"prompt": prompts[i // samples], **tasks[i // samples]},
+                          env_seed_of(first_index + i // samples, i % samples))) for i, env in enumerate(envs)]
     outcomes = call_all(calls, timeout_s)
     episodes, skipped = [], []
     for offset, prompt in enumerate(prompts):
@@ -109,6 +113,7 @@ def take_turn(e: Episode, completion, tokenizer, max_tokens: int) -> str:
     e.action_mask += [1] * len(tokens)
     e.logprobs += sampled_logprobs(completion)
     e.turns += 1
+    e.clipped_turns += completion.finish_reason == "length"
     e.last_text = completion_text(completion, tokenizer)
     if completion.finish_reason == "length" and len(e.ids) >= max_tokens:
         e.finish = "length"
@@ -150,5 +155,6 @@ def to_batch(episodes: list[Episode], skipped: list[tuple[int, str]]) -> Rollout
         batch.env_return.append(None if e.failure else e.ret)
         batch.turns.append(e.turns)
         batch.env_failure.append(e.failure)
+        batch.clipped_turns.append(e.clipped_turns)
         batch.response_text.append(e.last_text)  # the model's own words: a tool's printed answer is not its answer
     return batch

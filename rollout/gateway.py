@@ -12,6 +12,10 @@ Calls sample at rollout.sampling's temperature and top_p, the distribution the l
 under: a call asking for others is refused (400, the field named). A call the engine fails marks its
 episode failed (trained as could-not-judge, never as a score); a call that cannot fit is refused
 alone, before it reaches a batched engine call whose other calls it would fail.
+
+The endpoint's state (open episodes, finished ones not yet trained) lives in this actor only and is
+not checkpointed: a resumed run starts with none, and a reward an agent posts for an episode of the
+run before (or any unknown id) is answered 404 and counted (endpoint/unknown_rewards).
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class Sample:
     finish: str = "stop"
     versions: list[int] = field(default_factory=list)  # the policy version of each call
     turns: int = 0
+    clipped_turns: int = 0  # calls cut at their max_tokens
 
 
 @dataclass
@@ -69,7 +74,8 @@ class Recorder:
         self.finished: deque[tuple[list[Sample], float, bool]] = deque()  # (samples, reward, failed)
         self.counts = {"endpoint/abandoned_episodes": 0.0,  # dropped after idle_timeout_s without a reward
                        "endpoint/failed_episodes": 0.0,  # had a failed engine call: trained as could-not-judge
-                       "endpoint/dropped_stale": 0.0}  # samples older than rollout.endpoint.max_staleness
+                       "endpoint/dropped_stale": 0.0,  # samples older than rollout.endpoint.max_staleness
+                       "endpoint/unknown_rewards": 0.0}  # rewards for no open episode (404; e.g. after a resume)
         self.lock = threading.Condition()
 
     @property
@@ -84,8 +90,9 @@ class Recorder:
             self.last_call[episode] = time.monotonic()
             samples = self.episodes.setdefault(episode, [])
             last = samples[-1] if samples else None
-            if last is not None and len(messages) > len(last.messages) and _same(messages[: len(last.messages)], last.messages):
-                delta = continuation_ids(self.tokenizer, messages[len(last.messages):], last.ids[-1] if last.ids else None)
+            n = len(last.messages) if last is not None else 0
+            if last is not None and len(messages) > n and _same(messages[:n], last.messages):
+                delta = continuation_ids(self.tokenizer, messages[n:], last.ids[-1] if last.ids else None)
                 need = len(last.prompt_ids) + len(last.ids) + len(delta) + max_new_tokens
                 if need > self.max_model_len:
                     raise ValueError(f"the conversation has {need - max_new_tokens} tokens + max_tokens "
@@ -99,7 +106,8 @@ class Recorder:
                 return call
             ids = encode_chat(self.tokenizer, messages)
             if len(ids) > self.max_prompt_tokens:
-                raise ValueError(f"the messages have {len(ids)} tokens > rollout.max_prompt_tokens {self.max_prompt_tokens}")
+                raise ValueError(f"the messages have {len(ids)} tokens > rollout.max_prompt_tokens "
+                                 f"{self.max_prompt_tokens}")
             sample = Sample(ids, list(messages))
             samples.append(sample)
             return Call(sample, ids, 0, [], True)
@@ -129,6 +137,7 @@ class Recorder:
             sample.logprobs += logprobs
             sample.messages.append({"role": "assistant", "content": text})
             sample.finish, sample.turns = finish, sample.turns + 1
+            sample.clipped_turns += finish == "length"
             sample.versions.append(version)
 
     def _drop_idle(self) -> None:
@@ -139,12 +148,14 @@ class Recorder:
             self.last_call.pop(episode)
             self.failed.discard(episode)
             self.counts["endpoint/abandoned_episodes"] += 1
-            log.warning("endpoint: episode %r had no call and no reward for %.0f s; dropped", episode, self.idle_timeout_s)
+            log.warning("endpoint: episode %r had no call and no reward for %.0f s; dropped", episode,
+                        self.idle_timeout_s)
 
     def finish(self, episode: str, reward: float) -> int | None:
         """End the episode with its reward; returns its samples (None: no such episode)."""
         with self.lock:
             if episode not in self.episodes:
+                self.counts["endpoint/unknown_rewards"] += 1
                 return None
             self.last_call.pop(episode, None)
             samples = [s for s in self.episodes.pop(episode) if s.versions]  # a call still in flight sampled nothing
@@ -198,6 +209,7 @@ def _batch(taken: list[tuple[Sample, float, bool]]) -> RolloutBatch:
         batch.env_return.append(None if failed else reward)  # None: could not judge (reward.invalid decides)
         batch.turns.append(s.turns)
         batch.env_failure.append("error" if failed else "")
+        batch.clipped_turns.append(s.clipped_turns)
         batch.version_first.append(s.versions[0])
         batch.version_last.append(s.versions[-1])
     return batch
@@ -260,45 +272,56 @@ def distribution_change(body: dict, sampling: SamplingConfig) -> str:
     return ""
 
 
+def call_params(body: dict, sampling: SamplingConfig) -> SamplingConfig:
+    """One chat call's sampling, or ValueError (its 400) naming the field relay cannot serve."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages: a non-empty list of chat messages is required")
+    if body.get("n", 1) != 1:
+        raise ValueError("n: only 1 completion per call (an episode is one conversation)")
+    for key in ("stream", "tools", "functions"):  # answered plainly rather than ignored
+        if body.get(key):
+            raise ValueError(f"{key}: not supported by relay's endpoint yet (describe tools in the messages)")
+    refused = distribution_change(body, sampling)
+    if refused:
+        raise ValueError(refused)
+    asked = int(body.get("max_tokens") or body.get("max_completion_tokens") or sampling.max_new_tokens)
+    return replace(sampling, n_samples_per_prompt=1, stop=list(body.get("stop") or []),
+                   max_new_tokens=min(asked, sampling.max_new_tokens),
+                   seed=int(body.get("seed", uuid.uuid4().int % 2**31)))
+
+
+def completion(model_name: str, episode: str, ids: list[int], tokens: list[int], logprobs: list[float], text: str,
+               finish: str, version: int) -> dict:
+    """The OpenAI chat.completion answer, with relay's token ids, logprobs and policy version beside it."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model_name, "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                              "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
+                      "total_tokens": len(ids) + len(tokens)},
+            "relay": {"episode": episode, "token_ids": tokens, "logprobs": logprobs, "policy_version": version}}
+
+
 def build_app(recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, model_name: str):
     from fastapi import Body, FastAPI, HTTPException
 
     app = FastAPI(title="relay agent endpoint")
 
     async def chat(episode: str, body: dict) -> dict:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise HTTPException(400, "messages: a non-empty list of chat messages is required")
-        if body.get("n", 1) != 1:
-            raise HTTPException(400, "n: only 1 completion per call (an episode is one conversation)")
-        for key in ("stream", "tools", "functions"):  # answered plainly rather than ignored
-            if body.get(key):
-                raise HTTPException(400, f"{key}: not supported by relay's endpoint yet (describe tools in the messages)")
-        refused = distribution_change(body, sampling)
-        if refused:
-            raise HTTPException(400, refused)
-        params = replace(sampling, n_samples_per_prompt=1, stop=list(body.get("stop") or []),
-                         max_new_tokens=min(int(body.get("max_tokens") or body.get("max_completion_tokens")
-                                                or sampling.max_new_tokens), sampling.max_new_tokens),
-                         seed=int(body.get("seed", uuid.uuid4().int % 2**31)))
         try:
-            call = await asyncio.to_thread(recorder.prepare, episode, messages, params.max_new_tokens)
+            params = call_params(body, sampling)
+            call = await asyncio.to_thread(recorder.prepare, episode, body["messages"], params.max_new_tokens)
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
         try:
             tokens, logprobs, text, finish, version = await batcher.complete(call.ids, params)
-        except Exception as e:  # noqa: BLE001 - the engine failed the call: its episode cannot be judged; the run goes on
+        except Exception as e:  # noqa: BLE001 - an engine failure: the episode cannot be judged; the run goes on
             await asyncio.to_thread(recorder.fail, episode, call)
             log.warning("endpoint: an engine call of episode %r failed: %s", episode, e)
             raise HTTPException(503, f"the engine failed this call ({type(e).__name__}); episode {episode!r} "
                                      "is marked failed and will not train as a score") from None
         await asyncio.to_thread(recorder.record, episode, call, tokens, logprobs, text, finish, version)
-        ids = call.ids
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": model_name, "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                                  "finish_reason": finish, "logprobs": None}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens), "total_tokens": len(ids) + len(tokens)},
-                "relay": {"episode": episode, "token_ids": tokens, "logprobs": logprobs, "policy_version": version}}
+        return completion(model_name, episode, call.ids, tokens, logprobs, text, finish, version)
 
     @app.post("/episodes/{episode}/v1/chat/completions")
     async def episode_chat(episode: str, body: dict = Body(...)):

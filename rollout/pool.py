@@ -71,19 +71,20 @@ class RolloutPool:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def generate(self, prompts: list[Prompt], step: int, greedy: bool = False,
-                 sampling: SamplingConfig | None = None, tasks: list[dict] | None = None) -> RolloutBatch:
+    def generate(self, prompts: list[Prompt], step: int, greedy: bool = False, sampling: SamplingConfig | None = None,
+                 tasks: list[dict] | None = None, draw: int = 0) -> RolloutBatch:
         """Shard prompts contiguously over the workers, launch all, gather once, in prompt order."""
-        return self.collect(self.submit(prompts, step, greedy, sampling, tasks))
+        return self.collect(self.submit(prompts, step, greedy, sampling, tasks, draw))
 
-    def submit(self, prompts: list[Prompt], step: int, greedy: bool = False,
-               sampling: SamplingConfig | None = None, tasks: list[dict] | None = None) -> list:
+    def submit(self, prompts: list[Prompt], step: int, greedy: bool = False, sampling: SamplingConfig | None = None,
+               tasks: list[dict] | None = None, draw: int = 0) -> list:
         """Launch generate() and return its pending shards (for collect). Each engine runs its calls
         in order, so weights sent after this reach it after these samples: asynchronous training
-        queues generation ahead this way. `tasks`: each prompt's answer and metadata, for episodes."""
+        queues generation ahead this way. `tasks`: each prompt's answer and metadata, for episodes;
+        (step, draw, prompt index) seeds each request (rollout.seeds.request_seed)."""
         shards = [(w, s, e) for w, (s, e) in zip(self.workers, split_evenly(len(prompts), len(self.workers))) if e > s]
-        return [w.generate.remote(prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None)
-                for w, s, e in shards]
+        return [w.generate.remote(prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None,
+                                  draw) for w, s, e in shards]
 
     @staticmethod
     def collect(pending: list) -> RolloutBatch:

@@ -34,6 +34,7 @@ class RolloutBatch:
     env_return: list[float | None] = field(default_factory=list)  # (B,) the environment's rewards summed; None: it failed
     turns: list[int] = field(default_factory=list)  # (B,) model turns played
     env_failure: list[str] = field(default_factory=list)  # (B,) "", "timeout" or "error"
+    clipped_turns: list[int] = field(default_factory=list)  # (B,) model turns cut at max_new_tokens
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -83,7 +84,8 @@ class RolloutBatch:
 
 
 SAMPLE_FIELDS = ("prompt_index", "prompt_ids", "response_ids", "logprobs", "response_text", "finish_reason",
-                 "version_first", "version_last", "action_mask", "env_return", "turns", "env_failure")  # one entry per sample
+                 "version_first", "version_last", "action_mask", "env_return", "turns", "env_failure",
+                 "clipped_turns")  # one entry per sample
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:

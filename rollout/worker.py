@@ -14,7 +14,7 @@ from rollout.device import process_device
 from rollout.engine import completion_text, engine_env, make_engine, sampled_logprobs, sampling_params
 from rollout.episodes import play, start_episodes, to_batch
 from rollout.profiling import Busy, Profiled
-from rollout.seeds import request_seed, stream_seed
+from rollout.seeds import env_seed, request_seed, stream_seed
 from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
 
@@ -50,16 +50,19 @@ class RolloutWorker(Profiled, Busy):
         return self.device
 
     def generate(self, prompts: list[Prompt], step: int, first_index: int = 0, greedy: bool = False,
-                 sampling: SamplingConfig | None = None, tasks: list[dict] | None = None) -> RolloutBatch:
+                 sampling: SamplingConfig | None = None, tasks: list[dict] | None = None,
+                 draw: int = 0) -> RolloutBatch:
         """Sample for `prompts`, whose global indices start at `first_index`, with the configured
-        sampling (or `sampling`, e.g. for evaluation). Unusable prompts are skipped and listed with
-        their reason; the n samples of one prompt come back contiguous. With an environment each
-        sample is an episode, reset on the prompt's entry of `tasks` (answer and metadata)."""
+        sampling (or `sampling`, e.g. for evaluation), seeded by (step, draw, index): rollout.seeds.
+        Unusable prompts are skipped and listed with their reason; the n samples of one prompt come
+        back contiguous. With an environment each sample is an episode, reset on the prompt's entry of
+        `tasks` (answer and metadata)."""
         with self.working():
+            key = (step, draw)
             if self.env is not None:
-                batch = self._episodes(prompts, tasks, step, first_index, greedy, sampling or self.cfg.sampling)
+                batch = self._episodes(prompts, tasks, key, first_index, greedy, sampling or self.cfg.sampling)
             else:
-                batch = self._generate(prompts, step, first_index, greedy, sampling or self.cfg.sampling)
+                batch = self._generate(prompts, key, first_index, greedy, sampling or self.cfg.sampling)
         batch.version_first, batch.version_last = [self.version] * len(batch), [self.version] * len(batch)  # new weights come between calls
         return batch
 
@@ -67,7 +70,7 @@ class RolloutWorker(Profiled, Busy):
     def busy_seconds(self) -> float:
         return Busy.busy_seconds(self)
 
-    def _generate(self, prompts: list[Prompt], step: int, first_index: int, greedy: bool,
+    def _generate(self, prompts: list[Prompt], key: tuple[int, int], first_index: int, greedy: bool,
                   sampling: SamplingConfig) -> RolloutBatch:
         self._reset_stale_prefix()
         requests, params, kept, skipped = [], [], [], []
@@ -79,7 +82,7 @@ class RolloutWorker(Profiled, Busy):
                 skipped.append((index, reason))
                 continue
             requests.append({"prompt_token_ids": ids})
-            params.append(sampling_params(sampling, self._request_seed(sampling, step, index), greedy))
+            params.append(sampling_params(sampling, self._request_seed(sampling, key, index), greedy))
             kept.append(index)
         outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []
         batch = RolloutBatch([], [], [], [], [], [], skipped)
@@ -95,15 +98,17 @@ class RolloutWorker(Profiled, Busy):
             batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
 
-    def _episodes(self, prompts: list[Prompt], tasks: list[dict] | None, step: int, first_index: int, greedy: bool,
-                  sampling: SamplingConfig) -> RolloutBatch:
+    def _episodes(self, prompts: list[Prompt], tasks: list[dict] | None, key: tuple[int, int], first_index: int,
+                  greedy: bool, sampling: SamplingConfig) -> RolloutBatch:
         if tasks is None or len(tasks) != len(prompts):
             raise ValueError(f"env {self.env.name}: every prompt needs its task (answer, metadata) to reset an episode")
         self._reset_stale_prefix()
         samples = 1 if greedy else sampling.n_samples_per_prompt
+        step, draw = key
         episodes, skipped = start_episodes(self.env_factory, prompts, tasks, first_index, samples,
-                                           lambda index: self._request_seed(sampling, step, index), self.tokenizer,
-                                           self.cfg, self.env.step_timeout_s)
+                                           lambda index: self._request_seed(sampling, key, index),
+                                           lambda index, k: env_seed(self.seed, step, index, draw, k),
+                                           self.tokenizer, self.cfg, self.env.step_timeout_s)
         play(self.llm, self.tokenizer, episodes, sampling, greedy, self.env,
              self.env.response_tokens(sampling.max_new_tokens))
         return to_batch(episodes, skipped)
@@ -119,9 +124,11 @@ class RolloutWorker(Profiled, Busy):
                 "length" if c.finish_reason == "length" else "stop") for c in (o.outputs[0] for o in outputs)]
         return out, self.version
 
-    def _request_seed(self, sampling: SamplingConfig, step: int, index: int) -> int:
-        """The run seed's sampling stream, or rollout.sampling.seed's where it overrides the run seed."""
-        return request_seed(self.seed if sampling.seed is None else sampling.seed, step, index)
+    def _request_seed(self, sampling: SamplingConfig, key: tuple[int, int], index: int) -> int:
+        """The run seed's sampling stream, or rollout.sampling.seed's where it overrides the run seed;
+        key: (step, draw)."""
+        step, draw = key
+        return request_seed(self.seed if sampling.seed is None else sampling.seed, step, index, draw)
 
     def _reset_stale_prefix(self) -> None:
         if self.prefix_stale:  # cached KV was computed with the old weights; reset here, off the sync's clock

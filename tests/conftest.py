@@ -54,4 +54,5 @@ def make_scored_batch(model_path, n_prompts=4, group=4, seed=0, rewards=None):
     batch = RolloutBatch([i // group for i in range(n)], prompts, responses, [[-1.0] * len(r) for r in responses],
                          ["x"] * n, ["stop"] * n)
     scores = rewards if rewards is not None else torch.rand(n, generator=g).tolist()
-    return batch, ScoredBatch(scores, {}, [True] * n, [False] * n, ReferenceModel(model_path).logprobs(batch))
+    return batch, ScoredBatch(scores, {}, [True] * n, [False] * n, ReferenceModel(model_path).logprobs(batch),
+                              raw=list(scores))

@@ -60,7 +60,7 @@ def test_load_env_by_builtin_name_or_module_path_and_errors_name_the_key():
 
 def test_calculator_answers_tool_calls_and_rewards_the_final_answer():
     env = Calculator()
-    assert env.reset({"prompt": "347+589=", "answer": "936"}) is None
+    assert env.reset({"prompt": "347+589=", "answer": "936"}, 0) is None
     assert env.step("call 347+589") == ("936", 0.0, False, {"tool_call": True})
     assert env.step("call 12*-3") == ("-36", 0.0, False, {"tool_call": True})
     assert env.step("call 3/0") == ("error", 0.0, False, {"tool_call": True})  # malformed: said so, episode goes on
@@ -70,13 +70,13 @@ def test_calculator_answers_tool_calls_and_rewards_the_final_answer():
 
 def test_guess_number_answers_higher_lower_and_ends_on_the_secret():
     env = GuessNumber(1, 15)
-    env.reset({"answer": "11"})
+    env.reset({"answer": "11"}, 0)
     assert env.step("8") == ("higher", 0.0, False, {})
     assert env.step("12") == ("lower", 0.0, False, {})
     assert env.step("x") == ("bad", 0.0, False, {})
     assert env.step("11") == (None, 1.0, True, {})
     with pytest.raises(ValueError, match="outside"):
-        env.reset({"answer": "16"})
+        env.reset({"answer": "16"}, 0)
 
 
 def test_observation_tokens_follow_the_template_and_do_not_repeat_the_turns_end():

@@ -108,6 +108,9 @@ def test_the_learner_moves_every_batch_it_computes_on(tiny_model, spy):
         def step(self):
             pass
 
+        def set_gradient_accumulation_boundary(self, last: bool):  # engine.step_micro_batches sets it
+            pass
+
     rank = SimpleNamespace(policy_engine=Engine(), critic_engine=None, algo=algo, rank=0, world=1, grad_accum=1,
                            device=torch.device("cpu"), kl_ctl=SimpleNamespace(value=0.01), temperature=1.0,
                            cfg=SimpleNamespace(logprob_chunk_tokens=16))

@@ -18,7 +18,8 @@ def test_observation_tokens_get_no_gradient_no_kl_and_no_advantage(tiny_model, l
     # prompt of 2 tokens; sample 0: model 2, observation 2, model 1; sample 1: model 2
     batch = RolloutBatch([0, 0], [[5, 6], [5, 6]], [[7, 8, 9, 10, 11], [7, 12]], [[-1.0] * 5, [-1.0] * 2], ["a", "b"],
                          ["stop", "stop"], action_mask=[[1, 1, 0, 0, 1], [1, 1]])
-    scored = ScoredBatch([1.0, 0.0], {}, [True, True], [False, False], [[-2.0] * 5, [-2.0] * 2])
+    scored = ScoredBatch([1.0, 0.0], {}, [True, True], [False, False], [[-2.0] * 5, [-2.0] * 2],
+                         raw=[1.0, 0.0])
     algo = AlgorithmConfig(kl_placement=KLPlacement.loss, init_kl_coef=0.1, policy_loss=loss)
     exp = make_experience(policy, None, batch, scored, algo, 0.1, SamplingConfig(n_samples_per_prompt=2), pad_id=0,
                           micro=2, rank=0, world=1)

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from learner.config import AlgorithmConfig, Baseline, Estimator
+from learner.config import AlgorithmConfig, Baseline, Estimator, KLPlacement
 from learner.experience import advantages
 
 t = torch.tensor
@@ -60,8 +60,18 @@ def test_a_group_baseline_is_rescaled_never_shifted_so_an_all_equal_group_stays_
     # unbiased token std sqrt((2 * .6^2 + 5 * .4^2 + 8 * .1^2) / 14) = sqrt(1.6 / 14) and shifts nothing.
     scores, std = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], math.sqrt(1.6 / 14)
     want = t([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]) / std
-    for cfg in (AlgorithmConfig(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.group),
-                AlgorithmConfig(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True)):
-        adv = outcome(cfg, scores, 4)
-        assert torch.equal(adv[4:], torch.zeros(4)), cfg.estimator
-        assert torch.allclose(adv, want, atol=1e-5), cfg.estimator
+    cfg = AlgorithmConfig(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.group)
+    adv = outcome(cfg, scores, 4)
+    assert torch.equal(adv[4:], torch.zeros(4))
+    assert torch.allclose(adv, want, atol=1e-5)
+
+
+def test_reinforce_pp_baseline_subtracts_the_group_mean_then_whitens_over_the_batch_as_its_paper():
+    """Hu 2025's REINFORCE++-baseline: r - group mean, then (x - batch mean) / batch std over every token.
+    Same example: centred .5, -.5, -.5, .5 on 1, 2, 3, 1 tokens, group 1 0 on 2, 3, 1, 2; token mean -.1,
+    unbiased token variance (2 * .6^2 + 5 * .4^2 + 8 * .1^2) / 14: group 1 gets +.1 / std, not 0."""
+    scores, std = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], math.sqrt(1.6 / 14)
+    want = (t([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]) + 0.1) / std
+    adv = outcome(AlgorithmConfig(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True,
+                                  kl_placement=KLPlacement.loss), scores, 4)
+    assert torch.allclose(adv, want, atol=1e-5)

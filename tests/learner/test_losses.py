@@ -217,8 +217,9 @@ def test_an_update_with_reinforce_pp_gspo_and_seq_sum_norm_adds_up_over_micro_ba
                           policy_loss=PolicyLoss.gspo, loss_aggregation=LossAggregation.seq_sum_norm)
     sampling = SamplingConfig(n_samples_per_prompt=4)
     exp = make_experience(policy, None, batch, scored, cfg, 0.05, sampling, 0, 4, 0, 1)
-    # the group baseline is a baseline already: rescaled to unit batch std, never shifted by the batch mean
+    # REINFORCE++-baseline: whitened over the batch after the group mean (Hu 2025)
     assert exp.returns is None and close(A.masked_var(exp.advantages, exp.mask), 1.0, 1e-4)
+    assert close(A.masked_mean(exp.advantages, exp.mask), 0.0, 1e-5)
     agg, total, norm = "seq_sum_norm", A.aggregate_total(exp.mask, "seq_sum_norm"), loss_norm_tokens(cfg, sampling)
 
     def loss(rows):

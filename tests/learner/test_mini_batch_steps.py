@@ -2,6 +2,8 @@
 optimizer step on the gradient of that mini-batch's own loss, even a short last one (33 rows with
 mini_batch_size 32, as an endpoint batch of whole episodes could be), and nothing carries over to
 the next update. A real DeepSpeed engine (ZeRO 0, gloo, one rank) in this process."""
+import math
+
 import pytest
 import torch
 
@@ -35,8 +37,8 @@ def reference_grads(learner: Learner, exp, rows: torch.Tensor) -> list[torch.Ten
     mb = exp.rows(rows)
     with torch.enable_grad():
         logits, _ = learner.policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-        loss, _ = policy_loss(logits, mb, a, learner.kl_ctl.value, learner.temperature, learner.cfg.logprob_chunk_tokens,
-                              max(A.aggregate_total(exp.mask[rows], agg), 1e-8), agg,
+        loss, _ = policy_loss(logits, mb, a, learner.kl_ctl.value, learner.temperature,
+                              learner.cfg.logprob_chunk_tokens, max(A.aggregate_total(exp.mask[rows], agg), 1e-8), agg,
                               norm_tokens=loss_norm_tokens(a, learner.sampling))
         loss.backward()
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
@@ -93,7 +95,8 @@ def test_grad_norm_is_the_mean_over_the_updates_optimizer_steps(learner, tiny_mo
         metrics = learner.update(batch, scored, step=1)
     finally:
         inner.step = step
-    assert len(norms) == 2 and norms[0] != pytest.approx(norms[1])  # two different steps: the last alone is not the mean
+    # two different steps: the last alone is not the mean
+    assert len(norms) == 2 and norms[0] != pytest.approx(norms[1])
     assert metrics["learner/grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-6)
 
 
@@ -109,3 +112,36 @@ def test_a_batch_with_no_trainable_sample_takes_no_step_and_moves_no_weight(lear
     metrics = learner.update(batch, dropped, step=3)
     assert all(torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
     assert metrics["learner/skipped_steps"] == 0
+    # no token trained: no KL to report (not 0, which would shrink an adaptive coefficient)
+    assert math.isnan(metrics["kl/ref"]) and math.isnan(metrics["kl/ref_seq"])
+
+
+def test_per_token_metrics_weigh_every_token_of_the_update_not_each_mini_batch_alike(learner, tiny_model, monkeypatch):
+    """33 rows in mini-batches of 32 + 1: learner/entropy and approx_kl are means over all the update's
+    response tokens (an unweighted mean over mini-batches gives the 1-row one half the weight)."""
+    import learner.worker as worker
+
+    batch, scored = make_scored_batch(tiny_model, n_prompts=11, group=GROUP, seed=11)
+    seen, forward = [], worker.policy_loss
+
+    def record(logits, mb, *args, **kwargs):
+        loss, terms = forward(logits, mb, *args, **kwargs)
+        seen.append((float(mb["mask"].sum()), float(terms["entropy_token"]), float(terms["approx_kl"])))
+        return loss, terms
+
+    monkeypatch.setattr(worker, "policy_loss", record)
+    metrics = learner.update(batch, scored, step=4)
+    tokens = sum(n for n, _, _ in seen)
+    for k, name in ((1, "learner/entropy"), (2, "learner/approx_kl")):
+        want = sum(row[0] * row[k] for row in seen) / tokens
+        assert metrics[name] == pytest.approx(want, rel=1e-6), name
+    last = seen[-1]  # the 1-row mini-batch: alone in the last micro-batch
+    by_mini = (sum(n * e for n, e, _ in seen[:-1]) / sum(n for n, _, _ in seen[:-1]) + last[1]) / 2
+    assert abs(by_mini - metrics["learner/entropy"]) > 1e-4  # the example tells the two apart
+
+
+def test_grad_norm_is_nan_when_the_engine_reports_none(learner, tiny_model, monkeypatch):
+    """DeepSpeed's own Adam without ZeRO returns None for the global norm: unknown, not 0.0."""
+    batch, scored = make_scored_batch(tiny_model, n_prompts=4, group=GROUP, seed=12)
+    monkeypatch.setattr(learner.policy_engine, "get_global_grad_norm", lambda: None)
+    assert math.isnan(learner.update(batch, scored, step=5)["learner/grad_norm"])

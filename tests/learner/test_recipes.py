@@ -50,8 +50,9 @@ def load(tmp_path, method: str, *overrides: str, yaml_extra: str = ""):
     return load_config(path, list(overrides))
 
 
-def advantages_and_loss(cfg):
-    """What the learner computes from this config: experience.advantages, then worker.policy_loss."""
+def advantages_and_loss(cfg, kl_coef: float = 0.0):
+    """What the learner computes from this config: experience.advantages, then worker.policy_loss
+    (kl_coef: the KL term's coefficient in the loss, where the recipe places it there)."""
     a = cfg.algorithm
     kl = A.kl_penalty(OLD, REF, a.kl_estimator.value, MASK)
     adv, _ = advantages(a, SCORES, kl, a.init_kl_coef, MASK, None, cfg.rollout.sampling.n_samples_per_prompt,
@@ -59,7 +60,7 @@ def advantages_and_loss(cfg):
     mb = {"input_ids": torch.zeros(4, 4, dtype=torch.long), "mask": MASK, "old_logprobs": OLD, "advantages": adv,
           "ref_logprobs": REF}
     agg = a.loss_aggregation.value
-    loss, _ = policy_loss(torch.zeros(4, 3, 4), mb, a, 0.0, cfg.rollout.sampling.temperature, 16,
+    loss, _ = policy_loss(torch.zeros(4, 3, 4), mb, a, kl_coef, cfg.rollout.sampling.temperature, 16,
                           A.aggregate_total(MASK, agg), agg, norm_tokens=a.loss_norm_tokens)
     return adv, float(loss)
 
@@ -89,6 +90,17 @@ def test_grpo_normalises_per_group_and_averages_per_sequence(tmp_path):
     assert close(adv, per_sample([G, -G, 0.0, 0.0]))
     # per-sequence means: -G * 1.2 (clipped) | G | 0 | 0, then the mean over 4 sequences
     assert close(loss, (-G * 1.2 + G) / 4)
+
+
+def test_grpo_adds_the_k3_kl_to_the_reference_per_sequence_mean_to_its_loss(tmp_path):
+    """log pi - log ref is log 1.5 + .1 on the first sample's token and .1 elsewhere; k3 of x is
+    e^-x - 1 + x; seq_mean: sample 0's one token, then 3 sequences of .1-tokens, mean over 4."""
+    cfg = load(tmp_path, "grpo")
+    k3 = lambda x: math.exp(-x) - 1 + x  # noqa: E731
+    want = (k3(math.log(1.5) + 0.1) + 3 * k3(0.1)) / 4  # 0.030801
+    _, plain = advantages_and_loss(cfg)
+    _, with_kl = advantages_and_loss(cfg, kl_coef=0.5)
+    assert close(with_kl - plain, 0.5 * want, 1e-6) and want == pytest.approx(0.030801, abs=1e-6)
 
 
 def test_dapo_clips_higher_averages_tokens_and_drops_the_kl(tmp_path):
@@ -164,7 +176,8 @@ def load_config_without_method(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["rollout.sampling.repetition_penalty=1.2"], "rollout.sampling.repetition_penalty: must be 1.0 \\(off\\) for training"),
+    (["rollout.sampling.repetition_penalty=1.2"],
+     "rollout.sampling.repetition_penalty: must be 1.0 \\(off\\) for training"),
     (["learner.lora.rank=4", "learner.lora.dropout=0.1"], "learner.lora.dropout: must be 0 for RL"),
 ])
 def test_training_refuses_what_the_learner_cannot_reproduce(tmp_path, overrides, key):
@@ -173,3 +186,35 @@ def test_training_refuses_what_the_learner_cannot_reproduce(tmp_path, overrides,
     with pytest.raises(ConfigError, match=key):
         load(tmp_path, "none", *overrides)
     assert load(tmp_path, "none", "learner.lora.rank=4").learner.lora.dropout == 0.0
+
+
+def test_a_method_set_in_code_is_checked_against_its_recipe_naming_the_key(tmp_path):
+    """validate(), not only the loader: an AlgorithmConfig(method=dr_grpo) built in code with the plain
+    keys would otherwise run GRPO with a std under Dr. GRPO's name."""
+    import dataclasses
+
+    from orchestrator.validate import validate
+
+    cfg = load(tmp_path, "none")
+    coded = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, method=Method.dr_grpo))
+    problems = dict(validate(coded))
+    assert "algorithm.method=dr_grpo sets it to false, got true" in problems["algorithm.grpo_scale_by_std"]
+    assert "algorithm.loss_aggregation" in problems and "algorithm.normalize_advantages" in problems
+    assert not any(k.startswith("algorithm.") for k, _ in validate(load(tmp_path, "dr_grpo")))
+
+
+@pytest.mark.parametrize("method", ["dapo", "grpo", "rloo"])
+def test_a_group_recipe_with_the_agent_endpoint_gets_one_error_that_names_the_method(tmp_path, method):
+    """Not "data.dynamic_sampling: turn it off" (the recipe sets it) nor "needs >= 2" then "must be 1"."""
+    for n in ("1", "2"):
+        with pytest.raises(ConfigError, match=f"algorithm.method: algorithm.method={method} is incompatible with "
+                                              "the agent endpoint"):
+            load(tmp_path, method, "rollout.endpoint.enabled=true", f"rollout.sampling.n_samples_per_prompt={n}")
+
+
+def test_a_group_estimator_with_the_agent_endpoint_is_refused_without_asking_for_more_samples(tmp_path):
+    with pytest.raises(ConfigError, match="algorithm.estimator: compares the samples of one prompt, and each agent "
+                                          "endpoint episode is its own prompt") as e:
+        load(tmp_path, "none", "rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1",
+             "algorithm.mini_batch_size=2", "algorithm.micro_batch_size=2")
+    assert "needs >= 2" not in str(e.value)

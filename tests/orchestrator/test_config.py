@@ -172,8 +172,8 @@ def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
     assert malloc_env(False, gpu=False, threaded=True) == {} == malloc_env(True, gpu=True, threaded=True)
 
 
-ENDPOINT = ["rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1", "algorithm.estimator=reinforce_baseline",
-            "algorithm.reinforce_baseline=batch", "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32",
+ENDPOINT = ["rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1",
+            "algorithm.estimator=reinforce_baseline", "algorithm.reinforce_baseline=batch", "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32",
             "reward.sources=[{kind: environment}]"]  # a valid endpoint run of the grpo preset
 
 
@@ -191,7 +191,8 @@ ENDPOINT = ["rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_pro
      "env.name: the agent endpoint's episodes are the agent program's own"),
     ("grpo_tiny_cpu", ["reward.overlong_buffer=4"], r"reward.overlong_max_tokens: overlong shaping needs overlong_max_tokens >= overlong_buffer \(4\)"),
     # engines colocated with the learner on GPUs sleep during the update, when agents still call them
-    ("grpo_tiny_cpu", [*ENDPOINT, "cluster.colocate=true", "cluster.gpus_per_rollout_worker=1", "cluster.gpus_per_learner=1"],
+    ("grpo_tiny_cpu",
+     [*ENDPOINT, "cluster.colocate=true", "cluster.gpus_per_rollout_worker=1", "cluster.gpus_per_learner=1"],
      "cluster.colocate: the agent endpoint serves agents while the learner trains"),
     ("grpo_tiny_cpu", [*ENDPOINT, "rollout.endpoint.max_staleness=-1"], "rollout.endpoint.max_staleness: must be >= 0"),
 ])
@@ -205,10 +206,11 @@ def test_a_model_folder_that_is_not_here_is_a_config_error_naming_the_key(tmp_pa
     with pytest.raises(ConfigError) as e:
         load_config(DEFAULT, [f"learner.model_path={missing}"], local=True)
     assert str(e.value).startswith(f"command line 'learner.model_path={missing}': learner.model_path: '{missing}'")
-    assert load_config(DEFAULT, [f"learner.model_path={missing}"]).learner.model_path == missing  # a plain load: shown anywhere
-    text = (f"data:\n  task: addition_2digit\nlearner:\n  model_path: {tmp_path}\nreward:\n  reference_model_path: {missing}\n"
-            f"  sources:\n    - kind: reward_model\n      model_path: {tmp_path}\n    - kind: reward_model\n"
-            f"      model_path: {missing}\n")
+    # a plain load: shown anywhere
+    assert load_config(DEFAULT, [f"learner.model_path={missing}"]).learner.model_path == missing
+    text = (f"data:\n  task: addition_2digit\nlearner:\n  model_path: {tmp_path}\nreward:\n"
+            f"  reference_model_path: {missing}\n  sources:\n    - kind: reward_model\n      model_path: {tmp_path}\n"
+            f"    - kind: reward_model\n      model_path: {missing}\n")
     for key, line in (("reward.reference_model_path", 6), ("reward.sources.1.model_path", 11)):
         with pytest.raises(ConfigError, match=rf"c.yaml:{line}: {key}: .*no such folder"):
             load_config(write(tmp_path, text), local=True)
@@ -216,10 +218,27 @@ def test_a_model_folder_that_is_not_here_is_a_config_error_naming_the_key(tmp_pa
     from orchestrator.config import PipelineConfig, StageConfig
 
     with pytest.raises(ConfigError, match="learner.model_path: .*no such folder"):
-        load_config(REPO / "configs" / "rm_tiny_cpu.yaml", [f"learner.model_path={missing}"], root=StageConfig, local=True)
+        load_config(REPO / "configs" / "rm_tiny_cpu.yaml", [f"learner.model_path={missing}"], root=StageConfig,
+                    local=True)
     with pytest.raises(ConfigError, match="ppo.learner.critic_model_path: .*no such folder"):
         load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [f"ppo.learner.critic_model_path={missing}"],
                     root=PipelineConfig, local=True)
+
+
+def test_a_critic_path_is_checked_only_where_a_critic_reads_it(tmp_path):
+    """Review A, item 14: a leftover learner.critic_model_path failed a GRPO run, which has no critic."""
+    missing = str(tmp_path / "no_critic")
+    assert load_config(DEFAULT, [f"learner.critic_model_path={missing}"], local=True).learner.critic_model_path == missing
+    ppo = ["algorithm.estimator=gae", f"learner.critic_model_path={missing}"]
+    assert load_config(DEFAULT, ppo, local=True)  # critic_init: policy, the path unread
+    with pytest.raises(ConfigError, match="learner.critic_model_path: .*no such folder"):
+        load_config(DEFAULT, ppo + ["learner.value_head=separate", "learner.critic_init=reward_model"], local=True)
+
+
+def test_the_unjudged_steps_limit_is_checked_by_key():
+    assert load_config(DEFAULT).reward.max_unjudged_steps == 3
+    with pytest.raises(ConfigError, match="reward.max_unjudged_steps: must be >= 0"):
+        load_config(DEFAULT, ["reward.max_unjudged_steps=-1"])
 
 
 def test_relay_train_with_a_missing_model_fails_before_ray_starts(tmp_path):
@@ -242,3 +261,42 @@ def test_seq_sum_norms_constant_defaults_to_a_samples_whole_budget():
     assert learner_algorithm(load_config(calc, ["algorithm.loss_norm_tokens=7"])).loss_norm_tokens == 7
     agents = load_config(DEFAULT, ENDPOINT)
     assert learner_algorithm(agents).loss_norm_tokens == agents.rollout.max_model_len  # a conversation's limit
+
+
+@pytest.mark.parametrize("path, overrides, message", [
+    # before, each of these passed: eval_size -1 held out all prompts but one, task_size 0 made the
+    # sampler loop forever, and a task's eval_files were silently ignored
+    ("grpo_tiny_cpu.yaml", ["data.eval_size=-1"], "data.eval_size: must be >= 1, got -1"),
+    ("grpo_tiny_cpu.yaml", ["data.eval_size=0"], "data.eval_size: must be >= 1, got 0"),
+    ("grpo_tiny_cpu.yaml", ["data.task_size=0"], "data.task_size: must be >= 1, got 0"),
+    ("grpo_tiny_cpu.yaml", ["data.eval_files=[e.jsonl]"], "data.eval_files: a task draws its own held-out set"),
+    ("sft_tiny_cpu.yaml", ["data.eval_size=-1"], "data.eval_size: must be >= 1, got -1"),
+    ("rm_tiny_cpu.yaml", ["data.task_size=0"], "data.task_size: must be >= 1, got 0"),
+    ("sft_tiny_cpu.yaml", ["data.eval_files=[e.jsonl]"], "data.eval_files: a task draws its own held-out set"),
+    ("pipeline_tiny_cpu.yaml", ["rm.data.eval_size=-2"], "rm.data.eval_size: must be >= 1, got -2"),
+])
+def test_bad_data_sizes_and_eval_files_with_a_task_are_refused_naming_the_key(path, overrides, message):
+    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
+
+    root = {"sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}.get(path.split("_")[0], TrainConfig)
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO / "configs" / path, overrides, root=root)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_configs_task_split_fits(path):
+    # 1 in 8 prompts of a generated task is reserved for held-out sets: the presets' sizes still fit
+    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
+    from orchestrator.data import task_split
+    from orchestrator.tasks import TINY_TASKS
+
+    root = {"sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}.get(path.stem.split("_")[0], TrainConfig)
+    cfg = load_config(path, root=root)
+    for d in [cfg.sft.data, cfg.rm.data, cfg.ppo.data] if root is PipelineConfig else [cfg.data]:
+        if d.task and d.task not in TINY_TASKS and d.task != "guess_number":
+            pytest.importorskip("reasoning_gym")
+        if d.task:
+            seed = cfg.ppo.seed if root is PipelineConfig else cfg.seed
+            train, held_out = task_split(d.task, d.task_size, d.eval_size, seed)
+            assert len(train) == d.task_size and len(held_out) == d.eval_size

@@ -5,7 +5,7 @@ import pytest
 
 from orchestrator.config import BadLinePolicy, DataConfig
 from orchestrator.data import DataError, PromptSampler, load_examples, load_split
-from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS, make_task
+from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS, make_task, reserved
 
 
 def write(tmp_path, lines):
@@ -143,9 +143,12 @@ def test_a_one_prompt_task_holds_out_fresh_episodes(seed):
 
 
 def test_a_task_with_too_few_distinct_prompts_fails_naming_the_keys():
-    # addition_2digit has 90 x 90 = 8100 prompts; 2000 training draws leave ~6300 of them unseen
-    with pytest.raises(DataError, match=r"data.task 'addition_2digit': .*data.task_size: 2000.*data.eval_size \(7000\)"):
-        load_split(DataConfig(task="addition_2digit", task_size=2000, eval_size=7000), seed=0)
+    # addition_2digit has 90 x 90 = 8100 prompts, of which 1035 are reserved for held-out sets (1 in 8)
+    assert sum(reserved(f"{a}+{b}=") for a in range(10, 100) for b in range(10, 100)) == 1035
+    assert len(load_split(DataConfig(task="addition_2digit", task_size=10, eval_size=1035), seed=0)[1]) == 1035
+    with pytest.raises(DataError, match=r"data.task 'addition_2digit': .* only 1035 distinct prompts reserved .*"
+                                        r"data.task_size: 2000, data.eval_size: 1036"):
+        load_split(DataConfig(task="addition_2digit", task_size=2000, eval_size=1036), seed=0)
 
 
 def test_held_out_file_prompts_are_never_training_prompts(tmp_path, caplog):
@@ -165,3 +168,47 @@ def test_held_out_file_prompts_are_never_training_prompts(tmp_path, caplog):
         train, held_out, _ = load_split(DataConfig(train_files=[path], eval_files=[str(eval_path)]), seed=0)
     assert len(held_out) == 4 and not prompts(train) & prompts(held_out) and len(train) == len(lines) - 6
     assert "6 training examples have a prompt of data.eval_files: dropped from training" in caplog.text
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_pipeline_stage_trains_on_a_prompt_the_rl_stage_holds_out(tmp_path, seed):
+    # review A 2: every stage drew from the same task stream with its own size: 39 of the 128 PPO
+    # held-out prompts were SFT training prompts and 21 RM training prompts
+    import dataclasses
+    from pathlib import Path
+
+    from orchestrator.config import PipelineConfig
+    from orchestrator.load_config import load_config
+    from orchestrator.stages import load_supervised
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "pipeline_tiny_cpu.yaml", root=PipelineConfig)
+    _, rl_held_out, _ = load_split(cfg.ppo.data, seed)
+    for kind, stage in (("sft", cfg.sft), ("rm", cfg.rm)):
+        train, held_out, _ = load_supervised(dataclasses.replace(stage, seed=seed), kind, tmp_path / kind)
+        assert len(train) == stage.data.task_size and not prompts(train) & prompts(rl_held_out), kind
+        assert not prompts(train) & prompts(held_out)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_builtin_starting_policies_never_train_on_a_held_out_prompt(seed):
+    # review A 2: tiny-addition-gpt's SFT set held 54, 67 and 71 of relay train's 128 held-out prompts
+    from orchestrator.agent_policies import AGENTS, agent_examples
+    from orchestrator.builtin_models import builtin_folder, tiny_policy_data
+
+    sft_set, probe, _ = tiny_policy_data("addition_2digit", seed=0)  # what build_tiny_policy trains and stops on
+    sets = {"tiny-addition-gpt": ("addition_2digit", sft_set + probe),
+            **{name: (AGENTS[name][0], agent_examples(name, seed=0)) for name in AGENTS}}
+    for name, (task, seen) in sets.items():
+        assert len(seen) >= 5000
+        if task in ONE_PROMPT_TASKS:
+            continue  # one prompt: nothing can be unseen (its held-out set is fresh episodes)
+        _, held_out, _ = load_split(DataConfig(task=task, task_size=2000, eval_size=128), seed=seed)
+        assert not prompts(seen) & prompts(held_out), name
+        assert "-v2" in builtin_folder(f"builtin://{name}", "runs").name  # a model cached before this is not reused
+
+
+@pytest.mark.parametrize("task", sorted(TINY_TASKS))
+def test_held_out_prompts_are_reserved_and_training_prompts_never_are(task):
+    for seed in (0, 1, 2):
+        train, held_out = load_split(DataConfig(task=task, task_size=3000, eval_size=200), seed=seed)[:2]
+        assert all(reserved(e["prompt"]) for e in held_out) and not any(reserved(e["prompt"]) for e in train)

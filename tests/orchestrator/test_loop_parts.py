@@ -1,8 +1,10 @@
 """Parts of the training loop that need no Ray: batch statistics with dropped samples, dynamic
 sampling's choice, the non-finite stop, held-out splits, checkpoint publishing, sampling checks."""
 import json
+import math
 import os
 from pathlib import Path
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -11,12 +13,14 @@ from learner.checkpoint import publish, recover
 from orchestrator.config import DataConfig
 from orchestrator.data import DataError, load_split
 from orchestrator.load_config import ConfigError, load_config
-from orchestrator.phases import TrainingError, batch_metrics, pick_groups
+from orchestrator.phases import TrainingError, batch_metrics, check_progress, pick_groups
 from orchestrator.trainer import Trainer
 from reward_service.types import ScoredBatch
+from rollout.seeds import EVALUATION
 from rollout.types import RolloutBatch
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "grpo_tiny_cpu.yaml"
+nan = float("nan")
 
 
 def test_dropped_samples_are_counted_and_left_out_of_reward_statistics():
@@ -24,7 +28,8 @@ def test_dropped_samples_are_counted_and_left_out_of_reward_statistics():
     n = 6
     batch = RolloutBatch([0, 0, 0, 1, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
     valid = [True, True, False, False, False, True]
-    scored = ScoredBatch([1.0, 0.0, 0.0, 0.0, 0.0, 1.0], {}, valid, [not v for v in valid], [[0.0]] * n)
+    scored = ScoredBatch([1.0, 0.0, 0.0, 0.0, 0.0, 1.0], {}, valid, [not v for v in valid], [[0.0]] * n,
+                         raw=[1.0, 0.0, nan, nan, nan, 1.0])
     m = batch_metrics(batch, scored)
     assert m["reward/dropped_samples"] == 3 and m["reward/dropped_groups"] == 1
     assert m["reward/mean"] == pytest.approx(2 / 3) and m["reward/min"] == 0.0  # over the 3 that train
@@ -45,23 +50,132 @@ def stats(skipped: bool, **nonfinite):
             **{f"learner/nonfinite/{k}": 1.0 for k in nonfinite}}
 
 
+def judged(n=2):
+    return ScoredBatch([1.0] * n, {}, [True] * n, [False] * n, [[0.0]] * n, raw=[1.0] * n)
+
+
 def test_a_run_of_skipped_updates_stops_the_run_naming_the_cause():
-    loop = SimpleNamespace(step=0, counters={"learner/skipped_updates_in_a_row": 0},
-                           cfg=SimpleNamespace(algorithm=SimpleNamespace(max_skipped_updates=2)))
-    Trainer.check_finite(loop, stats(True, old_logprobs=True))
-    Trainer.check_finite(loop, stats(False))  # a good update resets the count
-    Trainer.check_finite(loop, stats(True, old_logprobs=True))
-    Trainer.check_finite(loop, stats(True, old_logprobs=True))
+    counters = {"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0}
+    check = lambda s, limit=2: check_progress(counters, s, judged(), limit, 3, 0)  # noqa: E731
+    check(stats(True, old_logprobs=True))
+    check(stats(False))  # a good update resets the count
+    check(stats(True, old_logprobs=True))
+    check(stats(True, old_logprobs=True))
     with pytest.raises(TrainingError, match="3 updates in a row .*temperature of 0"):
-        Trainer.check_finite(loop, stats(True, old_logprobs=True))
-    loop.counters["learner/skipped_updates_in_a_row"] = 0
+        check(stats(True, old_logprobs=True))
+    counters["learner/skipped_updates_in_a_row"] = 0
     for _ in range(2):
-        Trainer.check_finite(loop, stats(True))
+        check(stats(True))
     with pytest.raises(TrainingError, match="inputs were finite.*learner.lr"):
-        Trainer.check_finite(loop, stats(True))
-    loop.cfg.algorithm.max_skipped_updates = 0  # 0: never stop
+        check(stats(True))
     for _ in range(10):
-        Trainer.check_finite(loop, stats(True))
+        check(stats(True), limit=0)  # 0: never stop
+
+
+def unjudged_loop(max_unjudged: int, scores):
+    """A Trainer whose phases are stubs: every step's batch is scored by `scores(step)`."""
+    n = 4
+    batch = RolloutBatch([0, 0, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n,
+                         version_first=[0] * n)
+    stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
+    cfg = SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0),
+                          algorithm=SimpleNamespace(max_skipped_updates=0),
+                          reward=SimpleNamespace(max_unjudged_steps=max_unjudged))
+    loop = SimpleNamespace(
+        cfg=cfg, step=0, counters={"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0},
+        sleep_engines=False, lead=0, gateway=None, endpoint=SimpleNamespace(max_staleness=0),
+        next_batch=lambda: (batch, [{}, {}], None), score=lambda b, e, judged: scores(loop.step),
+        _judge_next=lambda: None, _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
+        rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()), scoring=SimpleNamespace(restarts=0),
+        learner=SimpleNamespace(update=lambda b, s, step: stats, update_kl=lambda kl, n: 0.0),
+        push=lambda version: None)
+    loop.check_progress = lambda s, scored: Trainer.check_progress(loop, s, scored)
+    return loop
+
+
+def nobody_answered(step):
+    n = 4
+    return ScoredBatch([0.0] * n, {"remote": [nan] * n, "format": [1.0, 0.0, nan, 1.0]}, [False] * n, [True] * n,
+                       [[0.0]] * n, raw=[nan] * n, metrics={"reward/timeouts": 1.0},
+                       errors={"remote": "http://rm:8000/score: unreachable: [Errno 111] Connection refused"})
+
+
+def test_steps_in_which_no_sample_could_be_judged_stop_the_run_naming_the_source_and_its_error():
+    """Review A, item 6: a reward server that is down made every sample invalid; the run trained on
+    nothing (invalid: drop) for every step and "finished" with the policy unchanged."""
+    loop = unjudged_loop(3, nobody_answered)
+    for step in range(2):
+        Trainer.train_step(loop)
+        loop.step += 1
+    with pytest.raises(TrainingError, match=r"no sample could be judged in 3 steps in a row "
+                                            r"\(reward.max_unjudged_steps: 3\); remote failed on 4 of 4 samples: "
+                                            r"http://rm:8000/score: unreachable.*refused; "
+                                            r"format failed on 1 of 4 samples: no error raised"):
+        Trainer.train_step(loop)
+    # one step with a judged sample resets the count; 0 never stops
+    loop = unjudged_loop(2, lambda step: judged(4) if step == 1 else nobody_answered(step))
+    for step in range(3):
+        Trainer.train_step(loop)
+        loop.step += 1
+    assert loop.counters["reward/unjudged_steps_in_a_row"] == 1
+    loop = unjudged_loop(0, nobody_answered)
+    for _ in range(5):
+        Trainer.train_step(loop)
+    assert loop.counters["reward/unjudged_steps_in_a_row"] == 5
+
+
+def test_dynamic_sampling_reports_the_trained_batch_and_every_rounds_calls():
+    """Review A, item 5: the reward metrics of a dynamic-sampling step were those of the first chosen
+    group's whole round. Round 0: group 0 all correct (not informative), group 1 [1, 0]; round 1:
+    one group [0, 1]. Trained: groups [1, 0] and [0, 1], so accuracy 0.5 (round 0's batch: 0.75)."""
+    def scored_of(values, timeouts):
+        n = len(values)
+        return ScoredBatch(list(values), {"math_answer": list(values)}, [True] * n, [False] * n, [[0.0]] * n,
+                           raw=list(values), metrics={"reward/timeouts": timeouts, "reward/errors": timeouts},
+                           errors={"math_answer": f"round with {timeouts} timeouts"})
+
+    def batch_of(groups):
+        n = 2 * groups
+        return RolloutBatch([i // 2 for i in range(n)], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
+
+    second = (batch_of(1), [{"prompt": "c"}])
+    loop = SimpleNamespace(cfg=SimpleNamespace(data=SimpleNamespace(rollout_batch_size=2, dynamic_sampling_rounds=1)),
+                           counters={"rollout/dropped_groups": 0}, generate=lambda want: second,
+                           score=lambda b, e: scored_of([0.0, 1.0], 2.0))
+    batch, examples, scored = Trainer.keep_informative(loop, batch_of(2), [{"prompt": "a"}, {"prompt": "b"}],
+                                                       scored_of([1.0, 1.0, 1.0, 0.0], 1.0))
+    assert [e["prompt"] for e in examples] == ["b", "c"] and loop.counters["rollout/dropped_groups"] == 1
+    m = batch_metrics(batch, scored)
+    assert m["reward/accuracy"] == 0.5 and m["reward/math_answer/mean"] == 0.5 and m["reward/mean"] == 0.5
+    assert m["reward/timeouts"] == 3.0 and m["reward/errors"] == 3.0  # both rounds' calls, summed
+    assert scored.errors == {"math_answer": "round with 1.0 timeouts"}  # the first error
+
+
+def test_accuracy_and_reward_mean_are_over_the_same_samples():
+    """Review A, item 13: accuracy was over every sample the verifiable source judged, including one
+    dropped because another (trained) source failed on it. Sample 2: math right, format failed."""
+    n = 3
+    scored = ScoredBatch([0.0] * n, {"math_answer": [1.0, 0.0, 1.0], "format": [0.5, 0.5, nan]}, [True, True, False],
+                         [False, False, True], [[0.0]] * n, raw=[1.5, 0.5, nan])
+    batch = RolloutBatch([0, 0, 0], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
+    m = batch_metrics(batch, scored)
+    assert m["reward/accuracy"] == 0.5 and m["reward/mean"] == 1.0  # samples 0 and 1 both
+    assert m["reward/math_answer/mean"] == pytest.approx(2 / 3)  # the source's own mean: all it judged
+    assert m["reward/format/invalid_frac"] == pytest.approx(1 / 3) and m["reward/invalid_frac"] == pytest.approx(1 / 3)
+    from orchestrator.evaluate import evaluate_policy
+
+    ev = evaluate_policy(lambda p, greedy: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * n)
+    assert ev.metrics["eval/sampled/reward/accuracy"] == 0.5 and ev.metrics["eval/sampled/reward/mean"] == 1.0
+
+
+def test_a_scored_batch_needs_its_raw_reward():
+    """Review A, item 17: a caller that forgot raw silently got reward/* of the shaped rewards."""
+    with pytest.raises(TypeError, match="raw"):
+        ScoredBatch([0.5], {}, [True], [False], [[0.0]])
+    with pytest.raises(ValueError, match="raw has 0 entries for 1 rewards"):
+        ScoredBatch([0.5], {}, [True], [False], [[0.0]], raw=[])
+    assert math.isnan(batch_metrics(RolloutBatch([0], [[1]], [[2]], [[0.0]], ["x"], ["stop"]),
+                                    ScoredBatch([0.0], {}, [False], [True], [[0.0]], raw=[nan]))["reward/mean"])
 
 
 def test_temperature_zero_is_rejected_for_training_with_the_reason():
@@ -118,7 +232,7 @@ def test_evaluation_honours_eval_greedy_and_reads_only_raw_scores():
         calls.append(("score", with_reference))
         n = len(batch)
         return ScoredBatch([1.0] * n, {"math_answer": [1.0] * n}, [True] * n, [False] * n,
-                           [[-1.0, -1.0] if with_reference else [] for _ in range(n)])
+                           [[-1.0, -1.0] if with_reference else [] for _ in range(n)], raw=[1.0] * n)
 
     def policy_logprobs(batch):  # the learner's own, not the engine's -0.5
         calls.append(("policy_logprobs", len(batch)))
@@ -162,13 +276,13 @@ def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(slee
     calls = []
     n = 4
     batch = RolloutBatch([0, 0, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
-    scored = ScoredBatch([1.0, 0.0, 1.0, 1.0], {}, [True] * n, [False] * n, [[0.0]] * n)
+    scored = ScoredBatch([1.0, 0.0, 1.0, 1.0], {}, [True] * n, [False] * n, [[0.0]] * n, raw=[1.0, 0.0, 1.0, 1.0])
     engines = SimpleNamespace(sleep=lambda: calls.append("sleep"), wake_up=lambda: calls.append("wake_up"))
     stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
     batch.version_first = [0] * n
     loop = SimpleNamespace(
         cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0)),
-        step=0, counters={}, sleep_engines=sleep, lead=0,
+        step=0, counters={}, sleep_engines=sleep, lead=0, gateway=None,
         next_batch=lambda: (calls.append("generate"), (batch, [{}, {}], None))[1],
         score=lambda b, e, judged: (calls.append("score"), scored)[1],
         _judge_next=lambda: calls.append("judge_next"), _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
@@ -176,7 +290,7 @@ def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(slee
         scoring=SimpleNamespace(restarts=0),
         learner=SimpleNamespace(update=lambda b, s, step: (calls.append("update"), stats)[1],
                                 update_kl=lambda kl, n: (calls.append("update_kl"), 0.01)[1]),
-        check_finite=lambda s: None, push=lambda version: calls.append(("sync", version)))
+        check_progress=lambda s, scored: None, push=lambda version: calls.append(("sync", version)))
     Trainer.train_step(loop)
     middle = ["sleep", "update", "wake_up"] if sleep else ["update"]
     # the next batch's scoring is launched after this one's (the service runs its calls in order)
@@ -195,7 +309,7 @@ def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or
     loop = SimpleNamespace(
         train=[{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}], _temperature=1.0, _meta=lambda e: e["prompt"],
         scoring=SimpleNamespace(judge_ahead=lambda parts, meta, t: launched.append((parts, meta)) or len(launched)),
-        rollout=SimpleNamespace(submit=lambda prompts, step, tasks: ["regenerated"]), _prompt=lambda e: e["prompt"])
+        rollout=SimpleNamespace(submit=lambda prompts, step, tasks, draw: ["regenerated"]), _prompt=lambda e: e["prompt"])
     nxt, after = Ahead(1, [0, 2], ["gen1"]), Ahead(2, [1], ["gen2"])
     loop.ahead = deque([nxt, after])
     Trainer._judge_next(loop)
@@ -209,3 +323,52 @@ def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or
     loop.ahead = deque()
     Trainer._judge_next(loop)  # sync mode: nothing ahead
     assert len(launched) == 2
+
+
+def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_policy_copy(tiny_model, monkeypatch):
+    """Review A, item 11: relay eval loaded a reference copy per role beside the scoring service's own
+    reference, so three full models at once in the driver. Now: one copy, the policy's, gone before
+    the reference role runs; the reference role's KL side is the service's model itself."""
+    import gc
+    import weakref
+
+    from orchestrator.evaluate import evaluate_roles
+    from reward_service import reference
+
+    service_model = reference.ReferenceModel(tiny_model)
+    built, alive = [], []
+
+    class Counted(reference.ReferenceModel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(weakref.ref(self))
+
+    monkeypatch.setattr(reference, "ReferenceModel", Counted)
+    n = 2
+    batch = RolloutBatch([0, 1], [[5, 6], [7]], [[8, 9], [10, 11, 12]], [[-1.0, -1.0], [-1.0] * 3], ["x"] * n,
+                         ["stop"] * n)
+
+    class Pool:
+        def __init__(self, path):
+            self.path = path
+
+        def generate(self, prompts, step, greedy, tasks, draw):
+            assert draw == EVALUATION  # relay eval samples from evaluation's own stream, as the trainer's does
+            gc.collect()
+            alive.append(sum(w() is not None for w in built))
+            return batch
+
+        def shutdown(self):
+            pass
+
+    def score(b, meta, temperature, with_reference):
+        ref = service_model.logprobs(b, temperature) if with_reference else [[] for _ in range(len(b))]
+        return ScoredBatch([1.0] * n, {}, [True] * n, [False] * n, ref, raw=[1.0] * n)
+
+    cfg = SimpleNamespace(rollout=SimpleNamespace(sampling=SimpleNamespace(temperature=1.0)),
+                          eval=SimpleNamespace(greedy=False))
+    scoring = SimpleNamespace(reference=service_model, evaluate=score)
+    evals = evaluate_roles(cfg, tiny_model, tiny_model, scoring, ["a", "b"], [{}, {}], lambda path: Pool(path))
+    assert len(built) == 1  # the policy's copy; none for the reference
+    assert alive == [1, 0]  # while the policy generates, and freed before the reference's turn
+    assert evals["reference"].metrics["eval/sampled/kl_ref"] == 0.0  # its own logprobs: the service's model

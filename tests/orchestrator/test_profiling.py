@@ -35,19 +35,19 @@ def test_a_profiled_step_writes_each_roles_tables_and_trace(ray_cluster, tmp_pat
 def test_the_trainer_profiles_only_the_configured_step_and_the_cli_flag_sets_it(tmp_path):
     n = 2
     batch = RolloutBatch([0, 0], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n, version_first=[0, 0])
-    scored = ScoredBatch([1.0, 0.0], {}, [True] * n, [False] * n, [[0.0]] * n)
+    scored = ScoredBatch([1.0, 0.0], {}, [True] * n, [False] * n, [[0.0]] * n, raw=[1.0, 0.0])
     stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
     for step in (0, 1):
         run_dir = tmp_path / f"step{step}"
         batch.version_first = [step] * n
         loop = SimpleNamespace(
-            step=step, run_dir=run_dir, roles=lambda: {}, counters={}, sleep_engines=False, lead=0,
+            step=step, run_dir=run_dir, roles=lambda: {}, counters={}, sleep_engines=False, lead=0, gateway=None,
             cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=2)),
             next_batch=lambda: (batch, [{}], None), score=lambda b, e, judged: scored, _judge_next=lambda: None,
             _busy=lambda: {"rollout": [0.0], "scoring": [0.0]}, rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()),
             scoring=SimpleNamespace(restarts=0),
             learner=SimpleNamespace(update=lambda b, s, step: stats, update_kl=lambda kl, n: 0.01),
-            check_finite=lambda s: None, push=lambda version: None)
+            check_progress=lambda s, scored: None, push=lambda version: None)
         Trainer.train_step(loop)
         profiled_here = step + 1 == 2
         assert (run_dir / "profile" / "driver.txt").exists() == profiled_here

@@ -144,3 +144,24 @@ def test_stage_held_out_prompts_are_never_training_prompts(tmp_path, kind):
     train, held_out, _ = load_supervised(stage(tmp_path, train_files=[str(path)], eval_size=5), kind, tmp_path)
     assert len(held_out) == len(prompts(held_out)) == 5 and not prompts(train) & prompts(held_out)
     assert prompts(held_out) != {f"{i}+0=" for i in range(5)}  # a random draw, not the first lines
+
+
+def test_relay_data_draws_rejected_answers_from_their_own_stream_and_trainable_prompts_only(tmp_path):
+    # review A 18: `relay data` seeded the sums and the rejected answers with one seed, so the wrong
+    # answers replayed the sums' random sequence; it also wrote prompts reserved for held-out sets
+    from types import SimpleNamespace
+
+    from orchestrator.cli import _data
+    from orchestrator.tasks import reserved
+    from rollout.seeds import stream_seed
+
+    out = tmp_path / "prefs.jsonl"
+    _data(SimpleNamespace(kind="prefs", task="addition_2digit", n=300, seed=3, out=str(out)))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    offsets = [int(r["rejected"]) - int(r["chosen"]) for r in rows]
+    examples = make_task("addition_2digit", 2000, stream_seed(3, "task"))
+    assert [r["prompt"] for r in rows] == [e["prompt"] for e in examples if not reserved(e["prompt"])][:300]
+    task_rng = random.Random(stream_seed(3, "task"))  # the sums' own sequence, replayed as the old code did
+    assert offsets != [int(corrupt(r["chosen"], task_rng)) - int(r["chosen"]) for r in rows]
+    rng = random.Random(stream_seed(3, "rejected"))
+    assert offsets == [int(corrupt(r["chosen"], rng)) - int(r["chosen"]) for r in rows]

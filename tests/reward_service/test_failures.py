@@ -148,3 +148,25 @@ def test_evaluation_has_no_overlong_penalty(tiny_model):
     assert service.score(batch, [{}]).rewards == [1.0, 2.0, 2.5, 3.0]
     evaluated = service.evaluate(batch, [{}], with_reference=False)
     assert evaluated.rewards == [1.0, 2.0, 3.0, 4.0] and "overlong" not in evaluated.components
+
+
+@pytest.mark.parametrize("policy, want", [
+    # zero: normalised over raw [1, 0, 1, 0]: mean 1/2, unbiased std sqrt(1/3) -> +-0.866025; the failure is
+    # the wrong answer
+    (InvalidPolicy.zero, [0.866025, -0.866025, 0.866025, -0.866025]),
+    # drop: over [1, 0, 1]: mean 2/3, std sqrt(1/3) -> 0.577350, -1.154701; the failure left out (0, masked)
+    (InvalidPolicy.drop, [0.577350, -1.154701, 0.577350, 0.0]),
+])
+def test_invalid_zero_is_a_wrong_answer_also_under_normalisation(tiny_model, policy, want):
+    """Review A, item 9: under zero the failure was set to 0 after normalising, so with normalization:
+    batch the wrong answer trained at -1.155 and the failure at 0: not "like a wrong answer"."""
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.batch,
+                       invalid=policy)
+    batch = group_of(["#### 2", "#### 3", "#### 2", "#### 2"])
+    batch.env_failure = ["", "", "", "error"]  # the last episode broke off: could not be judged
+    scored = ScoringService(cfg, tiny_model).score(batch, [{"answer": "2"}])
+    assert scored.invalid == [False, False, False, True]
+    assert scored.valid == [True, True, True, policy == InvalidPolicy.zero]
+    assert scored.rewards == pytest.approx(want, abs=1e-6)
+    if policy == InvalidPolicy.zero:
+        assert scored.rewards[3] == scored.rewards[1]

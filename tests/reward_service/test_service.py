@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification
 
 from learner.tiny_gpt import char_tokenizer
+from orchestrator.phases import batch_metrics
 from reward_service.combine import run_source
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.reference import ReferenceModel
@@ -98,7 +99,8 @@ def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
     assert scored.invalid == [False, False, True, False] and scored.valid == [True, True, False, True]
     assert scored.components["format"] == [0.0, 0.0, 0.0, 1.0]
     assert [len(x) for x in scored.ref_logprobs] == [len(r) for r in batch.response_ids]
-    assert scored.metrics["reward/invalid_frac"] == 0.25 and scored.metrics["reward/timeouts"] == 0
+    assert scored.metrics == {"reward/timeouts": 0.0, "reward/errors": 0.0, "reward/retried_attempts": 0.0}
+    assert batch_metrics(batch, scored)["reward/invalid_frac"] == 0.25
     direct = ReferenceModel(tiny_model).logprobs(batch)
     assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(scored.ref_logprobs, direct))
     ray.kill(service)
@@ -177,4 +179,5 @@ def test_episode_rewards_and_overlong_shaping_in_the_service(tiny_model):
     scored = service.score(batch, [{}] * 3)
     assert scored.components["environment"][:2] == [1.0, 0.5] and scored.invalid == [False, False, True]
     assert scored.components["overlong"] == [-1.0, -1.0, 0.0]  # 9 and 4 model tokens: at or past the limit
-    assert scored.rewards == [0.0, -0.5, 0.0] and scored.metrics["reward/environment/invalid_frac"] == pytest.approx(1 / 3)
+    assert scored.rewards == [0.0, -0.5, 0.0]
+    assert batch_metrics(batch, scored)["reward/environment/invalid_frac"] == pytest.approx(1 / 3)

@@ -53,7 +53,7 @@ def play_batch():
                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     cfg = RolloutConfig(max_prompt_tokens=64, sampling=SamplingConfig(max_new_tokens=10, n_samples_per_prompt=1))
     prompts = [[{"role": "user", "content": name}] for name in TURNS]
-    episodes, _ = start_episodes(Tool, prompts, [{}] * 3, 0, 1, lambda i: i, tok, cfg, 5.0)
+    episodes, _ = start_episodes(Tool, prompts, [{}] * 3, 0, 1, lambda i: i, lambda i, k: 0, tok, cfg, 5.0)
     env = EnvConfig(name="tool", max_turns=2, max_episode_tokens=60, step_timeout_s=5.0, observation_role="tool")
     play(ScriptedEngine(tok), tok, episodes, cfg.sampling, False, env, env.response_tokens(10))
     return to_batch(episodes, []), tok
@@ -70,15 +70,20 @@ def test_text_sources_read_the_models_last_turn_and_lengths_count_its_tokens():
     assert batch.model_lengths == model and all(o > m for o, m in zip(batch.response_lengths, model))
     assert batch.model_ids[0] == tok.encode("call 1+2", add_special_tokens=False) + [tok.eos_token_id] + \
         tok.encode("3", add_special_tokens=False) + [tok.eos_token_id]
-    scored = ScoredBatch([1.0, 0.0, 0.0], {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths])
+    scored = ScoredBatch([1.0, 0.0, 0.0], {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths],
+                         raw=[1.0, 0.0, 0.0])
     m = batch_metrics(batch, scored)
     assert m["response/length_mean"] == sum(model) / 3 and m["response/length_max"] == max(model)
     assert m["response/clipped_frac"] == 1 / 3  # only the episode whose token budget ran out
+    # but its first turn was cut at max_new_tokens (10 of "abcdefghijkl") and the episode went on: counted too
+    assert batch.turns == [2, 2, 2] and batch.clipped_turns == [0, 0, 2]
+    assert m["response/clipped_turn_frac"] == 2 / 6
 
 
 def test_evaluation_lengths_and_diversity_count_the_models_tokens():
     batch, _ = play_batch()
-    scored = ScoredBatch([0.0] * 3, {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths])
+    scored = ScoredBatch([0.0] * 3, {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths],
+                         raw=[0.0] * 3)
     ev = evaluate_policy(lambda p, greedy: batch, lambda *a: scored, [""] * 3, [{}] * 3, False, 1.0,
                          lambda b: [[0.0] * n for n in b.response_lengths])
     m = ev.metrics

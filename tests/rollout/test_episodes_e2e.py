@@ -43,7 +43,7 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
             tok, rec = llm.get_tokenizer(), Recorder(llm)
             made = iter([cls() for cls in env_classes for _ in range(samples)])
             episodes, skipped = start_episodes(lambda: next(made), PROMPTS, [{"answer": "0"}] * len(PROMPTS), 0, samples,
-                                               lambda i: 100 + i, tok, cfg, timeout_s)
+                                               lambda i: 100 + i, lambda i, k: 0, tok, cfg, timeout_s)
             play(rec, tok, episodes, cfg.sampling, False, EnvConfig(name="test", max_turns=max_turns, step_timeout_s=timeout_s),
                  budget)
             return to_batch(episodes, skipped), rec.calls
@@ -111,7 +111,7 @@ def test_a_hanging_or_raising_environment_ends_only_its_episodes(ray_cluster, ti
             raise RuntimeError("boom")
 
     class BadReset(Fine):
-        def reset(self, task):
+        def reset(self, task, seed):
             raise KeyError("no such task")
 
     PROMPTS.append("x")

@@ -63,7 +63,8 @@ def test_take_waits_for_finished_episodes_and_says_how_many_came(tok):
     idle.prepare("next", [{"role": "user", "content": "hi"}], 8)  # any call drops episodes idle too long, counted
     assert "crashed agent" not in idle.episodes and idle.abandoned == 1 and idle.finish("crashed agent", 1.0) is None
     with pytest.raises(ValueError, match="max_prompt_tokens 4"):
-        Recorder(tok, max_prompt_tokens=4, max_model_len=256).prepare("b", [{"role": "user", "content": "a long question"}], 8)
+        Recorder(tok, max_prompt_tokens=4, max_model_len=256).prepare(
+            "b", [{"role": "user", "content": "a long question"}], 8)
 
 
 def test_the_http_api_refuses_what_it_cannot_record_with_the_key_named(tok):
@@ -180,3 +181,28 @@ def test_take_cuts_the_batch_exactly_and_drops_samples_past_the_staleness_bound(
     batch, counts = rec.take(2, timeout_s=1.0, step=3)  # the rest of "three" waited for this batch
     assert len(batch) == 2 and batch.env_return == [1.0, 2.0] and batch.version_first == [2, 3]
     assert counts["endpoint/episodes"] == 2 and not rec.finished
+
+
+def test_a_reward_for_an_unknown_episode_is_404_and_counted_as_after_a_resume(tok):
+    """The endpoint keeps no state across a resume: an agent posting the reward of an episode of the run
+    before gets 404, and the count shows it (endpoint/unknown_rewards) rather than nothing."""
+    client, rec, _ = endpoint(tok, max_model_len=128)
+    with client:
+        assert chat(client, "a", [{"role": "user", "content": "1+2="}]).status_code == 200
+        assert client.post("/episodes/from-before/reward", json={"reward": 1.0}).status_code == 404
+        assert client.post("/episodes/a/reward", json={"reward": 1.0}).status_code == 200
+        assert client.post("/episodes/a/reward", json={"reward": 1.0}).status_code == 404  # already ended
+    _, counts = rec.take(1, timeout_s=1.0, step=0)
+    assert counts["endpoint/unknown_rewards"] == 2
+
+
+def test_a_call_cut_at_its_max_tokens_counts_as_a_clipped_turn(tok):
+    rec = Recorder(tok, 32, 64)
+    call = rec.prepare("e", [{"role": "user", "content": "q"}], 2)
+    rec.record("e", call, [5, 6], [-1.0, -1.0], "xy", "length", 0)
+    call = rec.prepare("e", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "xy"},
+                             {"role": "user", "content": "go on"}], 2)
+    rec.record("e", call, [5], [-1.0], "x", "stop", 0)
+    rec.finish("e", 1.0)
+    batch, _ = rec.take(1, timeout_s=1.0, step=0)
+    assert batch.turns == [2] and batch.clipped_turns == [1] and batch.finish_reason == ["stop"]

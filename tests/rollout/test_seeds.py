@@ -48,9 +48,10 @@ def test_the_worker_samples_from_the_run_seed_unless_sampling_seed_overrides_it(
         workers[run_seed].seed = run_seed
     follow, pinned = SamplingConfig(), SamplingConfig(seed=7)
     assert follow.seed is None  # the default: follow the run seed
-    assert workers[0]._request_seed(follow, 0, 0) == request_seed(0, 0, 0)
-    assert workers[0]._request_seed(follow, 0, 0) != workers[1]._request_seed(follow, 0, 0)
-    assert workers[0]._request_seed(pinned, 0, 0) == workers[1]._request_seed(pinned, 0, 0) == request_seed(7, 0, 0)
+    assert workers[0]._request_seed(follow, (0, 0), 0) == request_seed(0, 0, 0)
+    assert workers[0]._request_seed(follow, (0, 0), 0) != workers[1]._request_seed(follow, (0, 0), 0)
+    assert (workers[0]._request_seed(pinned, (0, 0), 0) == workers[1]._request_seed(pinned, (0, 0), 0)
+            == request_seed(7, 0, 0))
 
 
 def test_data_order_and_generated_data_follow_the_run_seed():
