@@ -68,7 +68,8 @@ def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bo
     m = {f"eval/greedy/{k}": v for k, v in reward_metrics(gs).items()} if greedy else {}
     m.update({f"eval/sampled/{k}": v for k, v in reward_metrics(ss).items()})  # as training reports its batch
     acts = s.action_mask or [[1] * len(lp) for lp in s.logprobs]  # episodes: the model's tokens only
-    kl = [p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts) for p, r, a in zip(lp, ref, act) if a]
+    kl = [p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts)
+          for p, r, a in zip(lp, ref, act) if a]
     m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per model token, the k1 estimate on the sampler's tokens
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)

@@ -111,7 +111,8 @@ def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") ->
         "reward/dropped_groups": float(sum(n < 2 for n in kept.values())) if len(batch) > len(kept) else 0.0,
         **reward_metrics(scored),
         "response/length_mean": statistics.fmean(lengths), "response/length_max": float(max(lengths)),
-        "response/clipped_frac": sum(f == "length" for f in batch.finish_reason) / len(batch),  # token budget, not turns
+        # the token budget ran out, not the turns
+        "response/clipped_frac": sum(f == "length" for f in batch.finish_reason) / len(batch),
         "rollout/skipped_prompts": float(len(batch.skipped)),
     }
     if batch.env_return:

@@ -82,7 +82,8 @@ class RemoteReward:
             except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
                 reason = getattr(e, "reason", e)
                 timed_out = isinstance(reason, TimeoutError)
-                error = f"timed out after {self.timeout_s} s (attempt {attempt + 1})" if timed_out else f"unreachable: {reason}"
+                error = (f"timed out after {self.timeout_s} s (attempt {attempt + 1})" if timed_out
+                         else f"unreachable: {reason}")
                 continue
             scores, error = _parse(raw, len(responses))
             return scores, error, attempt, False  # a garbage reply is an error, not retried
