@@ -5,6 +5,7 @@
 Prints medians (ms) and a final JSON line. The GAE scan is a Python loop over tokens; this tells
 whether it matters next to a model forward (it should stay well under one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,12 +45,14 @@ def main() -> None:
         "kl_k3_ms": median_ms(lambda: A.kl_penalty(lp, old, "k3", mask), args.repeats),
         "token_rewards_ms": median_ms(lambda: A.token_rewards(scores, r, 0.05, mask), args.repeats),
         "grpo_ms": median_ms(lambda: A.grpo_advantages(scores, 8), args.repeats),
-        "reinforce_pp_ms": median_ms(lambda: A.masked_whiten(L.reinforce_pp_returns(scores, r, 0.05, mask, 1.0, 8,
-                                                                                    group_baseline=True), mask),
-                                     args.repeats),
+        "reinforce_pp_ms": median_ms(
+            lambda: A.masked_whiten(L.reinforce_pp_returns(scores, r, 0.05, mask, 1.0, 8, group_baseline=True), mask),
+            args.repeats,
+        ),
         "ppo_policy_loss_ms": median_ms(lambda: A.ppo_policy_loss(lp, old, r, mask, 0.2), args.repeats),
-        "gspo_policy_loss_ms": median_ms(lambda: L.gspo_policy_loss(lp, old, r, mask, 3e-4, 4e-4, "seq_mean"),
-                                         args.repeats),
+        "gspo_policy_loss_ms": median_ms(
+            lambda: L.gspo_policy_loss(lp, old, r, mask, 3e-4, 4e-4, "seq_mean"), args.repeats
+        ),
         "cispo_policy_loss_ms": median_ms(lambda: L.cispo_policy_loss(lp, old, r, mask, None, 0.28), args.repeats),
         "seq_sum_norm_ms": median_ms(lambda: A.aggregate(r, mask, "seq_sum_norm", norm_tokens=T), args.repeats),
         "ppo_value_loss_ms": median_ms(lambda: A.ppo_value_loss(v, old, r, mask, 0.2), args.repeats),
@@ -57,7 +60,16 @@ def main() -> None:
     }
     for k, ms in results.items():
         print(f"{k:24s} {ms:8.3f}")
-    print(json.dumps({"batch": B, "tokens": T, "threads": torch.get_num_threads(), **{k: round(x, 3) for k, x in results.items()}}))
+    print(
+        json.dumps(
+            {
+                "batch": B,
+                "tokens": T,
+                "threads": torch.get_num_threads(),
+                **{k: round(x, 3) for k, x in results.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ relay on the SmolLM2 bf16 preset, docs/benchmarks.md). The model, stated so it c
 The same discrete-event loop runs every mode for 400 batches, 5 seeds; it prints seconds per step and
 the speed-up over sync for this input and for a long-reasoning workload where generation dominates.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,14 @@ import random
 import statistics
 
 STEPS, SEEDS, GRID = 400, 5, [i / 16 for i in range(1, 16)]
-MODES = [("sync", 0, False), ("one_step", 1, False), ("full, staleness 1", 1, False), ("full, staleness 2", 2, False),
-         ("full, staleness 4", 4, False), ("full, staleness 2, batches overlap in the engines (not relay yet)", 2, True)]
+MODES = [
+    ("sync", 0, False),
+    ("one_step", 1, False),
+    ("full, staleness 1", 1, False),
+    ("full, staleness 2", 2, False),
+    ("full, staleness 4", 4, False),
+    ("full, staleness 2, batches overlap in the engines (not relay yet)", 2, True),
+]
 
 
 def tail_factors(n: int, tail: float, seed: int) -> list[float]:
@@ -40,10 +47,12 @@ def tail_factors(n: int, tail: float, seed: int) -> list[float]:
     return [math.exp(tail * rng.gauss(0, 1) - tail * tail / 2) for _ in range(n)]
 
 
-def simulate(g: float, s: float, u: float, y: float, lead: int, r: float, factors: list[float], tail: float,
-             across: bool = False) -> float:
+def simulate(
+    g: float, s: float, u: float, y: float, lead: int, r: float, factors: list[float], tail: float, across: bool = False
+) -> float:
     """Seconds per step, steady state, of `lead` (0 = the synchronous colocated loop) with a share r
     of the cluster for the engines; across: the engines fill the tail with the next batch's requests."""
+
     def generate(f: float) -> float:  # one batch on the engines' share, then its scoring
         return g * f * ((1 - tail) / r + (0.0 if across else tail)) + s / r
 
@@ -78,17 +87,22 @@ def simulate(g: float, s: float, u: float, y: float, lead: int, r: float, factor
 
 def best(g, s, u, y, lead, spread, tail, across=False) -> tuple[float, float]:
     """(seconds per step, the engines' share) at the best share, mean over seeds."""
-    runs = {r: statistics.fmean(simulate(g, s, u, y, lead, r, tail_factors(STEPS, spread, seed), tail, across)
-                                for seed in range(SEEDS))
-            for r in ([1.0] if lead == 0 else GRID)}
+    runs = {
+        r: statistics.fmean(
+            simulate(g, s, u, y, lead, r, tail_factors(STEPS, spread, seed), tail, across) for seed in range(SEEDS)
+        )
+        for r in ([1.0] if lead == 0 else GRID)
+    }
     r = min(runs, key=runs.get)
     return runs[r], r
 
 
 def table(name: str, g, s, u, y, spread, tail) -> None:
     total = g + s + u + y
-    print(f"\n{name}: generate {g / total:.0%} (tail {tail:.0%} of it), score {s / total:.0%}, update {u / total:.0%}, "
-          f"sync {y / total:.1%} of a sync step; spread {spread}")
+    print(
+        f"\n{name}: generate {g / total:.0%} (tail {tail:.0%} of it), score {s / total:.0%}, update {u / total:.0%}, "
+        f"sync {y / total:.1%} of a sync step; spread {spread}"
+    )
     print("| mode | engines' share of the cluster | step (x sync) | speed-up |\n|---|---|---|---|")
     base = best(g, s, u, y, 0, spread, tail)[0]
     for mode, lead, across in MODES:
@@ -102,7 +116,9 @@ def main() -> None:
     p.add_argument("--score", type=float, default=1.95)
     p.add_argument("--update", type=float, default=7.29)
     p.add_argument("--sync", type=float, default=0.156)
-    p.add_argument("--tail", type=float, default=0.3, help="share of generate time spent on the longest responses alone")
+    p.add_argument(
+        "--tail", type=float, default=0.3, help="share of generate time spent on the longest responses alone"
+    )
     p.add_argument("--spread", type=float, default=0.3, help="lognormal sigma of a batch's generate time")
     a = p.parse_args()
     table("measured phases (relay, SmolLM2 bf16 on CPU)", a.generate, a.score, a.update, a.sync, a.spread, a.tail)

@@ -12,6 +12,7 @@ are the current ones, detached, when one epoch of one mini-batch cannot move the
 otherwise a no-grad forward computes them first. Relay's own code is used only where the two must
 agree exactly: the data, prompt encoding and the reward function.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,11 +41,15 @@ PHASES = ("generate", "score", "update", "total")
 def supported(cfg: TrainConfig) -> None:
     """The baseline is plain GRPO; say which setting it does not implement rather than run another algorithm."""
     a = cfg.algorithm
-    wrong = {"algorithm.estimator": (a.estimator, Estimator.grpo), "algorithm.kl_placement": (a.kl_placement, KLPlacement.loss),
-             "algorithm.kl_controller": (a.kl_controller, KLControllerKind.fixed),
-             "algorithm.loss_aggregation": (a.loss_aggregation, LossAggregation.token_mean),
-             "algorithm.policy_loss": (a.policy_loss, PolicyLoss.ppo),
-             "learner.lora.rank": (cfg.learner.lora.rank, 0), "data.dynamic_sampling": (cfg.data.dynamic_sampling, False)}
+    wrong = {
+        "algorithm.estimator": (a.estimator, Estimator.grpo),
+        "algorithm.kl_placement": (a.kl_placement, KLPlacement.loss),
+        "algorithm.kl_controller": (a.kl_controller, KLControllerKind.fixed),
+        "algorithm.loss_aggregation": (a.loss_aggregation, LossAggregation.token_mean),
+        "algorithm.policy_loss": (a.policy_loss, PolicyLoss.ppo),
+        "learner.lora.rank": (cfg.learner.lora.rank, 0),
+        "data.dynamic_sampling": (cfg.data.dynamic_sampling, False),
+    }
     bad = [f"{k}: {v[0]!s} (needs {v[1]!s})" for k, v in wrong.items() if v[0] != v[1]]
     if bad:
         raise ValueError("bench.baseline_loop implements plain GRPO only; " + "; ".join(bad))
@@ -71,18 +76,30 @@ class BaselineLoop:
         self.dtype = cfg.learner.dtype.value
         self.tok = AutoTokenizer.from_pretrained(path)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
-        load = lambda: AutoModelForCausalLM.from_pretrained(path, config=no_dropout_config(path), dtype=torch.float32)  # noqa: E731
+
+        def load():
+            return AutoModelForCausalLM.from_pretrained(path, config=no_dropout_config(path), dtype=torch.float32)
+
         self.policy, self.ref = load(), load().eval().requires_grad_(False)
         L = cfg.learner
-        self.opt = torch.optim.AdamW(self.policy.parameters(), lr=L.lr, betas=tuple(L.betas), weight_decay=L.weight_decay)
+        self.opt = torch.optim.AdamW(
+            self.policy.parameters(), lr=L.lr, betas=tuple(L.betas), weight_decay=L.weight_decay
+        )
         self.reward = RewardFunction(cfg.reward)
         self.train, self.held_out, _ = load_split(cfg.data, cfg.seed)
         self.sampler = PromptSampler(len(self.train), cfg.seed, cfg.data.shuffle)
 
     def _encode(self, examples: list[dict]) -> list[list[int]]:
         r = self.cfg.rollout
-        ids = [encode_prompt(self.tok, policy_prompt(e["prompt"], self.cfg.data.apply_chat_template),
-                             r.max_prompt_tokens, r.prompt_overflow)[0] for e in examples]
+        ids = [
+            encode_prompt(
+                self.tok,
+                policy_prompt(e["prompt"], self.cfg.data.apply_chat_template),
+                r.max_prompt_tokens,
+                r.prompt_overflow,
+            )[0]
+            for e in examples
+        ]
         if any(i is None for i in ids):
             raise ValueError("bench.baseline_loop: a prompt is unusable (relay would skip it); use other data")
         return ids
@@ -95,13 +112,27 @@ class BaselineLoop:
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
         attention = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
         n = 1 if greedy else self.s.n_samples_per_prompt
-        options = {"do_sample": False} if greedy else {
-            "do_sample": True, "temperature": self.s.temperature, "num_return_sequences": n,
-            "top_k": self.s.top_k if self.s.top_k > 0 else None, "top_p": self.s.top_p}
+        options = (
+            {"do_sample": False}
+            if greedy
+            else {
+                "do_sample": True,
+                "temperature": self.s.temperature,
+                "num_return_sequences": n,
+                "top_k": self.s.top_k if self.s.top_k > 0 else None,
+                "top_p": self.s.top_p,
+            }
+        )
         self.policy.eval()
         with compute(self.dtype, ids.device):
-            out = self.policy.generate(input_ids=ids, attention_mask=attention, max_new_tokens=self.s.max_new_tokens,
-                                       pad_token_id=self.pad, eos_token_id=self.tok.eos_token_id, **options)
+            out = self.policy.generate(
+                input_ids=ids,
+                attention_mask=attention,
+                max_new_tokens=self.s.max_new_tokens,
+                pad_token_id=self.pad,
+                eos_token_id=self.tok.eos_token_id,
+                **options,
+            )
         response = out[:, width:]
         is_eos = response == self.tok.eos_token_id
         after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0  # tokens after the first EOS (which itself counts)
@@ -147,8 +178,14 @@ class BaselineLoop:
         t["generate"] = time.perf_counter() - start
         with torch.no_grad():
             micro = self.a.micro_batch_size
-            ref = torch.cat([token_logprobs(self.ref, ids[i: i + micro], attention[i: i + micro], self.s.temperature, self.dtype)
-                             for i in range(0, len(ids), micro)])
+            ref = torch.cat(
+                [
+                    token_logprobs(
+                        self.ref, ids[i : i + micro], attention[i : i + micro], self.s.temperature, self.dtype
+                    )
+                    for i in range(0, len(ids), micro)
+                ]
+            )
             scores, valid = self.rewards(examples, texts, self.s.n_samples_per_prompt)
             mask = mask * valid[:, None]
             adv = self.advantages(scores, valid)
@@ -164,17 +201,25 @@ class BaselineLoop:
         if epochs > 1 or mini < len(ids):  # the weights move before the last mini-batch: old logprobs first
             with torch.no_grad():
                 self.policy.eval()
-                old = torch.cat([token_logprobs(self.policy, ids[i: i + micro], attention[i: i + micro], self.s.temperature, self.dtype)
-                                 for i in range(0, len(ids), micro)])
+                old = torch.cat(
+                    [
+                        token_logprobs(
+                            self.policy, ids[i : i + micro], attention[i : i + micro], self.s.temperature, self.dtype
+                        )
+                        for i in range(0, len(ids), micro)
+                    ]
+                )
         self.policy.train()
         for epoch in range(epochs):
             order = torch.randperm(len(ids))
             for i in range(0, len(ids), mini):
-                rows = order[i: i + mini]
+                rows = order[i : i + mini]
                 total = max(float(mask[rows].sum()), 1e-8)
                 for j in range(0, len(rows), micro):
-                    r = rows[j: j + micro]
-                    self.loss(ids[r], attention[r], mask[r], None if old is None else old[r], ref[r], adv[r], total).backward()
+                    r = rows[j : j + micro]
+                    self.loss(
+                        ids[r], attention[r], mask[r], None if old is None else old[r], ref[r], adv[r], total
+                    ).backward()
                 if self.cfg.learner.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.learner.grad_clip)
                 self.opt.step()
@@ -184,7 +229,7 @@ class BaselineLoop:
         """Mean reward of greedy answers on the held-out prompts (the accuracy for a 0/1 verifiable reward)."""
         scores = []
         for i in range(0, len(self.held_out), 64):
-            part = self.held_out[i: i + 64]
+            part = self.held_out[i : i + 64]
             _, _, _, texts = self.generate(part, greedy=True)
             s, v = self.rewards(part, texts, 1)
             scores += s[v].tolist()
@@ -216,7 +261,11 @@ def main() -> None:
     for ph in PHASES:
         print(f"{ph:9s} {med[ph]:7.3f} s")
     print(f"held-out greedy accuracy {out['before']:.3f} -> {out['after']:.3f}")
-    print(json.dumps({**{f"{ph}_s": round(v, 3) for ph, v in med.items()}, "before": out["before"], "after": out["after"]}))
+    print(
+        json.dumps(
+            {**{f"{ph}_s": round(v, 3) for ph, v in med.items()}, "before": out["before"], "after": out["after"]}
+        )
+    )
 
 
 if __name__ == "__main__":

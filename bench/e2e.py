@@ -18,6 +18,7 @@ of each are warm-up; medians over the rest. Phases compared: generate; score (re
 reward); update (relay's update plus its weight sync; the baseline's weights are already where it
 samples). Prints a table and a final JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,16 @@ def run_relay(cfg, steps: int) -> dict:
         for _ in range(steps):
             m = trainer.train_step()
             trainer.step += 1
-            rows.append({"generate": m["timing/generate"], "score": m["timing/score"], "sync": m["timing/sync"],
-                         "update": m["timing/update"] + m["timing/sync"], "total": m["timing/total"],
-                         "gap": m["rollout/logprob_gap"]})
+            rows.append(
+                {
+                    "generate": m["timing/generate"],
+                    "score": m["timing/score"],
+                    "sync": m["timing/sync"],
+                    "update": m["timing/update"] + m["timing/sync"],
+                    "total": m["timing/total"],
+                    "gap": m["rollout/logprob_gap"],
+                }
+            )
         after = trainer.evaluate().get(ACCURACY, float("nan"))
     finally:
         trainer.shutdown()
@@ -73,35 +81,63 @@ def run_mode(cfg, steps: int, warmup: int) -> dict:
         trainer.shutdown()
         ray.shutdown()
     step_s = (ends[-1] - ends[warmup - 1]) / (steps - warmup)
-    idle = {role: statistics.median(r[f"pipeline/idle/{role}"] for r in rows[warmup:])
-            for role in ("rollout", "scoring", "learner")}
-    phases = {k: statistics.median(r[f"timing/{k}"] for r in rows[warmup:]) for k in ("generate", "score", "update", "sync")}
-    return {"steps_per_s": 1 / step_s, "completions_per_s": len_samples(cfg) / step_s, "idle": idle, "phases_s": phases,
-            "staleness": statistics.fmean(r["async/staleness_mean"] for r in rows),
-            "accuracy": [before.get(ACCURACY, float("nan")), after.get(ACCURACY, float("nan"))],
-            "sampled_reward": after["eval/sampled/reward/mean"]}
+    idle = {
+        role: statistics.median(r[f"pipeline/idle/{role}"] for r in rows[warmup:])
+        for role in ("rollout", "scoring", "learner")
+    }
+    phases = {
+        k: statistics.median(r[f"timing/{k}"] for r in rows[warmup:]) for k in ("generate", "score", "update", "sync")
+    }
+    return {
+        "steps_per_s": 1 / step_s,
+        "completions_per_s": len_samples(cfg) / step_s,
+        "idle": idle,
+        "phases_s": phases,
+        "staleness": statistics.fmean(r["async/staleness_mean"] for r in rows),
+        "accuracy": [before.get(ACCURACY, float("nan")), after.get(ACCURACY, float("nan"))],
+        "sampled_reward": after["eval/sampled/reward/mean"],
+    }
 
 
 def len_samples(cfg) -> int:
     return cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt
 
 
-def compare_modes(config: str, modes: list[str], seeds: list[int], steps: int, warmup: int, overrides: list[str]) -> dict:
+def compare_modes(
+    config: str, modes: list[str], seeds: list[int], steps: int, warmup: int, overrides: list[str]
+) -> dict:
     out = {}
     for seed in seeds:  # modes interleaved, so the machine's drift over the minutes spreads over all of them
         for mode in modes:
             name, _, staleness = mode.partition(":")
-            extra = [f"async_training.mode={name}"] + ([f"async_training.max_staleness={staleness}"] if staleness else [])
+            extra = [f"async_training.mode={name}"] + (
+                [f"async_training.max_staleness={staleness}"] if staleness else []
+            )
             with tempfile.TemporaryDirectory() as tmp:
-                cfg = load_config(config, [f"total_steps={steps}", f"run_root={tmp}", "logging.wandb.mode=disabled",
-                                           "logging.progress_bar=false", f"seed={seed}", *extra, *overrides])
+                cfg = load_config(
+                    config,
+                    [
+                        f"total_steps={steps}",
+                        f"run_root={tmp}",
+                        "logging.wandb.mode=disabled",
+                        "logging.progress_bar=false",
+                        f"seed={seed}",
+                        *extra,
+                        *overrides,
+                    ],
+                )
                 cfg.learner.model_path = resolve_model_path(cfg.learner.model_path, str(REPO / "runs"))
                 out[(mode, seed)] = run_mode(cfg, steps, warmup)
             print(mode, seed, json.dumps(out[(mode, seed)]), flush=True)
-    ratios = {m: statistics.median(out[(m, s)]["steps_per_s"] / out[(modes[0], s)]["steps_per_s"] for s in seeds)
-              for m in modes}
+    ratios = {
+        m: statistics.median(out[(m, s)]["steps_per_s"] / out[(modes[0], s)]["steps_per_s"] for s in seeds)
+        for m in modes
+    }
     print(f"\n{Path(config).stem}: {steps} steps, medians over seeds {seeds} (accuracy: each seed)")
-    print("| mode | steps/s | vs first (median of per-seed ratios) | completions/s | idle rollout / scoring / learner | staleness | held-out greedy acc. after |")
+    print(
+        "| mode | steps/s | vs first (median of per-seed ratios) | completions/s "
+        "| idle rollout / scoring / learner | staleness | held-out greedy acc. after |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mode in modes:
         runs = [out[(mode, s)] for s in seeds]
@@ -109,8 +145,10 @@ def compare_modes(config: str, modes: list[str], seeds: list[int], steps: int, w
         sps = med(lambda r: r["steps_per_s"])
         idle = " / ".join(f"{med(lambda r: r['idle'][k]):.2f}" for k in ("rollout", "scoring", "learner"))
         acc = ", ".join(f"{r['accuracy'][1]:.3f}" for r in runs)
-        print(f"| {mode} | {sps:.3f} | {ratios[mode]:.2f}x | {med(lambda r: r['completions_per_s']):.1f} | {idle} | "
-              f"{med(lambda r: r['staleness']):.2f} | {acc} |")
+        print(
+            f"| {mode} | {sps:.3f} | {ratios[mode]:.2f}x | {med(lambda r: r['completions_per_s']):.1f} | {idle} | "
+            f"{med(lambda r: r['staleness']):.2f} | {acc} |"
+        )
     return {f"{m}/{s}": v for (m, s), v in out.items()}
 
 
@@ -124,15 +162,24 @@ def report(cfg_name: str, relay: dict, base: dict | None, dtype: str, warmup: in
             print(f"{ph:10s} {r[ph]:8.3f} {b[ph]:9.3f} {b[ph] / r[ph]:8.2f}x")
         else:
             print(f"{ph:10s} {r[ph]:8.3f}")
-    print(f"(relay's update includes its weight sync, {r['sync']:.3f} s; relay's logprob gap, sampler vs learner: "
-          f"{statistics.median(x['gap'] for x in relay['rows']):.2e})")
+    print(
+        f"(relay's update includes its weight sync, {r['sync']:.3f} s; relay's logprob gap, sampler vs learner: "
+        f"{statistics.median(x['gap'] for x in relay['rows']):.2e})"
+    )
     print(f"held-out greedy accuracy: relay {relay['before']:.3f} -> {relay['after']:.3f}", end="")
     print(f", baseline {base['before']:.3f} -> {base['after']:.3f}" if base else "")
-    out = {"config": cfg_name, "dtype": dtype, **{f"relay_{k}_s": round(v, 3) for k, v in r.items()},
-           "relay_accuracy": [relay["before"], relay["after"]]}
+    out = {
+        "config": cfg_name,
+        "dtype": dtype,
+        **{f"relay_{k}_s": round(v, 3) for k, v in r.items()},
+        "relay_accuracy": [relay["before"], relay["after"]],
+    }
     if b:
-        out |= {**{f"baseline_{k}_s": round(v, 3) for k, v in b.items()}, "speedup": round(b["total"] / r["total"], 3),
-                "baseline_accuracy": [base["before"], base["after"]]}
+        out |= {
+            **{f"baseline_{k}_s": round(v, 3) for k, v in b.items()},
+            "speedup": round(b["total"] / r["total"], 3),
+            "baseline_accuracy": [base["before"], base["after"]],
+        }
     return out
 
 
@@ -148,14 +195,25 @@ def main() -> None:
     args = p.parse_args()
     start = time.perf_counter()
     if args.modes:
-        out = compare_modes(args.config, args.modes.split(","), [int(s) for s in args.seeds.split(",")], args.steps,
-                            args.warmup, args.overrides)
+        out = compare_modes(
+            args.config,
+            args.modes.split(","),
+            [int(s) for s in args.seeds.split(",")],
+            args.steps,
+            args.warmup,
+            args.overrides,
+        )
         print(f"took {time.perf_counter() - start:.0f} s")
         print(json.dumps(out))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"total_steps={args.steps}", f"run_root={tmp}", "logging.wandb.mode=disabled",
-                     "logging.progress_bar=false", *args.overrides]
+        overrides = [
+            f"total_steps={args.steps}",
+            f"run_root={tmp}",
+            "logging.wandb.mode=disabled",
+            "logging.progress_bar=false",
+            *args.overrides,
+        ]
         cfg = load_config(args.config, overrides)
         # a built-in starting policy is built once and cached under runs/models, as `relay train` does
         cfg.learner.model_path = resolve_model_path(cfg.learner.model_path, str(REPO / "runs"))

@@ -8,6 +8,7 @@ with 0, only the calls already queued when the server's loop comes round go toge
 and the median and p90 latency of a call per window, then a final JSON line. Every episode is
 checked to come back whole. Uses relay's tiny addition policy (built once under runs/models).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,10 @@ def agent(url: str, name: str, episodes: int, calls: int, latencies: list) -> No
             start = time.perf_counter()
             reply = client.chat.completions.create(model="relay-policy", messages=messages, max_tokens=8)
             latencies.append(time.perf_counter() - start)
-            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                         {"role": "user", "content": "check"}]
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": "check"},
+            ]
         httpx.post(f"{url}/episodes/{name}-{e}/reward", json={"reward": 1.0}).raise_for_status()
 
 
@@ -59,8 +62,13 @@ def run(pool, model: str, wait_ms: float, agents: int, episodes: int, calls: int
     ray.kill(gateway)
     assert n_episodes == agents * episodes and sum(batch.turns) == agents * episodes * calls
     lat = sorted(latencies)
-    return {"wait_ms": wait_ms, "calls_per_s": len(lat) / wall, "latency_p50_s": statistics.median(lat),
-            "latency_p90_s": lat[int(0.9 * (len(lat) - 1))], "wall_s": wall}
+    return {
+        "wait_ms": wait_ms,
+        "calls_per_s": len(lat) / wall,
+        "latency_p50_s": statistics.median(lat),
+        "latency_p90_s": lat[int(0.9 * (len(lat) - 1))],
+        "wall_s": wall,
+    }
 
 
 def main() -> None:
@@ -73,22 +81,35 @@ def main() -> None:
     args = p.parse_args()
     model = resolve_model_path("builtin://tiny-addition-gpt", str(REPO / "runs"))
     ray.init(include_dashboard=False, log_to_driver=False)
-    pool = RolloutPool(RolloutConfig(max_model_len=64, max_prompt_tokens=48, sampling=SamplingConfig(max_new_tokens=8)),
-                       model, 1, seed=0)
+    pool = RolloutPool(
+        RolloutConfig(max_model_len=64, max_prompt_tokens=48, sampling=SamplingConfig(max_new_tokens=8)),
+        model,
+        1,
+        seed=0,
+    )
     try:
         run(pool, model, 10.0, 2, 1, 2)  # warm-up
-        runs = [run(pool, model, float(w), args.agents, args.episodes, args.calls)
-                for _ in range(args.repeats) for w in args.waits.split(",")]
-        rows = [{k: statistics.median(r[k] for r in runs if r["wait_ms"] == float(w)) for k in runs[0]}
-                for w in args.waits.split(",")]
+        runs = [
+            run(pool, model, float(w), args.agents, args.episodes, args.calls)
+            for _ in range(args.repeats)
+            for w in args.waits.split(",")
+        ]
+        rows = [
+            {k: statistics.median(r[k] for r in runs if r["wait_ms"] == float(w)) for k in runs[0]}
+            for w in args.waits.split(",")
+        ]
     finally:
         pool.shutdown()
         ray.shutdown()
-    print(f"{args.agents} agents x {args.episodes} episodes x {args.calls} calls, one engine; medians of {args.repeats}")
+    print(
+        f"{args.agents} agents x {args.episodes} episodes x {args.calls} calls, one engine; medians of {args.repeats}"
+    )
     print(f"{'batch_wait_ms':>13} {'calls/s':>8} {'p50 s':>7} {'p90 s':>7} {'wall s':>7}")
     for r in rows:
-        print(f"{r['wait_ms']:>13.0f} {r['calls_per_s']:>8.1f} {r['latency_p50_s']:>7.3f} {r['latency_p90_s']:>7.3f} "
-              f"{r['wall_s']:>7.1f}")
+        print(
+            f"{r['wait_ms']:>13.0f} {r['calls_per_s']:>8.1f} {r['latency_p50_s']:>7.3f} {r['latency_p90_s']:>7.3f} "
+            f"{r['wall_s']:>7.1f}"
+        )
     print(json.dumps({"agents": args.agents, "episodes": args.episodes, "calls": args.calls, "rows": rows}))
 
 

@@ -9,6 +9,7 @@ MFU = 6 * N * tokens / time / peak, where peak is this machine's measured float3
 (the experience forward adds another 2 * N * tokens, so the true utilisation is 4/3 of that).
 Prints a table and a final JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,9 @@ import torch
 
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.group import LearnerGroup
-from rollout.config import SamplingConfig
 from learner.tiny_gpt import init_tiny_gpt
 from reward_service.types import ScoredBatch
+from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
 
 SHAPE = dict(n_embd=384, n_layer=5, n_head=6)
@@ -49,7 +50,9 @@ def make_batch(samples: int, group: int = 8) -> tuple[RolloutBatch, ScoredBatch]
     prompts = torch.randint(3, 60, (samples // group, 16), generator=g).tolist()
     P = [p for p in prompts for _ in range(group)]
     R = torch.randint(3, 60, (samples, 32), generator=g).tolist()
-    batch = RolloutBatch([i // group for i in range(samples)], P, R, [[-4.0] * 32] * samples, ["x"] * samples, ["length"] * samples)
+    batch = RolloutBatch(
+        [i // group for i in range(samples)], P, R, [[-4.0] * 32] * samples, ["x"] * samples, ["length"] * samples
+    )
     rewards = torch.rand(samples, generator=g).tolist()
     scored = ScoredBatch(rewards, {}, [True] * samples, [False] * samples, [[-4.0] * 32] * samples, raw=rewards)
     return batch, scored
@@ -58,8 +61,15 @@ def make_batch(samples: int, group: int = 8) -> tuple[RolloutBatch, ScoredBatch]
 def bench(model: str, world: int, zero: int, batch, scored, repeats: int) -> float:
     algo = AlgorithmConfig(estimator=Estimator.grpo, mini_batch_size=32, micro_batch_size=8, ppo_epochs=1)
     threads = max(1, (os.cpu_count() or 1) // world)
-    group = LearnerGroup(LearnerConfig(model_path=model, lr=1e-5, zero_stage=zero), algo, SamplingConfig(n_samples_per_prompt=8), world, seed=0,
-                         num_cpus=0, threads=threads)
+    group = LearnerGroup(
+        LearnerConfig(model_path=model, lr=1e-5, zero_stage=zero),
+        algo,
+        SamplingConfig(n_samples_per_prompt=8),
+        world,
+        seed=0,
+        num_cpus=0,
+        threads=threads,
+    )
     try:
         group.update(batch, scored, step=0)
         times = []
@@ -91,12 +101,21 @@ def main() -> None:
             for zero in (0, 2):
                 seconds = bench(model, world, zero, batch, scored, args.repeats)
                 tps = tokens / seconds
-                results[f"ranks{world}_zero{zero}"] = {"seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
-                                                       "mfu": round(6 * n_params * tps / peak, 4)}
-                print(f"{world} rank(s), ZeRO {zero}: {seconds:.3f} s/update, {tps:8.0f} tokens/s, "
-                      f"MFU {6 * n_params * tps / peak:.1%}")
+                results[f"ranks{world}_zero{zero}"] = {
+                    "seconds": round(seconds, 3),
+                    "tokens_per_s": round(tps, 1),
+                    "mfu": round(6 * n_params * tps / peak, 4),
+                }
+                print(
+                    f"{world} rank(s), ZeRO {zero}: {seconds:.3f} s/update, {tps:8.0f} tokens/s, "
+                    f"MFU {6 * n_params * tps / peak:.1%}"
+                )
     ray.shutdown()
-    print(json.dumps({"params": n_params, "tokens_per_update": tokens, "matmul_peak_gflops": round(peak / 1e9, 1), **results}))
+    print(
+        json.dumps(
+            {"params": n_params, "tokens_per_update": tokens, "matmul_peak_gflops": round(peak / 1e9, 1), **results}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
    first start fills torch.compile's cache), and the tokens/s each then generates.
 Prints a table and a final JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,13 +33,16 @@ import torch
 from learner.tiny_gpt import init_tiny_gpt, init_tiny_llama
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env
-from rollout.seeds import request_seed
 from rollout.pool import RolloutPool
+from rollout.seeds import request_seed
 from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
 
 ARCHS = {"llama": init_tiny_llama, "gpt2": init_tiny_gpt}
-SIZES = {"1M": dict(n_embd=128, n_layer=4, n_head=4), "10M": dict(n_embd=384, n_layer=5, n_head=6),
-         "100M": dict(n_embd=768, n_layer=14, n_head=12)}
+SIZES = {
+    "1M": dict(n_embd=128, n_layer=4, n_head=4),
+    "10M": dict(n_embd=384, n_layer=5, n_head=6),
+    "100M": dict(n_embd=768, n_layer=14, n_head=12),
+}
 
 
 class BareVLLM:
@@ -80,8 +84,12 @@ def make_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 def bench_generation(model: str, args) -> dict:
-    cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, cpu_plain_linear=not args.packed_linear,
-                        sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens, temperature=1.0))
+    cfg = RolloutConfig(
+        max_model_len=128,
+        max_prompt_tokens=16,
+        cpu_plain_linear=not args.packed_linear,
+        sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens, temperature=1.0),
+    )
     prompts = make_prompts(args.prompts)
     pool = RolloutPool(cfg, model, num_workers=1, seed=0, num_cpus=1)
     # same process layout and threads as a RolloutWorker (engine core in the actor's process), but
@@ -125,8 +133,12 @@ def bench_generation(model: str, args) -> dict:
 def bench_startup(model: str, args) -> dict:
     res = {}
     for mode, eager in (("eager", True), ("compiled", False)):
-        cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, enforce_eager=eager,
-                            sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens))
+        cfg = RolloutConfig(
+            max_model_len=128,
+            max_prompt_tokens=16,
+            enforce_eager=eager,
+            sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens),
+        )
         start = time.perf_counter()
         pool = RolloutPool(cfg, model, num_workers=1, seed=0, num_cpus=1)
         res[f"{mode}_startup_s"] = time.perf_counter() - start
@@ -188,8 +200,16 @@ def bench_sync(root: Path, arch: str, size: str, workers: int, repeats: int, buc
     for r in receivers:
         ray.kill(r)
     sync_s, raw_s, floor_s, inproc_s = (statistics.median(t[2:]) for t in (sync_t, raw_t, floor_t, inproc_t))
-    return {"params": params, "mbytes": numel * 4 / 2**20, "sync_s": sync_s, "raw_broadcast_s": raw_s,
-            "floor_s": floor_s, "in_process_s": inproc_s, "sync_ratio": sync_s / raw_s, "floor_ratio": sync_s / floor_s}
+    return {
+        "params": params,
+        "mbytes": numel * 4 / 2**20,
+        "sync_s": sync_s,
+        "raw_broadcast_s": raw_s,
+        "floor_s": floor_s,
+        "in_process_s": inproc_s,
+        "sync_ratio": sync_s / raw_s,
+        "floor_ratio": sync_s / floor_s,
+    }
 
 
 def _state(model: str) -> dict[str, torch.Tensor]:
@@ -219,19 +239,29 @@ def main() -> None:
         gen_model = str(init_tiny_gpt(root / "gen", n_positions=128, **SIZES[args.gen_size]))
         gen = {} if args.skip_gen else bench_generation(gen_model, args)
         if gen:
-            print(f"generation ({args.gen_size} GPT-2, {args.prompts} prompts x {args.n} x <= {args.new_tokens} tokens): "
-                  f"pool {gen['tokens_per_s']:.0f} tok/s, bare vLLM {gen['bare_vllm_tokens_per_s']:.0f} tok/s, "
-                  f"ratio {gen['ratio']:.3f}; 2 workers {gen['two_worker_tokens_per_s']:.0f} tok/s")
+            print(
+                f"generation ({args.gen_size} GPT-2, {args.prompts} prompts x {args.n} x <= {args.new_tokens} tokens): "
+                f"pool {gen['tokens_per_s']:.0f} tok/s, bare vLLM {gen['bare_vllm_tokens_per_s']:.0f} tok/s, "
+                f"ratio {gen['ratio']:.3f}; 2 workers {gen['two_worker_tokens_per_s']:.0f} tok/s"
+            )
         startup = {} if args.skip_startup else bench_startup(gen_model, args)
         if startup:
-            print(f"start-up: eager {startup['eager_startup_s']:.1f} s then {startup['eager_tokens_per_s']:.0f} tok/s; "
-                  f"compiled {startup['compiled_startup_s']:.1f} s then {startup['compiled_tokens_per_s']:.0f} tok/s")
+            print(
+                f"start-up: eager {startup['eager_startup_s']:.1f} s then {startup['eager_tokens_per_s']:.0f} tok/s; "
+                f"compiled {startup['compiled_startup_s']:.1f} s then {startup['compiled_tokens_per_s']:.0f} tok/s"
+            )
         sync = {}
         for arch, size in [] if args.skip_sync else [(a, s) for a in ARCHS for s in SIZES]:
-            s = sync[f"{arch}-{size}"] = bench_sync(root, arch, size, args.sync_workers, args.sync_repeats, args.bucket_mb)
-            print(f"sync {arch:>5} {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) to {args.sync_workers} workers: "
-                  f"{s['sync_s'] * 1e3:8.1f} ms vs raw broadcast {s['raw_broadcast_s'] * 1e3:8.1f} ms, ratio {s['sync_ratio']:.2f}; "
-                  f"floor {s['floor_s'] * 1e3:8.1f} ms, ratio {s['floor_ratio']:.2f}; in-process {s['in_process_s'] * 1e3:7.1f} ms")
+            s = sync[f"{arch}-{size}"] = bench_sync(
+                root, arch, size, args.sync_workers, args.sync_repeats, args.bucket_mb
+            )
+            print(
+                f"sync {arch:>5} {size:>4} ({s['params'] / 1e6:6.1f}M params, {s['mbytes']:6.1f} MiB) "
+                f"to {args.sync_workers} workers: "
+                f"{s['sync_s'] * 1e3:8.1f} ms vs raw broadcast {s['raw_broadcast_s'] * 1e3:8.1f} ms, "
+                f"ratio {s['sync_ratio']:.2f}; floor {s['floor_s'] * 1e3:8.1f} ms, ratio {s['floor_ratio']:.2f}; "
+                f"in-process {s['in_process_s'] * 1e3:7.1f} ms"
+            )
     ray.shutdown()
     out = {k: round(v, 3) for k, v in gen.items() | startup.items()}
     out["sync"] = {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in sync.items()}

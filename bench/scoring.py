@@ -9,6 +9,7 @@ micro-batches of 32; medians of the repeats. Prints a table and a final JSON lin
 --deadlines instead measures what a source that never answers costs against its deadline; --rules
 times `math_answer` (math-verify) on plain integers (the fast path), LaTeX and GSM8K-style prose.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         policy = init_tiny_gpt(Path(tmp) / "policy", n_positions=128, **SHAPE)
         rm_path = Path(tmp) / "rm"
-        GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), n_positions=128, num_labels=1,
-                                                 pad_token_id=tok.pad_token_id, **SHAPE)).save_pretrained(rm_path)
+        GPT2ForSequenceClassification(
+            GPT2Config(vocab_size=len(tok), n_positions=128, num_labels=1, pad_token_id=tok.pad_token_id, **SHAPE)
+        ).save_pretrained(rm_path)
         tok.save_pretrained(rm_path)
         ref = ReferenceModel(str(policy), micro_batch_size=32)
         rm = build_source(RewardSource(kind=SourceKind.reward_model, model_path=str(rm_path)), micro_batch_size=32)
@@ -67,13 +69,25 @@ def main() -> None:
         meta = [{"answer": "42"}] * B
         results = {
             "reference_samples_per_s": B / (1e-3 * median_ms(lambda: ref.logprobs(batch), args.repeats)),
-            "reward_model_samples_per_s": B / (1e-3 * median_ms(lambda: rm.score(prompt_texts, texts, meta), args.repeats)),
-            "math_rule_samples_per_s": B / (1e-3 * median_ms(lambda: rule.score(prompt_texts, texts, meta), args.repeats)),
+            "reward_model_samples_per_s": B
+            / (1e-3 * median_ms(lambda: rm.score(prompt_texts, texts, meta), args.repeats)),
+            "math_rule_samples_per_s": B
+            / (1e-3 * median_ms(lambda: rule.score(prompt_texts, texts, meta), args.repeats)),
         }
     for k, v in results.items():
         print(f"{k:28s} {v:12.1f}")
-    print(json.dumps({"samples": B, "prompt_tokens": 16, "response_tokens": T, "params_m": 9.0,
-                      "threads": torch.get_num_threads(), **{k: round(v, 1) for k, v in results.items()}}))
+    print(
+        json.dumps(
+            {
+                "samples": B,
+                "prompt_tokens": 16,
+                "response_tokens": T,
+                "params_m": 9.0,
+                "threads": torch.get_num_threads(),
+                **{k: round(v, 1) for k, v in results.items()},
+            }
+        )
+    )
 
 
 def rule_costs(n: int, repeats: int) -> dict[str, float]:
@@ -84,9 +98,12 @@ def rule_costs(n: int, repeats: int) -> dict[str, float]:
     nums = torch.randint(10, 999, (n, 2), generator=rng).tolist()
     styles = {
         "plain_int": [(str(a + b), str(a + b)) for a, b in nums],
-        "latex_frac": [(f"so the answer is $\\boxed{{\\frac{{{a}}}{{{b}}}}}$.", f"\\frac{{{a}}}{{{b}}}") for a, b in nums],
-        "gsm8k_prose": [(f"{a} apples and {b} more, so {a} + {b} = {a + b} apples in all.", f"... #### {a + b}")
-                        for a, b in nums],
+        "latex_frac": [
+            (f"so the answer is $\\boxed{{\\frac{{{a}}}{{{b}}}}}$.", f"\\frac{{{a}}}{{{b}}}") for a, b in nums
+        ],
+        "gsm8k_prose": [
+            (f"{a} apples and {b} more, so {a} + {b} = {a + b} apples in all.", f"... #### {a + b}") for a, b in nums
+        ],
     }
     results = {}
     for name, pairs in styles.items():
@@ -130,9 +147,13 @@ def deadline_overhead(repeats: int, timeout_s: float = 0.2) -> dict[str, float]:
         server.shutdown()
         server.server_close()
     allowed_remote_ms = 1e3 * (2 * timeout_s + remote.backoff_s)  # 2 attempts and one backoff sleep
-    results = {"function_ms": fn_ms, "function_allowed_ms": 1e3 * timeout_s,
-               "remote_ms": remote_ms, "remote_allowed_ms": allowed_remote_ms,
-               "remote_hard_deadline_ms": 1e3 * remote.deadline_s}
+    results = {
+        "function_ms": fn_ms,
+        "function_allowed_ms": 1e3 * timeout_s,
+        "remote_ms": remote_ms,
+        "remote_allowed_ms": allowed_remote_ms,
+        "remote_hard_deadline_ms": 1e3 * remote.deadline_s,
+    }
     for k, v in results.items():
         print(f"{k:28s} {v:12.1f}")
     print(json.dumps({"timeout_s": timeout_s, "repeats": repeats, **{k: round(v, 1) for k, v in results.items()}}))

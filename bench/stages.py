@@ -9,6 +9,7 @@ demonstrations and preference pairs. Tokens are all non-pad sequence tokens of a
 MFU against this machine's measured float32 matmul peak, 6 * N * tokens per step.
 Prints a table and a final JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,8 @@ from learner.supervised import RM, SFT, SupervisedGroup
 from learner.tiny_gpt import init_tiny_gpt
 from orchestrator.config import StageConfig
 from orchestrator.datagen import demonstrations, preferences
-from orchestrator.tasks import make_task
 from orchestrator.stages import encode_rm, encode_sft
+from orchestrator.tasks import make_task
 
 
 def bench(model: str, kind: str, world: int, zero: int, steps: int, repeats: int) -> dict:
@@ -46,14 +47,18 @@ def bench(model: str, kind: str, world: int, zero: int, steps: int, repeats: int
     for rep in range(repeats + 1):  # round 0 warms up
         start = time.perf_counter()
         for i in range(steps):
-            group.train_step({k: v[i * 64: (i + 1) * 64] for k, v in batch.items()})
+            group.train_step({k: v[i * 64 : (i + 1) * 64] for k, v in batch.items()})
         if rep:
             per_step.append((time.perf_counter() - start) / steps)
     tokens = sum(int(batch[m][: 64 * steps].sum()) for m in masks) / steps
     group.shutdown()
     seconds = statistics.median(per_step)
-    return {"seconds_per_step": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
-            "sequences_per_s": round(64 * (1 if kind == SFT else 2) / seconds, 1), "tokens_per_step": tokens}
+    return {
+        "seconds_per_step": round(seconds, 4),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "sequences_per_s": round(64 * (1 if kind == SFT else 2) / seconds, 1),
+        "tokens_per_step": tokens,
+    }
 
 
 def main() -> None:
@@ -74,8 +79,11 @@ def main() -> None:
                 r = bench(model, kind, world, zero, args.steps, args.repeats)
                 r["mfu"] = round(6 * params * r["tokens_per_s"] / peak, 3)
                 results[f"{kind}_ranks{world}_zero{zero}"] = r
-                print(f"{kind:>3} {world} rank(s) ZeRO {zero}: {r['seconds_per_step']:.3f} s/step, "
-                      f"{r['tokens_per_s']:8.0f} tokens/s, {r['sequences_per_s']:6.0f} seq/s, MFU {r['mfu']:.1%}", flush=True)
+                print(
+                    f"{kind:>3} {world} rank(s) ZeRO {zero}: {r['seconds_per_step']:.3f} s/step, "
+                    f"{r['tokens_per_s']:8.0f} tokens/s, {r['sequences_per_s']:6.0f} seq/s, MFU {r['mfu']:.1%}",
+                    flush=True,
+                )
     ray.shutdown()
     print(json.dumps({"params": params, "peak_gflops": round(peak / 1e9, 1), **results}))
 

@@ -5,6 +5,7 @@ An Environment holds one episode. relay makes an instance per episode, calls `re
 (`async def`). A call that raises, returns something malformed or misses env.step_timeout_s ends its
 episode (counted); it never stops the run, and never the other episodes.
 """
+
 from __future__ import annotations
 
 import asyncio

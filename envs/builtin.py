@@ -5,6 +5,7 @@
 - guess_number: find a secret number; each wrong guess is answered "higher" or "lower", the right
   one ends the episode with reward 1.
 """
+
 from __future__ import annotations
 
 import re

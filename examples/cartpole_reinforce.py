@@ -6,6 +6,7 @@ A check of learner/algorithms.py on a task with a known answer: returns-to-go fr
 
     python examples/cartpole_reinforce.py [--episodes 2000] [--seed 0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,26 @@ def run_episodes(env, policy, n: int, seed: int) -> tuple[torch.Tensor, torch.Te
             obs, r, terminated, truncated, _ = env.step(a)
             observations.append(o), actions.append(a), rewards.append(r)
             done = terminated or truncated
-        obs_l.append(torch.stack(observations)), act_l.append(torch.tensor(actions)), rew_l.append(torch.tensor(rewards))
+        (
+            obs_l.append(torch.stack(observations)),
+            act_l.append(torch.tensor(actions)),
+            rew_l.append(torch.tensor(rewards)),
+        )
     T = max(len(a) for a in act_l)
     mask = torch.stack([(torch.arange(T) < len(a)).float() for a in act_l])
     pad = lambda xs, shape: torch.stack([torch.cat([x, x.new_zeros(T - len(x), *shape)]) for x in xs])  # noqa: E731
     return pad(obs_l, (4,)), pad(act_l, ()), pad(rew_l, ()).float(), mask
 
 
-def train(episodes: int, seed: int = 0, batch: int = 8, lr: float = 1e-2, gamma: float = 0.99,
-          target: float = 475.0, log_every: int = 0) -> list[float]:
+def train(
+    episodes: int,
+    seed: int = 0,
+    batch: int = 8,
+    lr: float = 1e-2,
+    gamma: float = 0.99,
+    target: float = 475.0,
+    log_every: int = 0,
+) -> list[float]:
     """Train until `episodes` are played or the moving average reaches `target`; return the averages."""
     torch.manual_seed(seed)
     env = gym.make("CartPole-v1")
@@ -77,8 +89,10 @@ def main() -> None:
     torch.set_num_threads(1)
     start = time.time()
     history = train(args.episodes, args.seed, log_every=10)
-    print(f"final 100-episode moving average {history[-1]:.1f} after {len(history) * 8} episodes, "
-          f"{time.time() - start:.0f} s")
+    print(
+        f"final 100-episode moving average {history[-1]:.1f} after {len(history) * 8} episodes, "
+        f"{time.time() - start:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Pure functions on tensors. Shapes: B = samples, T = response tokens. Every token
 `mask` (B, T), 1.0 on response tokens and 0.0 on padding, and padding never changes a result.
 This module imports torch and nothing distributed, no model and no config (tests/test_architecture.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -175,8 +176,9 @@ def _groups(scores: Tensor, group_size: int, valid: Tensor | None) -> tuple[Tens
     return torch.where(v > 0, g, 0.0), v, v.sum(-1, keepdim=True)
 
 
-def grpo_advantages(scores: Tensor, group_size: int, valid: Tensor | None = None, scale_by_std: bool = True,
-                    eps: float = 1e-6) -> Tensor:
+def grpo_advantages(
+    scores: Tensor, group_size: int, valid: Tensor | None = None, scale_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
     """GRPO (Shao et al. 2024): each score minus its group's mean, over the group's std (unbiased).
 
     scores (B,) hold the samples of one prompt contiguously, B = prompts * group_size. `valid` (B,)
@@ -201,8 +203,9 @@ def rloo_advantages(scores: Tensor, group_size: int, valid: Tensor | None = None
     return torch.where(n >= 2, (g - others_mean) * v, 0.0).view(-1)
 
 
-def reinforce_baseline_advantages(scores: Tensor, group_size: int = 1, valid: Tensor | None = None,
-                                  baseline: str = "group") -> Tensor:
+def reinforce_baseline_advantages(
+    scores: Tensor, group_size: int = 1, valid: Tensor | None = None, baseline: str = "group"
+) -> Tensor:
     """REINFORCE with a baseline: score minus the mean score of the valid samples of its group
     (baseline "group", REINFORCE++-baseline's; 0 where a group has one valid sample) or of the
     whole batch ("batch"). Dropped samples get 0."""
@@ -225,8 +228,9 @@ OUTCOME_ESTIMATORS = {
 # ---------------------------------------------------------------- losses
 
 
-def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean", total: float | None = None,
-              norm_tokens: float | None = None) -> Tensor:
+def aggregate(
+    loss: Tensor, mask: Tensor, mode: str = "token_mean", total: float | None = None, norm_tokens: float | None = None
+) -> Tensor:
     """token_mean: every response token weighs the same; seq_mean: per-sequence mean, then mean;
     seq_sum_norm (Dr. GRPO): per-sequence sum / norm_tokens, then mean, so no length bias.
 
@@ -240,8 +244,11 @@ def aggregate(loss: Tensor, mask: Tensor, mode: str = "token_mean", total: float
     if mode == "seq_sum_norm" and not norm_tokens:
         raise ValueError("seq_sum_norm needs norm_tokens > 0")
     has_token = (mask.sum(-1) > 0).float()
-    per_seq = (masked_mean(loss, mask, dim=-1) if mode == "seq_mean"
-               else masked_sum(torch.where(mask > 0, loss, 0.0), mask, dim=-1) / norm_tokens)
+    per_seq = (
+        masked_mean(loss, mask, dim=-1)
+        if mode == "seq_mean"
+        else masked_sum(torch.where(mask > 0, loss, 0.0), mask, dim=-1) / norm_tokens
+    )
     return masked_mean(per_seq, has_token) if total is None else masked_sum(per_seq, has_token) / total
 
 
@@ -250,10 +257,18 @@ def aggregate_total(mask: Tensor, mode: str) -> float:
     return float(mask.sum()) if mode == "token_mean" else float((mask.sum(-1) > 0).sum())
 
 
-def ppo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
-                    clip_eps_high: float | None = None, aggregation: str = "token_mean", total: float | None = None,
-                    weights: Tensor | None = None,
-                    norm_tokens: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def ppo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None = None,
+    aggregation: str = "token_mean",
+    total: float | None = None,
+    weights: Tensor | None = None,
+    norm_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), negated to be minimised.
 
     `advantages` is per token (B, T); broadcast an outcome advantage with `adv[:, None] * mask`.
@@ -262,13 +277,23 @@ def ppo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     the denominator, as AReaL and IcePop do, so masking tokens does not rescale the others.
     """
     log_ratio = torch.where(mask > 0, logprobs.float() - old_logprobs.float(), 0.0)
-    return clipped_surrogate(log_ratio.exp(), log_ratio, advantages, mask, clip_eps, clip_eps_high, aggregation, total,
-                             weights, norm_tokens)
+    return clipped_surrogate(
+        log_ratio.exp(), log_ratio, advantages, mask, clip_eps, clip_eps_high, aggregation, total, weights, norm_tokens
+    )
 
 
-def clipped_surrogate(ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
-                      clip_eps_high: float | None, aggregation: str, total: float | None, weights: Tensor | None,
-                      norm_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+def clipped_surrogate(
+    ratio: Tensor,
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    aggregation: str,
+    total: float | None,
+    weights: Tensor | None,
+    norm_tokens: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """-min(ratio * A, clip(ratio) * A) per token (B, T), aggregated: PPO's on token ratios, GSPO's on
     sequence ratios; the metrics' approx_kl comes from the token `log_ratio`."""
     high = clip_eps if clip_eps_high is None else clip_eps_high
@@ -283,14 +308,22 @@ def clipped_surrogate(ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask
 def ratio_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """What every policy loss reports, over response tokens: the fraction `clipped`, the k3 estimate
     of KL(old || new) from the token log-ratios, and the mean of the ratio the loss used."""
-    return {"clip_frac": masked_mean(clipped.float(), mask),
-            "approx_kl": masked_mean(log_ratio.exp() - 1.0 - log_ratio, mask),
-            "ratio_mean": masked_mean(ratio, mask)}
+    return {
+        "clip_frac": masked_mean(clipped.float(), mask),
+        "approx_kl": masked_mean(log_ratio.exp() - 1.0 - log_ratio, mask),
+        "ratio_mean": masked_mean(ratio, mask),
+    }
 
 
 def ppo_value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_eps: float | None,
-    aggregation: str = "token_mean", total: float | None = None, norm_tokens: float | None = None,
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_eps: float | None,
+    aggregation: str = "token_mean",
+    total: float | None = None,
+    norm_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Half squared error to the returns; with clip_eps, the pessimistic max of the plain and the
     clipped-around-old-values error (PPO2's value clipping)."""
@@ -361,8 +394,16 @@ def decoupled(ratio: Tensor, mask: Tensor, cap: float, low: float, high: float) 
 OFF_POLICY_CORRECTIONS = {"tis": truncated_is, "icepop": icepop, "decoupled": decoupled}
 
 
-def off_policy_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, kind: str, level: str = "token",
-                       cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> Tensor | None:
+def off_policy_weights(
+    prox_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    mask: Tensor,
+    kind: str,
+    level: str = "token",
+    cap: float = 2.0,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> Tensor | None:
     """The detached per-token weights of `kind` (a key of OFF_POLICY_CORRECTIONS), 0 on padding,
     for ppo_policy_loss; None for "none" (plain PPO on the proximal ratio)."""
     if kind == "none":
@@ -372,8 +413,16 @@ def off_policy_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: 
     return torch.where(filter_inside(prox_logprobs.detach(), mask) > 0, weights, 0.0)
 
 
-def ratio_stats(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, kind: str, level: str = "token",
-                cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> dict[str, float]:
+def ratio_stats(
+    prox_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    mask: Tensor,
+    kind: str,
+    level: str = "token",
+    cap: float = 2.0,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> dict[str, float]:
     """What a user watches of pi_prox/mu at `level`: its mean and max over the tokens inside the
     learner's filter, and the fraction of tokens `kind` truncated or masked (0 for "none"), the
     tokens outside the filter included (they get weight 0)."""
@@ -383,8 +432,11 @@ def ratio_stats(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor,
     if kind != "none":  # outside the filter: weight 0, so cut
         cut = OFF_POLICY_CORRECTIONS[kind](ratio, inside, cap, low, high)[1] + (mask > 0).float() - (inside > 0).float()
     has = inside > 0
-    return {"ratio_mean": float(masked_mean(ratio, inside)), "ratio_max": float(ratio[has].max()) if has.any() else 1.0,
-            "clipped_frac": float(masked_mean(cut, mask))}
+    return {
+        "ratio_mean": float(masked_mean(ratio, inside)),
+        "ratio_max": float(ratio[has].max()) if has.any() else 1.0,
+        "clipped_frac": float(masked_mean(cut, mask)),
+    }
 
 
 # ----------------------------------------------------------------------------- SFT and reward models

@@ -12,6 +12,7 @@
 Every rank writes into the same directory; making it appear atomically (temp dir + rename) is the
 caller's job, once every rank has returned (see LearnerGroup.save).
 """
+
 from __future__ import annotations
 
 import json
@@ -71,19 +72,29 @@ def save_learner(learner, path: str) -> None:
     if learner.policy.value_head is not None:
         with _gathered(learner.policy.value_head, zero3):
             if learner.rank == 0:
-                torch.save({k: v.detach().cpu() for k, v in learner.policy.value_head.state_dict().items()}, out / "value_head.pt")
+                torch.save(
+                    {k: v.detach().cpu() for k, v in learner.policy.value_head.state_dict().items()},
+                    out / "value_head.pt",
+                )
     if learner.critic is not None:
         with _gathered(learner.critic, zero3):
             if learner.rank == 0:
                 learner.critic.trunk.save_pretrained(out / "critic", safe_serialization=True)
-                torch.save({k: v.detach().cpu() for k, v in learner.critic.head.state_dict().items()}, out / "critic" / "critic_head.pt")
+                torch.save(
+                    {k: v.detach().cpu() for k, v in learner.critic.head.state_dict().items()},
+                    out / "critic" / "critic_head.pt",
+                )
     learner.policy_engine.save_checkpoint(str(out / "deepspeed_policy"), tag=TAG)
     if learner.critic_engine is not None:
         learner.critic_engine.save_checkpoint(str(out / "deepspeed_critic"), tag=TAG)
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-               out / f"rng_rank{learner.rank}.pt")
+    torch.save(
+        {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        out / f"rng_rank{learner.rank}.pt",
+    )
     if learner.rank == 0:
-        (out / "learner.json").write_text(json.dumps({"kl_controller": learner.kl_ctl.state_dict(), "updates": learner.updates}))
+        (out / "learner.json").write_text(
+            json.dumps({"kl_controller": learner.kl_ctl.state_dict(), "updates": learner.updates})
+        )
     if learner.world > 1:
         dist.barrier()
 

@@ -1,4 +1,5 @@
 """Config sections owned by learner/: the RL algorithm and the trainable models."""
+
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -19,7 +20,9 @@ class Estimator(str, Enum):
     grpo = "grpo"  # group-normalised outcome reward, no critic
     rloo = "rloo"  # leave-one-out baseline, no critic
     reinforce_baseline = "reinforce_baseline"  # score minus a mean baseline (algorithm.reinforce_baseline), no critic
-    reinforce_pp = "reinforce_pp"  # REINFORCE++: discounted token returns (KL per token if in the reward), whitened over the batch
+    reinforce_pp = (
+        "reinforce_pp"  # REINFORCE++: discounted token returns (KL per token if in the reward), whitened over the batch
+    )
 
 
 class Baseline(str, Enum):
@@ -46,13 +49,17 @@ class KLControllerKind(str, Enum):
 class LossAggregation(str, Enum):
     token_mean = "token_mean"  # every response token weighs the same (DAPO)
     seq_mean = "seq_mean"  # mean over tokens of each sequence, then over sequences (GRPO paper)
-    seq_sum_norm = "seq_sum_norm"  # sum over each sequence's tokens / loss_norm_tokens, then mean over sequences (Dr. GRPO)
+    seq_sum_norm = (
+        "seq_sum_norm"  # sum over each sequence's tokens / loss_norm_tokens, then mean over sequences (Dr. GRPO)
+    )
 
 
 class PolicyLoss(str, Enum):
     ppo = "ppo"  # PPO's clipped surrogate on each token's ratio
     gspo = "gspo"  # GSPO: one ratio per sequence (geometric mean of its tokens'), clipped per sequence
-    cispo = "cispo"  # CISPO: REINFORCE with each token's ratio clipped as a detached weight; no token loses its gradient
+    cispo = (
+        "cispo"  # CISPO: REINFORCE with each token's ratio clipped as a detached weight; no token loses its gradient
+    )
 
 
 class OffPolicyKind(str, Enum):
@@ -72,44 +79,80 @@ class RatioLevel(str, Enum):
 class OffPolicyConfig:
     """Correction for samples drawn by a policy other than the learner's: engines some versions behind
     (async_training) and numerically apart (another kernel or dtype). mu = the engine's logprobs."""
-    correction: OffPolicyKind = OffPolicyKind.none  # none, tis, icepop or decoupled (see learner/algorithms.py)
-    level: RatioLevel = RatioLevel.token  # the ratio pi_prox/mu per token, per sequence (product) or geometric mean
-    cap: float = 2.0  # tis: weights truncated at this; decoupled: tokens whose ratio exceeds it are masked
-    low: float = 0.5  # icepop: ratios below this are masked
-    high: float = 2.0  # icepop: ratios above this are masked
+
+    correction: OffPolicyKind = OffPolicyKind.none
+    """none, tis, icepop or decoupled (see learner/algorithms.py)"""
+    level: RatioLevel = RatioLevel.token
+    """the ratio pi_prox/mu per token, per sequence (product) or geometric mean"""
+    cap: float = 2.0
+    """tis: weights truncated at this; decoupled: tokens whose ratio exceeds it are masked"""
+    low: float = 0.5
+    """icepop: ratios below this are masked"""
+    high: float = 2.0
+    """icepop: ratios above this are masked"""
 
 
 @dataclass
 class AlgorithmConfig:
-    method: Method = Method.none  # a recipe setting its paper's keys (orchestrator/methods.py); none = keys as given
-    estimator: Estimator = Estimator.grpo  # advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp
-    gamma: float = 1.0  # gae and reinforce_pp: discount per token; 1.0 = none
-    lam: float = 0.95  # gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns
-    clip_eps: float = 0.2  # PPO clip: ratio clipped to [1 - clip_eps, 1 + clip_eps] (upper bound: see clip_eps_high)
-    clip_eps_high: float = 0.0  # DAPO clip-higher: the ratio's upper clip is 1 + clip_eps_high; 0 = clip_eps
-    policy_loss: PolicyLoss = PolicyLoss.ppo  # ppo, gspo or cispo (see learner/losses.py); all use clip_eps / clip_eps_high
-    cispo_clip_low: float = 0.0  # cispo only: its weight is also bounded below by 1 - this; 0 = no lower bound (the paper's choice)
-    value_clip_eps: float = 0.2  # gae only: new values are clipped to old +- this; the larger of the two errors counts
-    vf_coef: float = 0.5  # gae only: weight of the value loss (shared head: added to the policy loss)
-    entropy_coef: float = 0.0  # entropy bonus: coef * entropy is subtracted from the loss; 0 = off
-    loss_aggregation: LossAggregation = LossAggregation.token_mean  # how token losses are averaged: token_mean, seq_mean or seq_sum_norm
-    loss_norm_tokens: int = 0  # seq_sum_norm: a sequence's token sum / this; 0 = its token budget (episode, endpoint)
-    kl_estimator: KLEstimator = KLEstimator.k3  # per-token estimate of KL(policy || reference): k1, k2 or k3 (Schulman)
-    kl_placement: KLPlacement = KLPlacement.loss  # where the KL penalty goes: reward (per token) or loss
-    kl_controller: KLControllerKind = KLControllerKind.fixed  # fixed coefficient, or adaptive (steered towards target_kl)
-    init_kl_coef: float = 0.01  # KL penalty coefficient (the adaptive controller's start); 0 = no KL penalty
-    target_kl: float = 6.0  # adaptive controller only: KL per sequence (summed over a response's tokens, mean over samples), as in Ziegler et al. 2019 / TRL
-    kl_horizon: int = 10000  # adaptive controller only: samples over which the error is corrected
-    whiten_rewards: bool = False  # gae only: rescale token rewards to unit batch std around their (kept) mean before GAE
-    normalize_advantages: bool = True  # by the batch std: gae, reinforce_pp whitened; baselined estimators only divided
-    grpo_scale_by_std: bool = True  # grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)
-    reinforce_baseline: Baseline = Baseline.group  # estimator reinforce_baseline only: which mean is subtracted
-    reinforce_pp_group_baseline: bool = False  # reinforce_pp only: subtract the group's mean score first (REINFORCE++-baseline)
-    max_skipped_updates: int = 3  # stop the run after more than this many consecutive updates skipped as non-finite; 0 = never stop
-    ppo_epochs: int = 1  # passes over each step's batch
-    mini_batch_size: int = 16  # samples per optimizer step, all ranks together; must divide the step's samples
-    micro_batch_size: int = 8  # samples per forward/backward on one learner rank
-    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)  # importance correction towards the behaviour policy
+    method: Method = Method.none
+    """a recipe setting its paper's keys (orchestrator/methods.py); none = keys as given"""
+    estimator: Estimator = Estimator.grpo
+    """advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp"""
+    gamma: float = 1.0
+    """gae and reinforce_pp: discount per token; 1.0 = none"""
+    lam: float = 0.95
+    """gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns"""
+    clip_eps: float = 0.2
+    """PPO clip: ratio clipped to [1 - clip_eps, 1 + clip_eps] (upper bound: see clip_eps_high)"""
+    clip_eps_high: float = 0.0
+    """DAPO clip-higher: the ratio's upper clip is 1 + clip_eps_high; 0 = clip_eps"""
+    policy_loss: PolicyLoss = PolicyLoss.ppo
+    """ppo, gspo or cispo (see learner/losses.py); all use clip_eps / clip_eps_high"""
+    cispo_clip_low: float = 0.0
+    """cispo only: its weight is also bounded below by 1 - this; 0 = no lower bound (the paper's choice)"""
+    value_clip_eps: float = 0.2
+    """gae only: new values are clipped to old +- this; the larger of the two errors counts"""
+    vf_coef: float = 0.5
+    """gae only: weight of the value loss (shared head: added to the policy loss)"""
+    entropy_coef: float = 0.0
+    """entropy bonus: coef * entropy is subtracted from the loss; 0 = off"""
+    loss_aggregation: LossAggregation = LossAggregation.token_mean
+    """how token losses are averaged: token_mean, seq_mean or seq_sum_norm"""
+    loss_norm_tokens: int = 0
+    """seq_sum_norm: a sequence's token sum / this; 0 = its token budget (episode, endpoint)"""
+    kl_estimator: KLEstimator = KLEstimator.k3
+    """per-token estimate of KL(policy || reference): k1, k2 or k3 (Schulman)"""
+    kl_placement: KLPlacement = KLPlacement.loss
+    """where the KL penalty goes: reward (per token) or loss"""
+    kl_controller: KLControllerKind = KLControllerKind.fixed
+    """fixed coefficient, or adaptive (steered towards target_kl)"""
+    init_kl_coef: float = 0.01
+    """KL penalty coefficient (the adaptive controller's start); 0 = no KL penalty"""
+    target_kl: float = 6.0
+    """adaptive controller only: KL per sequence (summed over a response's tokens, mean over samples), as in Ziegler et
+    al. 2019 / TRL"""
+    kl_horizon: int = 10000
+    """adaptive controller only: samples over which the error is corrected"""
+    whiten_rewards: bool = False
+    """gae only: rescale token rewards to unit batch std around their (kept) mean before GAE"""
+    normalize_advantages: bool = True
+    """by the batch std: gae, reinforce_pp whitened; baselined estimators only divided"""
+    grpo_scale_by_std: bool = True
+    """grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)"""
+    reinforce_baseline: Baseline = Baseline.group
+    """estimator reinforce_baseline only: which mean is subtracted"""
+    reinforce_pp_group_baseline: bool = False
+    """reinforce_pp only: subtract the group's mean score first (REINFORCE++-baseline)"""
+    max_skipped_updates: int = 3
+    """stop the run after more than this many consecutive updates skipped as non-finite; 0 = never stop"""
+    ppo_epochs: int = 1
+    """passes over each step's batch"""
+    mini_batch_size: int = 16
+    """samples per optimizer step, all ranks together; must divide the step's samples"""
+    micro_batch_size: int = 8
+    """samples per forward/backward on one learner rank"""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    """importance correction towards the behaviour policy"""
 
 
 class ValueHead(str, Enum):
@@ -135,39 +178,69 @@ class OptimizerKind(str, Enum):
 
 @dataclass
 class LoraConfig:
-    rank: int = 0  # LoRA adapter rank; 0 = no LoRA (full fine-tuning)
-    alpha: float = 16.0  # LoRA scaling: the adapters' update is scaled by alpha / rank
-    dropout: float = 0.0  # dropout on the adapters' input while training
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # names of the modules that get adapters (peft target_modules)
+    rank: int = 0
+    """LoRA adapter rank; 0 = no LoRA (full fine-tuning)"""
+    alpha: float = 16.0
+    """LoRA scaling: the adapters' update is scaled by alpha / rank"""
+    dropout: float = 0.0
+    """dropout on the adapters' input while training"""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """names of the modules that get adapters (peft target_modules)"""
 
 
 @dataclass
 class LearnerConfig:
-    model_path: str = "???"  # required: a local Hugging Face folder; relay train also takes builtin://NAME (see builtin_models.py)
-    zero_stage: int = 0  # DeepSpeed ZeRO stage: 0 = plain data parallel, 1-2 shard optimizer state/grads, 3 also weights
-    optimizer: OptimizerKind = OptimizerKind.torch_adamw  # AdamW implementation
-    lr: float = 1e-5  # learning rate of the trained model (the policy)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas, two numbers in [0, 1)
-    weight_decay: float = 0.0  # AdamW decoupled weight decay; 0 = off
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    warmup_steps: int = 0  # optimizer steps of linear learning-rate warmup; 0 = full lr from the start
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more compute
-    dtype: Dtype = Dtype.float32  # compute dtype; bfloat16 = autocast over float32 weights, optimizer and gradients (2-4x faster matmuls on AVX512-BF16/AMX CPUs and GPUs; slower on AVX2-only CPUs)
-    logprob_chunk_tokens: int = 1024  # tokens whose logits are upcast to float32 at once for logprobs/entropy (each chunk holds tokens * vocab * 4 bytes), forward and backward
-    value_head: ValueHead = ValueHead.shared  # ignored by critic-free estimators
-    critic_init: CriticInit = CriticInit.policy  # separate critic only: start from the policy, critic_model_path, or random
-    critic_model_path: str = ""  # needed when critic_init is reward_model
-    critic_lr: float = 1e-5  # learning rate of a separate critic (a shared head trains at lr)
-    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters instead of full fine-tuning (rank 0 = off)
-    threads: int = 0  # torch threads per rank; 0 = the machine's cores split among the ranks
+    model_path: str = "???"
+    """required: a local Hugging Face folder; relay train also takes builtin://NAME (see builtin_models.py)"""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage: 0 = plain data parallel, 1-2 shard optimizer state/grads, 3 also weights"""
+    optimizer: OptimizerKind = OptimizerKind.torch_adamw
+    """AdamW implementation"""
+    lr: float = 1e-5
+    """learning rate of the trained model (the policy)"""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas, two numbers in [0, 1)"""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay; 0 = off"""
+    grad_clip: float = 1.0
+    """max global gradient norm; 0 = no clipping"""
+    warmup_steps: int = 0
+    """optimizer steps of linear learning-rate warmup; 0 = full lr from the start"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass: less memory, more compute"""
+    dtype: Dtype = Dtype.float32
+    """compute dtype; bfloat16 = autocast over float32 weights, optimizer and gradients (2-4x faster matmuls on
+    AVX512-BF16/AMX CPUs and GPUs; slower on AVX2-only CPUs)"""
+    logprob_chunk_tokens: int = 1024
+    """tokens whose logits are upcast to float32 at once for logprobs/entropy (each chunk holds tokens * vocab * 4
+    bytes), forward and backward"""
+    value_head: ValueHead = ValueHead.shared
+    """ignored by critic-free estimators"""
+    critic_init: CriticInit = CriticInit.policy
+    """separate critic only: start from the policy, critic_model_path, or random"""
+    critic_model_path: str = ""
+    """needed when critic_init is reward_model"""
+    critic_lr: float = 1e-5
+    """learning rate of a separate critic (a shared head trains at lr)"""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (rank 0 = off)"""
+    threads: int = 0
+    """torch threads per rank; 0 = the machine's cores split among the ranks"""
 
 
 @dataclass
 class SupervisedTrainConfig:
     """How `relay sft` and `relay rm` train (the learner ranks receive this section)."""
-    steps: int = 200  # optimizer steps
-    batch_size: int = 32  # sequences (SFT) or preference pairs (RM) per optimizer step
-    micro_batch_size: int = 32  # per forward/backward on one rank
-    max_length: int = 256  # tokens; longer samples are skipped and counted
-    eval_every: int = 50  # steps between held-out evaluations (and at the end)
-    margin: float = 0.0  # RM only: -log sigmoid(r_chosen - r_rejected - margin)
+
+    steps: int = 200
+    """optimizer steps"""
+    batch_size: int = 32
+    """sequences (SFT) or preference pairs (RM) per optimizer step"""
+    micro_batch_size: int = 32
+    """per forward/backward on one rank"""
+    max_length: int = 256
+    """tokens; longer samples are skipped and counted"""
+    eval_every: int = 50
+    """steps between held-out evaluations (and at the end)"""
+    margin: float = 0.0
+    """RM only: -log sigmoid(r_chosen - r_rejected - margin)"""

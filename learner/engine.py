@@ -1,4 +1,5 @@
 """DeepSpeed engines for the learner: ZeRO 0-3, CPU (gloo) or GPU (NCCL), client or DeepSpeed Adam."""
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,13 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     own GPU visible, so it is always local device 0."""
     import deepspeed
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", MASTER_ADDR=master_addr,
-                      MASTER_PORT=str(master_port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK="0",
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+    )
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
 
 
@@ -64,15 +70,24 @@ def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_ba
     params = [p for p in module.parameters() if p.requires_grad]
     schedule = warmup_schedule(cfg.warmup_steps)
     if cfg.optimizer == OptimizerKind.torch_adamw:
-        optimizer = GuardedAdamW(params, max_norm=cfg.grad_clip if cfg.zero_stage == 0 else 0.0, lr=lr,
-                                 betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        optimizer = GuardedAdamW(
+            params,
+            max_norm=cfg.grad_clip if cfg.zero_stage == 0 else 0.0,
+            lr=lr,
+            betas=tuple(cfg.betas),
+            weight_decay=cfg.weight_decay,
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     else:
-        ds["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "betas": list(cfg.betas), "weight_decay": cfg.weight_decay}}
+        ds["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": lr, "betas": list(cfg.betas), "weight_decay": cfg.weight_decay},
+        }
         optimizer = None
         scheduler = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)  # noqa: E731
     engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=module, model_parameters=params, optimizer=optimizer, lr_scheduler=scheduler, config=ds)
+        model=module, model_parameters=params, optimizer=optimizer, lr_scheduler=scheduler, config=ds
+    )
     if cfg.zero_stage == 0 and torch.distributed.get_world_size() == 1:
         # one rank has nothing to all-reduce, but DeepSpeed would still flatten every gradient into a
         # bucket and copy it back each step (0.6 s of a SmolLM2 update on a CPU)
@@ -90,7 +105,7 @@ def step_micro_batches(rows: torch.Tensor, mine: torch.Tensor, world: int, micro
     for j in range(n):
         for engine in [e for e in engines if e is not None]:
             engine.set_gradient_accumulation_boundary(j == n - 1)
-        idx = mine[j * micro: (j + 1) * micro]
+        idx = mine[j * micro : (j + 1) * micro]
         yield (rows[:1], True) if len(idx) == 0 else (idx, False)
 
 

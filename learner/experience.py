@@ -4,6 +4,7 @@ learner, the KL to the reference, and advantages, all through learner/algorithms
 Every tensor is (B, L-1), aligned with the logits of the packed prompt+response sequences;
 `mask` marks the response tokens of the samples that train.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,10 @@ class Experience:
         """Rows `idx`, without the padding columns all of them share (right padding: exact, and a
         micro-batch of short rows no longer pays for the batch's longest)."""
         width = int(self.attention_mask[idx].sum(-1).max())
-        return {k: (v[idx, : width if k in FULL_WIDTH else width - 1] if isinstance(v, torch.Tensor) else v)
-                for k, v in vars(self).items()}
+        return {
+            k: (v[idx, : width if k in FULL_WIDTH else width - 1] if isinstance(v, torch.Tensor) else v)
+            for k, v in vars(self).items()
+        }
 
     def by_length(self, idx: torch.Tensor) -> torch.Tensor:
         """`idx` longest first: consecutive micro-batches then hold rows of similar length (bucketing)."""
@@ -55,18 +58,21 @@ def ragged_to_dense(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor
     out = torch.zeros_like(mask)
     counts = (mask > 0).sum(-1).tolist()
     if [len(r) for r in rows] != counts:
-        raise ValueError(f"ragged_to_dense: row lengths {[len(r) for r in rows][:8]}... differ from the mask's {counts[:8]}...")
+        raise ValueError(
+            f"ragged_to_dense: row lengths {[len(r) for r in rows][:8]}... differ from the mask's {counts[:8]}..."
+        )
     out[mask > 0] = torch.tensor([v for row in rows for v in row], dtype=out.dtype)
     return out
 
 
-def sharded_forward(fn, n: int, micro: int, rank: int, world: int,
-                    device: torch.device = torch.device("cpu")) -> list[torch.Tensor | None]:
+def sharded_forward(
+    fn, n: int, micro: int, rank: int, world: int, device: torch.device = torch.device("cpu")
+) -> list[torch.Tensor | None]:
     """Run fn(rows) -> tensors (on `device`) over this rank's rows in micro-batches (no grad), then
     assemble the full (n, ...) results on every rank with one all-reduce each (on `device`: NCCL
     reduces GPU tensors only), and return them on the CPU beside the rest of the experience."""
     mine = torch.arange(rank, n, world)
-    parts = [fn(mine[i: i + micro]) for i in range(0, len(mine), micro)]
+    parts = [fn(mine[i : i + micro]) for i in range(0, len(mine), micro)]
     outs = []
     for k in range(len(parts[0]) if parts else 0):
         if parts[0][k] is None:
@@ -81,8 +87,16 @@ def sharded_forward(fn, n: int, micro: int, rank: int, world: int,
     return outs
 
 
-def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_coef: float, mask: torch.Tensor,
-               values: torch.Tensor | None, group_size: int, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def advantages(
+    cfg: AlgorithmConfig,
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    kl_coef: float,
+    mask: torch.Tensor,
+    values: torch.Tensor | None,
+    group_size: int,
+    valid: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages, returns) per token. GAE and REINFORCE++ use token rewards (KL in the reward if so
     placed); outcome estimators score sequences (minus kl_coef * the sequence's KL if in the reward),
     with the samples not `valid` (B,) left out of their groups."""
@@ -93,14 +107,24 @@ def advantages(cfg: AlgorithmConfig, scores: torch.Tensor, kl: torch.Tensor, kl_
             rewards = A.masked_whiten(rewards, mask, shift_mean=False)
         adv, returns = A.compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
     elif cfg.estimator == Estimator.reinforce_pp:
-        adv = L.reinforce_pp_returns(scores, kl, kl_coef if in_reward else 0.0, mask, cfg.gamma, group_size, valid,
-                                     cfg.reinforce_pp_group_baseline)
+        adv = L.reinforce_pp_returns(
+            scores,
+            kl,
+            kl_coef if in_reward else 0.0,
+            mask,
+            cfg.gamma,
+            group_size,
+            valid,
+            cfg.reinforce_pp_group_baseline,
+        )
         returns = None
     else:
         seq_scores = scores - kl_coef * A.masked_sum(kl, mask, dim=-1) if in_reward else scores
         fn = A.OUTCOME_ESTIMATORS[cfg.estimator.value]
-        options = {Estimator.grpo: {"scale_by_std": cfg.grpo_scale_by_std},
-                   Estimator.reinforce_baseline: {"baseline": cfg.reinforce_baseline.value}}.get(cfg.estimator, {})
+        options = {
+            Estimator.grpo: {"scale_by_std": cfg.grpo_scale_by_std},
+            Estimator.reinforce_baseline: {"baseline": cfg.reinforce_baseline.value},
+        }.get(cfg.estimator, {})
         adv = fn(seq_scores, group_size, valid, **options)[:, None] * mask
         returns = None
     return normalize(cfg, adv, mask), returns
@@ -130,14 +154,30 @@ def single_pass(cfg: AlgorithmConfig, batch_size: int) -> bool:
     one epoch, one mini-batch (one optimizer step, taken after every micro-batch's forward), and
     nothing needed before the update (no critic values, no KL in the reward). Then that forward's
     logprobs, detached, are the old ones (TRL's rule) and the recompute forward is skipped."""
-    return (cfg.ppo_epochs == 1 and cfg.mini_batch_size >= batch_size and cfg.estimator != Estimator.gae
-            and cfg.kl_placement == KLPlacement.loss)
+    return (
+        cfg.ppo_epochs == 1
+        and cfg.mini_batch_size >= batch_size
+        and cfg.estimator != Estimator.gae
+        and cfg.kl_placement == KLPlacement.loss
+    )
 
 
-def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cfg: AlgorithmConfig, kl_coef: float,
-                    sampling: SamplingConfig, pad_id: int, micro: int, rank: int, world: int,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, device: torch.device = torch.device("cpu"),
-                    recompute: bool = True) -> Experience:
+def make_experience(
+    policy,
+    critic,
+    batch: RolloutBatch,
+    scored: ScoredBatch,
+    cfg: AlgorithmConfig,
+    kl_coef: float,
+    sampling: SamplingConfig,
+    pad_id: int,
+    micro: int,
+    rank: int,
+    world: int,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: torch.device = torch.device("cpu"),
+    recompute: bool = True,
+) -> Experience:
     """The experience stays on the CPU; each micro-batch goes to `device` (the models') for the forward.
     recompute=False (see single_pass): no forward here; old_logprobs and sampler_logprobs are zeros
     that the update fills from its own forward (Learner._train_mini_batch) before any metric reads them."""
@@ -151,7 +191,9 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
     if not recompute:
         zeros = torch.zeros_like(mask)
         adv, _ = advantages(cfg, scores, zeros, kl_coef, mask, None, sampling.n_samples_per_prompt, valid[:, 0] > 0)
-        return Experience(input_ids, attention_mask, position_ids, mask, zeros, ref, behaviour, zeros.clone(), None, adv, None)
+        return Experience(
+            input_ids, attention_mask, position_ids, mask, zeros, ref, behaviour, zeros.clone(), None, adv, None
+        )
 
     @torch.no_grad()
     def forward(rows):
@@ -161,8 +203,13 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
         labels, t = inputs[0][:, 1:], sampling.temperature
         # chunk by chunk: no float32 (rows, L-1, V) copy of the logits (learner.logprob_chunk_tokens)
         logprobs = chunked_logprobs(logits, labels, t, chunk_tokens)
-        filtered = (map_chunks(lambda x, y: A.filtered_logprobs(x, y, sampling.top_k, sampling.top_p),
-                               logits, labels, t, chunk_tokens) if filters else None)
+        filtered = (
+            map_chunks(
+                lambda x, y: A.filtered_logprobs(x, y, sampling.top_k, sampling.top_p), logits, labels, t, chunk_tokens
+            )
+            if filters
+            else None
+        )
         if critic is not None:
             values = critic(*inputs)
         pad = input_ids.shape[1] - width
@@ -170,19 +217,40 @@ def make_experience(policy, critic, batch: RolloutBatch, scored: ScoredBatch, cf
 
     filters = sampling.top_k > 0 or sampling.top_p < 1.0
     order = torch.argsort(attention_mask.sum(-1), descending=True, stable=True)  # micro-batches of similar lengths
-    old_logprobs, old_values, filtered = sharded_forward(lambda rows: forward(order[rows]), len(batch), micro, rank,
-                                                         world, device)
+    old_logprobs, old_values, filtered = sharded_forward(
+        lambda rows: forward(order[rows]), len(batch), micro, rank, world, device
+    )
     inverse = torch.argsort(order)
-    old_logprobs, old_values, filtered = (None if x is None else x[inverse] for x in (old_logprobs, old_values, filtered))
+    old_logprobs, old_values, filtered = (
+        None if x is None else x[inverse] for x in (old_logprobs, old_values, filtered)
+    )
     old_logprobs = old_logprobs * response_mask
     kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)
     needs_values = cfg.estimator == Estimator.gae
-    adv, returns = advantages(cfg, scores, kl, kl_coef, mask, old_values if needs_values else None,
-                              sampling.n_samples_per_prompt, valid[:, 0] > 0)
+    adv, returns = advantages(
+        cfg,
+        scores,
+        kl,
+        kl_coef,
+        mask,
+        old_values if needs_values else None,
+        sampling.n_samples_per_prompt,
+        valid[:, 0] > 0,
+    )
     sampler_logprobs = old_logprobs if filtered is None else torch.where(response_mask > 0, filtered, 0.0)
-    return Experience(input_ids, attention_mask, position_ids, mask, old_logprobs, ref,
-                      behaviour, sampler_logprobs,
-                      old_values if needs_values else None, adv, returns)
+    return Experience(
+        input_ids,
+        attention_mask,
+        position_ids,
+        mask,
+        old_logprobs,
+        ref,
+        behaviour,
+        sampler_logprobs,
+        old_values if needs_values else None,
+        adv,
+        returns,
+    )
 
 
 def experience_metrics(exp: Experience, algo: AlgorithmConfig, kl_coef: float) -> dict[str, float]:
@@ -194,8 +262,9 @@ def experience_metrics(exp: Experience, algo: AlgorithmConfig, kl_coef: float) -
     # the sampler's and the learner's logprob of each sampled token, under the same top-k/top-p
     # filter; tokens the learner's filter excludes are counted apart, not averaged as -inf
     inside = A.filter_inside(exp.sampler_logprobs, mask)
-    ratio = A.ratio_stats(exp.sampler_logprobs, exp.behaviour_logprobs, mask, o.correction.value, o.level.value,
-                          o.cap, o.low, o.high)
+    ratio = A.ratio_stats(
+        exp.sampler_logprobs, exp.behaviour_logprobs, mask, o.correction.value, o.level.value, o.cap, o.low, o.high
+    )
     m = {
         "kl/ref": nan if empty else float(A.masked_mean(kl, mask)),  # per token
         "kl/ref_seq": nan if empty else float(A.sequence_kl(kl, mask)),  # per sequence: what the controller steers
@@ -218,5 +287,8 @@ def nonfinite_inputs(exp: Experience) -> list[str]:
     """Names of the update's inputs with a NaN/inf on a training token: what a non-finite loss
     came from (e.g. old_logprobs at temperature 0, a NaN reward in advantages)."""
     names = ["old_logprobs", "ref_logprobs", "advantages", "old_values", "returns"]
-    return [n for n in names if getattr(exp, n) is not None
-            and not torch.isfinite(torch.where(exp.mask > 0, getattr(exp, n), 0.0)).all()]
+    return [
+        n
+        for n in names
+        if getattr(exp, n) is not None and not torch.isfinite(torch.where(exp.mask > 0, getattr(exp, n), 0.0)).all()
+    ]

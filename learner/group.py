@@ -1,4 +1,5 @@
 """LearnerGroup: the N learner ranks behind one call per phase (launch all, ray.get once)."""
+
 from __future__ import annotations
 
 import logging
@@ -18,19 +19,41 @@ from rollout.weight_sync import encode_plan
 log = logging.getLogger(__name__)
 
 
-def rank_options(num_cpus: float, num_gpus: float, threads: int, resources: dict[str, float] | None = None,
-                 env: dict[str, str] | None = None) -> dict:
+def rank_options(
+    num_cpus: float,
+    num_gpus: float,
+    threads: int,
+    resources: dict[str, float] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
     """Ray options of one learner rank. `resources`: custom Ray resources it requires (placement knobs);
     `env`: more environment (rollout.device.malloc_env)."""
-    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources or {}),
-            "runtime_env": {"env_vars": {"DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
-                                         "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-                                         **(env or {})}}}
+    return {
+        "num_cpus": num_cpus,
+        "num_gpus": num_gpus,
+        "resources": dict(resources or {}),
+        "runtime_env": {
+            "env_vars": {
+                "DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
+                "OMP_NUM_THREADS": str(threads),
+                "TOKENIZERS_PARALLELISM": "false",
+                **(env or {}),
+            }
+        },
+    }
 
 
-def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                threads: int = 0, scheduling: list | None = None, resources: dict[str, float] | None = None,
-                env: dict[str, str] | None = None) -> list:
+def start_ranks(
+    actor_cls,
+    world_size: int,
+    make_args,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    threads: int = 0,
+    scheduling: list | None = None,
+    resources: dict[str, float] | None = None,
+    env: dict[str, str] | None = None,
+) -> list:
     """One Ray actor per DeepSpeed rank, `actor_cls(*make_args(rank, addr, port, threads))`, all ready.
     The ranks rendezvous at addr:port on rank 0's node, which every rank needs before it is built:
     a probe task placed as rank 0 (same bundle or resources) finds that node, its IP and a free port
@@ -45,8 +68,10 @@ def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, nu
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             place[0] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
-        ranks = [ray.remote(actor_cls).options(**options, **place[rank]).remote(*make_args(rank, addr, port, threads))
-                 for rank in range(world_size)]
+        ranks = [
+            ray.remote(actor_cls).options(**options, **place[rank]).remote(*make_args(rank, addr, port, threads))
+            for rank in range(world_size)
+        ]
         try:
             ray.get([r.ready.remote() for r in ranks])
             return ranks
@@ -60,16 +85,34 @@ def start_ranks(actor_cls, world_size: int, make_args, num_cpus: float = 1.0, nu
 
 
 class LearnerGroup:
-    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, world_size: int, seed: int,
-                 num_cpus: float = 1.0, num_gpus: float = 0.0, threads: int = 0, scheduling: list | None = None,
-                 resources: dict[str, float] | None = None, keep_freed_memory: bool = False):
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        algo: AlgorithmConfig,
+        sampling: SamplingConfig,
+        world_size: int,
+        seed: int,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        threads: int = 0,
+        scheduling: list | None = None,
+        resources: dict[str, float] | None = None,
+        keep_freed_memory: bool = False,
+    ):
         """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt);
         `scheduling`/`resources`: where the ranks go (start_ranks); keep_freed_memory: see
         rollout.device.malloc_env."""
         self.ranks = start_ranks(
-            Learner, world_size,
+            Learner,
+            world_size,
             lambda rank, addr, port, threads: (cfg, algo, sampling, rank, world_size, addr, port, seed, threads),
-            num_cpus, num_gpus, threads or cfg.threads, scheduling, resources, malloc_env(keep_freed_memory, num_gpus > 0))
+            num_cpus,
+            num_gpus,
+            threads or cfg.threads,
+            scheduling,
+            resources,
+            malloc_env(keep_freed_memory, num_gpus > 0),
+        )
 
     def _all(self, method: str, *args):
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])

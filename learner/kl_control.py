@@ -1,6 +1,7 @@
 """KL coefficient controllers: the one piece of RL state beside the weights, checkpointed with the
 learner (learner/checkpoint.py) so an adaptive coefficient survives resume. The KL they are fed is
 computed by learner/algorithms.py (`sequence_kl`)."""
+
 from __future__ import annotations
 
 import math

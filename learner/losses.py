@@ -9,6 +9,7 @@ clip_eps, clip_eps_high, aggregation, total, weights, norm_tokens) -> (loss, met
 approx_kl and ratio_mean). `weights` (B, T), detached, multiply each token's term (off-policy
 correction) as in PPO.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,18 @@ from torch import Tensor
 from learner import algorithms as A
 
 
-def gspo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
-                     clip_eps_high: float | None = None, aggregation: str = "token_mean", total: float | None = None,
-                     weights: Tensor | None = None, norm_tokens: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def gspo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None = None,
+    aggregation: str = "token_mean",
+    total: float | None = None,
+    weights: Tensor | None = None,
+    norm_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025), in its GSPO-token form: one ratio per sequence,
     s_i = exp(mean over its tokens of (logp - old_logp)), clipped to [1 - clip_eps, 1 + clip_eps_high]
     as PPO clips a token's. Token t's term uses s_i,t = sg(s_i) * exp(logp_t - sg(logp_t)): its value
@@ -30,13 +40,23 @@ def gspo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
     log_ratio = torch.where(mask > 0, lp - old_logprobs.float(), 0.0)
     seq_log_ratio = A.masked_mean(log_ratio, mask, dim=-1)  # (B,) log s_i
     ratio = (seq_log_ratio.detach()[:, None] + lp - lp.detach()).exp()  # s_i,t
-    return A.clipped_surrogate(ratio, log_ratio, advantages, mask, clip_eps, clip_eps_high, aggregation, total, weights,
-                               norm_tokens)
+    return A.clipped_surrogate(
+        ratio, log_ratio, advantages, mask, clip_eps, clip_eps_high, aggregation, total, weights, norm_tokens
+    )
 
 
-def cispo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float | None,
-                      clip_eps_high: float | None = None, aggregation: str = "token_mean", total: float | None = None,
-                      weights: Tensor | None = None, norm_tokens: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def cispo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float | None,
+    clip_eps_high: float | None = None,
+    aggregation: str = "token_mean",
+    total: float | None = None,
+    weights: Tensor | None = None,
+    norm_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, 2025): REINFORCE with a clipped importance weight, per token
     -sg(clamp(ratio, 1 - clip_eps, 1 + clip_eps_high)) * A * logp. The clip cuts the weight, never the
     gradient: every token's logp keeps one (PPO zeroes the clipped tokens'). clip_eps None: no lower
@@ -60,8 +80,16 @@ def cispo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor
 POLICY_LOSSES = {"ppo": A.ppo_policy_loss, "gspo": gspo_policy_loss, "cispo": cispo_policy_loss}
 
 
-def reinforce_pp_returns(scores: Tensor, kl: Tensor, kl_coef: float, mask: Tensor, gamma: float, group_size: int = 1,
-                         valid: Tensor | None = None, group_baseline: bool = False) -> Tensor:
+def reinforce_pp_returns(
+    scores: Tensor,
+    kl: Tensor,
+    kl_coef: float,
+    mask: Tensor,
+    gamma: float,
+    group_size: int = 1,
+    valid: Tensor | None = None,
+    group_baseline: bool = False,
+) -> Tensor:
     """REINFORCE++ (Hu 2025; OpenRLHF's `reinforce`, and `reinforce_baseline` with group_baseline):
     token rewards are the sequence score (B,) on the last response token minus kl_coef * each token's
     KL (B, T); the advantage is their discounted reward-to-go (B, T), 0 on padding. group_baseline:

@@ -1,5 +1,6 @@
 """The trainable models: the policy (a causal LM, optionally with a value head on its trunk), a
 separate critic, LoRA, and the Hugging Face names the rollout engines load."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,8 +42,13 @@ class PolicyValue(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids):
         with compute(self.dtype, input_ids.device):
-            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          output_hidden_states=self.value_head is not None, use_cache=False)
+            out = self.lm(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                output_hidden_states=self.value_head is not None,
+                use_cache=False,
+            )
         values = None
         if self.value_head is not None:
             values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
@@ -58,13 +64,16 @@ class Critic(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids):
         with compute(self.dtype, input_ids.device):
-            h = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=False).last_hidden_state
+            h = self.trunk(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
         return self.head(h[:, :-1].float()).squeeze(-1)
 
 
 def build_policy(cfg: LearnerConfig, value_head: bool) -> PolicyValue:
-    lm = AutoModelForCausalLM.from_pretrained(cfg.model_path, config=no_dropout_config(cfg.model_path), dtype=torch.float32)
+    lm = AutoModelForCausalLM.from_pretrained(
+        cfg.model_path, config=no_dropout_config(cfg.model_path), dtype=torch.float32
+    )
     if cfg.gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora.rank > 0:
@@ -76,8 +85,16 @@ def add_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
     from peft import LoraConfig as PeftLora
     from peft import get_peft_model
 
-    return get_peft_model(lm, PeftLora(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+    return get_peft_model(
+        lm,
+        PeftLora(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def build_critic(cfg: LearnerConfig) -> Critic:

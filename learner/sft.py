@@ -3,6 +3,7 @@
 Used to build relay's tiny starting policies (a GPT trained from scratch on a task to partial
 accuracy) for the default demo and the end-to-end tests.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,20 +27,43 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
     mask = torch.zeros(len(seqs), L - 1)
     for i, (s, start) in enumerate(zip(seqs, starts)):
         ids[i, : len(s)] = torch.tensor(s)
-        mask[i, start - 1: len(s) - 1] = 1.0
+        mask[i, start - 1 : len(s) - 1] = 1.0
     return ids, mask
 
 
-def sft(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int = 64, lr: float = 3e-3,
-        seed: int = 0, log_every: int = 0, stop=None, check_every: int = 100) -> list[float]:
+def sft(
+    model,
+    tokenizer,
+    pairs: list[tuple[str, str]],
+    steps: int,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    log_every: int = 0,
+    stop=None,
+    check_every: int = 100,
+) -> list[float]:
     """Train in place with AdamW and a linear decay; return the loss of every step.
     `stop()`, asked every `check_every` steps, ends training early when it returns True."""
     ids, mask = encode_pairs(tokenizer, pairs)
-    return sft_tokens(model, tokenizer.pad_token_id, ids, mask, steps, batch_size, lr, seed, log_every, stop, check_every)
+    return sft_tokens(
+        model, tokenizer.pad_token_id, ids, mask, steps, batch_size, lr, seed, log_every, stop, check_every
+    )
 
 
-def sft_tokens(model, pad_id: int, ids: torch.Tensor, mask: torch.Tensor, steps: int, batch_size: int = 64,
-               lr: float = 3e-3, seed: int = 0, log_every: int = 0, stop=None, check_every: int = 100) -> list[float]:
+def sft_tokens(
+    model,
+    pad_id: int,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    steps: int,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    log_every: int = 0,
+    stop=None,
+    check_every: int = 100,
+) -> list[float]:
     """sft on token ids (N, L), right-padded with pad_id, and a loss mask (N, L-1) over the targets
     ids[:, 1:]: for demonstrations built as token ids (multi-turn transcripts)."""
     attention = (ids != pad_id).long()
@@ -77,9 +101,16 @@ def greedy_accuracy(model, tokenizer, examples: list[dict], max_new_tokens: int 
     from reward_service.rules import math_answer
 
     tokenizer.padding_side = "left"
-    enc = tokenizer([e["prompt"] for e in examples], return_tensors="pt", padding=True)  # default special tokens, as rollout
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    enc = tokenizer(
+        [e["prompt"] for e in examples], return_tensors="pt", padding=True
+    )  # default special tokens, as rollout
+    out = model.generate(
+        **enc,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     tokenizer.padding_side = "right"
     return sum(math_answer(t, e["answer"]) or 0.0 for t, e in zip(texts, examples)) / len(examples)

@@ -6,6 +6,7 @@ Batches arrive whole (tensors); each rank takes rows rank, rank+world, ... and m
 Losses are sums divided by the mini-batch's global count (tokens or pairs) and scaled to undo
 DeepSpeed's mean over micro-batches and ranks, so any sharding gives the same update.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,9 +17,8 @@ from learner.config import LearnerConfig, SupervisedTrainConfig
 from learner.engine import init_distributed, make_engine
 from learner.group import start_ranks
 from learner.models import no_dropout_config
-from rollout.device import compute
 from learner.worker import seed_everything
-from rollout.device import collective_backend, process_device
+from rollout.device import collective_backend, compute, process_device
 from rollout.logprobs import chunked_logprobs
 
 SFT, RM = "sft", "rm"
@@ -42,8 +42,18 @@ def build_model(cfg: LearnerConfig, kind: str, pad_token_id: int | None) -> torc
 
 
 class SupervisedLearner:
-    def __init__(self, cfg: LearnerConfig, train: SupervisedTrainConfig, kind: str, rank: int, world_size: int,
-                 master_addr: str, master_port: int, seed: int, threads: int = 0):
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        train: SupervisedTrainConfig,
+        kind: str,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        seed: int,
+        threads: int = 0,
+    ):
         from transformers import AutoTokenizer
 
         if threads:
@@ -86,12 +96,14 @@ class SupervisedLearner:
         n = len(next(iter(batch.values())))
         mine = torch.arange(self.rank, n, self.world)
         for j in range(0, len(mine), self.train.micro_batch_size):
-            yield mine[j: j + self.train.micro_batch_size]
+            yield mine[j : j + self.train.micro_batch_size]
 
     def _loss(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         if self.kind == SFT:
             with compute(self.cfg.dtype, self.device):
-                logits = self.engine(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]).logits
+                logits = self.engine(
+                    input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]
+                ).logits
             ids = batch["input_ids"][rows]  # A.sft_loss_sum, without a float32 (B, L, V) copy of the logits
             logprobs = chunked_logprobs(logits[:, :-1], ids[:, 1:], 1.0, self.cfg.logprob_chunk_tokens)
             loss_sum = -A.masked_sum(logprobs, batch["loss_mask"][rows])
@@ -99,9 +111,12 @@ class SupervisedLearner:
         chosen = self._reward(batch["chosen_ids"][rows], batch["chosen_attention"][rows])
         rejected = self._reward(batch["rejected_ids"][rows], batch["rejected_attention"][rows])
         loss_sum = A.bradley_terry_loss(chosen, rejected, self.train.margin).sum()
-        return loss_sum, {"loss_sum": loss_sum.item(), "count": float(len(rows)),
-                          "correct": float((chosen > rejected).sum()),
-                          "rewards": chosen.tolist() + rejected.tolist()}
+        return loss_sum, {
+            "loss_sum": loss_sum.item(),
+            "count": float(len(rows)),
+            "correct": float((chosen > rejected).sum()),
+            "rewards": chosen.tolist() + rejected.tolist(),
+        }
 
     def _reward(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         with compute(self.cfg.dtype, self.device):
@@ -120,9 +135,11 @@ class SupervisedGroup:
 
     def __init__(self, cfg: LearnerConfig, train: SupervisedTrainConfig, kind: str, world_size: int, seed: int):
         self.ranks = start_ranks(
-            SupervisedLearner, world_size,
+            SupervisedLearner,
+            world_size,
             lambda rank, addr, port, threads: (cfg, train, kind, rank, world_size, addr, port, seed, threads),
-            threads=cfg.threads)
+            threads=cfg.threads,
+        )
 
     def _all(self, method: str, *args) -> list:
         import ray

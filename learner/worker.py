@@ -1,6 +1,7 @@
 """Learner: one data-parallel rank (a Ray actor) holding the policy, the optional critic and their
 DeepSpeed engines. The orchestrator calls every rank with the same arguments; ranks shard the work.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,10 +16,26 @@ import torch.distributed as dist
 
 from learner import algorithms as A
 from learner import losses as L
-from learner.config import (AlgorithmConfig, Estimator, KLControllerKind, KLPlacement, LearnerConfig, OffPolicyKind,
-                            PolicyLoss, ValueHead)
-from learner.engine import (TOKENS, grad_norm, init_distributed, make_engine, mean_finite, skipped_steps,
-                            step_micro_batches, update_metrics)
+from learner.config import (
+    AlgorithmConfig,
+    Estimator,
+    KLControllerKind,
+    KLPlacement,
+    LearnerConfig,
+    OffPolicyKind,
+    PolicyLoss,
+    ValueHead,
+)
+from learner.engine import (
+    TOKENS,
+    grad_norm,
+    init_distributed,
+    make_engine,
+    mean_finite,
+    skipped_steps,
+    step_micro_batches,
+    update_metrics,
+)
 from learner.experience import Experience, experience_metrics, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
@@ -29,8 +46,16 @@ from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy, map_chu
 from rollout.profiling import Profiled
 from rollout.seeds import stream_seed
 from rollout.types import RolloutBatch
-from rollout.weight_sync import (SyncGroup, TensorMeta, broadcast_staged, decode_plan, free_port, plan_buckets,
-                                 send_weights, stage_buckets)
+from rollout.weight_sync import (
+    SyncGroup,
+    TensorMeta,
+    broadcast_staged,
+    decode_plan,
+    free_port,
+    plan_buckets,
+    send_weights,
+    stage_buckets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +74,18 @@ def node_address() -> tuple[str, str, int]:
 
 
 class Learner(Profiled):
-    def __init__(self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, rank: int, world_size: int,
-                 master_addr: str, master_port: int, seed: int, threads: int = 0):
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        algo: AlgorithmConfig,
+        sampling: SamplingConfig,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        seed: int,
+        threads: int = 0,
+    ):
         if threads:
             torch.set_num_threads(threads)
         if cfg.logprob_chunk_tokens < 1:
@@ -68,10 +103,16 @@ class Learner(Profiled):
         self.critic = build_critic(cfg) if needs_critic and not shared else None
         self.grad_accum = algo.mini_batch_size // (algo.micro_batch_size * world_size)
         self.policy_engine = make_engine(self.policy, cfg, cfg.lr, algo.micro_batch_size, self.grad_accum)
-        self.critic_engine = (make_engine(self.critic, cfg, cfg.critic_lr, algo.micro_batch_size, self.grad_accum)
-                              if self.critic is not None else None)
-        self.kl_ctl = (AdaptiveKLController(algo.init_kl_coef, algo.target_kl, algo.kl_horizon)
-                       if algo.kl_controller == KLControllerKind.adaptive else FixedKLController(algo.init_kl_coef))
+        self.critic_engine = (
+            make_engine(self.critic, cfg, cfg.critic_lr, algo.micro_batch_size, self.grad_accum)
+            if self.critic is not None
+            else None
+        )
+        self.kl_ctl = (
+            AdaptiveKLController(algo.init_kl_coef, algo.target_kl, algo.kl_horizon)
+            if algo.kl_controller == KLControllerKind.adaptive
+            else FixedKLController(algo.init_kl_coef)
+        )
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
@@ -96,9 +137,22 @@ class Learner(Profiled):
         skipped_before = self._skipped()
         one_pass = self.single_pass and single_pass(self.algo, len(batch))  # the update's forward: the old logprobs
         self.policy_engine.eval()
-        exp = make_experience(self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value,
-                              self.sampling, self.pad_id, self.algo.micro_batch_size, self.rank, self.world,
-                              self.cfg.logprob_chunk_tokens, self.device, recompute=not one_pass)
+        exp = make_experience(
+            self.policy_engine,
+            self.critic_engine,
+            batch,
+            scored,
+            self.algo,
+            self.kl_ctl.value,
+            self.sampling,
+            self.pad_id,
+            self.algo.micro_batch_size,
+            self.rank,
+            self.world,
+            self.cfg.logprob_chunk_tokens,
+            self.device,
+            recompute=not one_pass,
+        )
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
         n_mini, norms = 0, []
@@ -130,7 +184,7 @@ class Learner(Profiled):
         """One optimizer step on exactly `rows`, whatever their count (engine.step_micro_batches)."""
         agg, micro = self.algo.loss_aggregation.value, self.algo.micro_batch_size
         total = max(A.aggregate_total(exp.mask[rows], agg), 1e-8)
-        mine = exp.by_length(rows)[self.rank:: self.world]  # similar lengths per micro-batch (and per rank)
+        mine = exp.by_length(rows)[self.rank :: self.world]  # similar lengths per micro-batch (and per rank)
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
         for idx, padding in step_micro_batches(rows, mine, self.world, micro, (self.policy_engine, self.critic_engine)):
             weight = 0.0 if padding else scale
@@ -139,9 +193,16 @@ class Learner(Profiled):
             if self.critic_engine is not None:
                 values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
             if values is not None:
-                vf_loss, vm = A.ppo_value_loss(values, mb["old_values"], mb["returns"], mb["mask"],
-                                               self.algo.value_clip_eps, agg, total,
-                                               loss_norm_tokens(self.algo, self.sampling))
+                vf_loss, vm = A.ppo_value_loss(
+                    values,
+                    mb["old_values"],
+                    mb["returns"],
+                    mb["mask"],
+                    self.algo.value_clip_eps,
+                    agg,
+                    total,
+                    loss_norm_tokens(self.algo, self.sampling),
+                )
                 m["loss/value"] = vf_loss.item()
                 m["learner/vf_clip_frac"] = vm["vf_clip_frac"].item() * m[TOKENS]
                 if self.critic_engine is None:
@@ -160,16 +221,27 @@ class Learner(Profiled):
         """fill (single pass): the old logprobs are this forward's, detached; they are written into
         fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics."""
         logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-        loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, self.temperature,
-                                  self.cfg.logprob_chunk_tokens, total, agg, old_from_forward=fill is not None,
-                                  norm_tokens=loss_norm_tokens(self.algo, self.sampling),
-                                  top_k=self.sampling.top_k, top_p=self.sampling.top_p)
+        loss, terms = policy_loss(
+            logits,
+            mb,
+            self.algo,
+            self.kl_ctl.value,
+            self.temperature,
+            self.cfg.logprob_chunk_tokens,
+            total,
+            agg,
+            old_from_forward=fill is not None,
+            norm_tokens=loss_norm_tokens(self.algo, self.sampling),
+            top_k=self.sampling.top_k,
+            top_p=self.sampling.top_p,
+        )
         if fill is not None:
             self._fill_old(fill, idx, mb, terms["logprobs"], terms["sampler_logprobs"])
         return loss, values, micro_metrics(terms, mb["mask"])
 
-    def _fill_old(self, exp: Experience, idx: torch.Tensor, mb: dict, logprobs: torch.Tensor,
-                  sampled: torch.Tensor) -> None:
+    def _fill_old(
+        self, exp: Experience, idx: torch.Tensor, mb: dict, logprobs: torch.Tensor, sampled: torch.Tensor
+    ) -> None:
         mask, w = mb["mask"], mb["mask"].shape[1]  # the micro-batch is trimmed to its own width (Experience.rows)
         exp.old_logprobs[idx, :w] = (logprobs * mask).cpu()
         exp.sampler_logprobs[idx, :w] = torch.where(mask > 0, sampled, 0.0).cpu()
@@ -195,9 +267,14 @@ class Learner(Profiled):
     def weight_buckets(self, bucket_mb: int) -> list[list[TensorMeta]]:
         # sent in the engines' dtype (rollout.dtype = learner.dtype): bf16 runs cast the float32 master
         # weights on the way, as autocast casts them for the learner's own matmuls
-        metas = [TensorMeta(n, tuple(getattr(p, "ds_shape", p.shape)),
-                            self.cfg.dtype.value if p.is_floating_point() else str(p.dtype).removeprefix("torch."))
-                 for n, p in rollout_weights(self.policy)]
+        metas = [
+            TensorMeta(
+                n,
+                tuple(getattr(p, "ds_shape", p.shape)),
+                self.cfg.dtype.value if p.is_floating_point() else str(p.dtype).removeprefix("torch."),
+            )
+            for n, p in rollout_weights(self.policy)
+        ]
         return plan_buckets(metas, bucket_mb << 20)
 
     def sync_address(self) -> tuple[str, int]:
@@ -210,8 +287,10 @@ class Learner(Profiled):
         self._sending = None  # a background sync of the old group died with it (an engine restarted)
         if self.rank == 0:
             if backend != collective_backend(self.device):
-                raise ValueError(f"weight sync: the rollout engines use {backend}, but learner rank 0 is on "
-                                 f"{self.device}; give the learner GPUs too (cluster.gpus_per_learner) or neither")
+                raise ValueError(
+                    f"weight sync: the rollout engines use {backend}, but learner rank 0 is on "
+                    f"{self.device}; give the learner GPUs too (cluster.gpus_per_learner) or neither"
+                )
             self.sync_group = SyncGroup(host, port, 0, world_size, backend, timeout_s)
 
     def send_weights(self, plan: bytes, background: bool = False) -> int:
@@ -258,9 +337,13 @@ class Learner(Profiled):
 
     def describe(self) -> dict:
         """What this rank built: for logs and tests."""
-        return {"value_head": self.policy.value_head is not None, "critic": self.critic is not None,
-                "trainable": [n for n, p in self.policy.named_parameters() if p.requires_grad],
-                "zero_stage": self.cfg.zero_stage, "world_size": self.world}
+        return {
+            "value_head": self.policy.value_head is not None,
+            "critic": self.critic is not None,
+            "trainable": [n for n, p in self.policy.named_parameters() if p.requires_grad],
+            "zero_stage": self.cfg.zero_stage,
+            "world_size": self.world,
+        }
 
     @torch.no_grad()
     def policy_logprobs(self, batch: RolloutBatch) -> list[list[float]]:
@@ -307,10 +390,20 @@ class _Sending:
             raise RuntimeError(f"the background weight sync failed: {self.error}") from self.error
 
 
-def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: float, temperature: float,
-                chunk_tokens: int, total: float, agg: str, old_from_forward: bool = False,
-                norm_tokens: float | None = None, top_k: int = -1,
-                top_p: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    logits: torch.Tensor,
+    mb: dict,
+    algo: AlgorithmConfig,
+    kl_coef: float,
+    temperature: float,
+    chunk_tokens: int,
+    total: float,
+    agg: str,
+    old_from_forward: bool = False,
+    norm_tokens: float | None = None,
+    top_k: int = -1,
+    top_p: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A micro-batch's loss from its logits (B, L-1, V) (the policy loss is algorithm.policy_loss's, from
     learner/losses.py's table), and its terms (policy, entropy, clip_frac, approx_kl, kl when placed in
     the loss, and the detached logprobs). Logprobs and entropy come chunk by chunk (no float32
@@ -319,28 +412,58 @@ def policy_loss(logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: 
     of mb["old_logprobs"]. norm_tokens: seq_sum_norm's constant. top_k/top_p: the sampler's filter, under which
     pi_prox meets mu (terms["sampler_logprobs"]). *_token terms: per-token means (metrics), whatever agg."""
     mask, use_entropy = mb["mask"], algo.entropy_coef != 0
-    logprobs, entropy = chunked_logprobs_entropy(logits, mb["input_ids"][:, 1:], temperature, chunk_tokens,
-                                                 entropy_grad=use_entropy)
+    logprobs, entropy = chunked_logprobs_entropy(
+        logits, mb["input_ids"][:, 1:], temperature, chunk_tokens, entropy_grad=use_entropy
+    )
     old = logprobs.detach() if old_from_forward else mb["old_logprobs"]  # the proximal policy's
     o = algo.off_policy
     # pi_prox as the sampler saw it, under its top-k/top-p filter: mu (the engine's processed logprobs) is
     # renormalised inside the filter, so an unfiltered pi_prox would put the ratio below 1 in sync mode
     sampled = mb["sampler_logprobs"] if not old_from_forward and o.correction != OffPolicyKind.none else None
     if old_from_forward:
-        sampled = (map_chunks(lambda x, y: A.filtered_logprobs(x, y, top_k, top_p), logits.detach(),
-                              mb["input_ids"][:, 1:], temperature, chunk_tokens) if top_k > 0 or top_p < 1.0 else old)
-    weights = (A.off_policy_weights(sampled, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap,
-                                    o.low, o.high) if o.correction != OffPolicyKind.none else None)
+        sampled = (
+            map_chunks(
+                lambda x, y: A.filtered_logprobs(x, y, top_k, top_p),
+                logits.detach(),
+                mb["input_ids"][:, 1:],
+                temperature,
+                chunk_tokens,
+            )
+            if top_k > 0 or top_p < 1.0
+            else old
+        )
+    weights = (
+        A.off_policy_weights(
+            sampled, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap, o.low, o.high
+        )
+        if o.correction != OffPolicyKind.none
+        else None
+    )
     # cispo's lower bound has its own key: the paper has none, and PPO's clip_eps would impose one
     low = (algo.cispo_clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
-    pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](logprobs, old, mb["advantages"], mask, low,
-                                                     algo.clip_eps_high or algo.clip_eps, agg, total, weights,
-                                                     norm_tokens)
+    pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](
+        logprobs,
+        old,
+        mb["advantages"],
+        mask,
+        low,
+        algo.clip_eps_high or algo.clip_eps,
+        agg,
+        total,
+        weights,
+        norm_tokens,
+    )
     ent_token, entropy = entropy, A.aggregate(entropy, mask, agg, total, norm_tokens)
     loss = pg - algo.entropy_coef * entropy if use_entropy else pg
-    terms = {"policy": pg, "entropy": entropy, "entropy_token": A.masked_mean(ent_token.detach(), mask),
-             "clip_frac": pm["clip_frac"], "approx_kl": pm["approx_kl"], "logprobs": logprobs.detach(),
-             "sampler_logprobs": sampled}
+    terms = {
+        "policy": pg,
+        "entropy": entropy,
+        "entropy_token": A.masked_mean(ent_token.detach(), mask),
+        "clip_frac": pm["clip_frac"],
+        "approx_kl": pm["approx_kl"],
+        "logprobs": logprobs.detach(),
+        "sampler_logprobs": sampled,
+    }
     if algo.kl_placement == KLPlacement.loss:
         kl = A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask)
         terms["kl"] = A.aggregate(kl, mask, agg, total, norm_tokens)
@@ -354,8 +477,12 @@ def micro_metrics(terms: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[st
     response tokens (summed, then divided by the update's tokens: one unit in every aggregation)."""
     tokens = float(mask.sum())
     m = {"loss/policy": terms["policy"].item(), TOKENS: tokens}
-    names = {"learner/entropy": "entropy_token", "learner/clip_frac": "clip_frac", "learner/approx_kl": "approx_kl",
-             "loss/kl": "kl_token"}
+    names = {
+        "learner/entropy": "entropy_token",
+        "learner/clip_frac": "clip_frac",
+        "learner/approx_kl": "approx_kl",
+        "loss/kl": "kl_token",
+    }
     m.update({k: terms[t].item() * tokens for k, t in names.items() if t in terms})
     return m
 
@@ -364,4 +491,3 @@ def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplingConfig) -> int:
     """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens (the trainer sets 0 to the sample's
     whole budget, orchestrator.trainer.learner_algorithm), else one response's max_new_tokens."""
     return algo.loss_norm_tokens or sampling.max_new_tokens
-

@@ -7,6 +7,7 @@ closed by EOS, observations through the chat template), and only the model's tok
   `tool_rate` share of demonstrations, by calling the calculator and copying its result;
 - tiny-guess-gpt: guess_number played by guessing at random among the numbers still possible.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,10 @@ def guess_turns(example: dict, rng: random.Random, low: int = 1, high: int = 15,
     return turns
 
 
-AGENTS = {"tiny-calculator-gpt": ("addition_3digit", calculator_turns, 800),
-          "tiny-guess-gpt": ("guess_number", guess_turns, 600)}
+AGENTS = {
+    "tiny-calculator-gpt": ("addition_3digit", calculator_turns, 800),
+    "tiny-guess-gpt": ("guess_number", guess_turns, 600),
+}
 
 
 def agent_examples(name: str, seed: int) -> list[dict]:
@@ -72,7 +75,9 @@ def build_tiny_agent(out: Path, name: str, seed: int = 0) -> Path:
     task, turns_of, steps = AGENTS[name]
     torch.manual_seed(seed)
     start, rng = time.time(), random.Random(seed)
-    print(f"relay: building the starting policy {out} (SFT from scratch on {task} episodes, {steps} steps)...", flush=True)
+    print(
+        f"relay: building the starting policy {out} (SFT from scratch on {task} episodes, {steps} steps)...", flush=True
+    )
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     init_tiny_gpt(tmp, n_layer=2, n_embd=128, n_head=4, n_positions=128, seed=seed)

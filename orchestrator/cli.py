@@ -1,4 +1,5 @@
 """`relay`: the command line. Each subcommand is a thin call into the package that owns the work."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,6 @@ and relay exits with status 3; `checkpoint.resume=auto` continues from it. Ctrl-
 without a checkpoint (status 130).
 exit status: 0 done, 1 training error, 2 config or data error, 3 stopped by a signal (resumable),
 130 interrupted without a checkpoint."""
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,14 +42,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="relay", description="Distributed rollout/learner RLHF on Ray, vLLM and DeepSpeed.")
+    p = argparse.ArgumentParser(
+        prog="relay", description="Distributed rollout/learner RLHF on Ray, vLLM and DeepSpeed."
+    )
     sub = p.add_subparsers(metavar="COMMAND")
 
-    train = sub.add_parser("train", help="run PPO/GRPO/RLOO/REINFORCE training (default: the tiny CPU GRPO demo)",
-                           description=TRAIN_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train = sub.add_parser(
+        "train",
+        help="run PPO/GRPO/RLOO/REINFORCE training (default: the tiny CPU GRPO demo)",
+        description=TRAIN_EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _config_args(train, default=DEFAULT_CONFIG)
-    train.add_argument("--profile", action="store_true",
-                       help="profile step 3 in every role (logging.profile_step=3): runs/<name>/profile/")
+    train.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile step 3 in every role (logging.profile_step=3): runs/<name>/profile/",
+    )
     train.set_defaults(func=_train)
 
     config = sub.add_parser("config", help="inspect configs")
@@ -57,8 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     show = config_sub.add_parser("show", help="print the resolved, validated config tree, each value with its meaning")
     _config_args(show, default=None)
     show.add_argument("--bare", action="store_true", help="plain YAML, without the comments")
-    show.add_argument("--for", dest="command", choices=["train", "sft", "rm", "pipeline"], default="train",
-                      help="the command the config is for, which decides its tree (default: train)")
+    show.add_argument(
+        "--for",
+        dest="command",
+        choices=["train", "sft", "rm", "pipeline"],
+        default="train",
+        help="the command the config is for, which decides its tree (default: train)",
+    )
     show.set_defaults(func=_config_show)
 
     serve = sub.add_parser("serve-reward", help="serve the config's reward sources over HTTP (POST /score)")
@@ -67,9 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve_reward)
 
-    for name, what in (("sft", "supervised fine-tuning: response-only loss, from scratch or pretrained"),
-                       ("rm", "reward model: Bradley-Terry on preference pairs"),
-                       ("pipeline", "SFT -> RM -> PPO, each stage feeding the next")):
+    for name, what in (
+        ("sft", "supervised fine-tuning: response-only loss, from scratch or pretrained"),
+        ("rm", "reward model: Bradley-Terry on preference pairs"),
+        ("pipeline", "SFT -> RM -> PPO, each stage feeding the next"),
+    ):
         stage = sub.add_parser(name, help=what)
         _config_args(stage, default=None)
         stage.set_defaults(func=_stage, stage=name)
@@ -103,11 +119,19 @@ def _report_parsers(sub) -> None:
     data.add_argument("--out", required=True)
     data.set_defaults(func=_data)
 
-    plan = sub.add_parser("plan", help="memory per role and device (learner, vLLM, scoring) and whether the config fits")
+    plan = sub.add_parser(
+        "plan", help="memory per role and device (learner, vLLM, scoring) and whether the config fits"
+    )
     _config_args(plan, default=None)
-    plan.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU to plan against (default 80)")
-    plan.add_argument("--host-memory-gb", type=float, default=None,
-                      help="host memory to judge host-side roles against (default: this machine's, when every role is on the host)")
+    plan.add_argument(
+        "--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU to plan against (default 80)"
+    )
+    plan.add_argument(
+        "--host-memory-gb",
+        type=float,
+        default=None,
+        help="host memory to judge host-side roles against (default: this machine's, when every role is on the host)",
+    )
     plan.set_defaults(func=_plan)
 
 
@@ -142,7 +166,7 @@ def _train(args) -> int:
         overrides = ["logging.profile_step=3", *overrides]
     cfg = load_config(path, overrides, local=True)  # every config error surfaces here, before Ray starts
     print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
-    from orchestrator.signals import INTERRUPTED_EXIT_CODE, STOPPED_EXIT_CODE, StopRequest, Stopped, stop_on_signals
+    from orchestrator.signals import INTERRUPTED_EXIT_CODE, STOPPED_EXIT_CODE, Stopped, StopRequest, stop_on_signals
     from orchestrator.trainer import Trainer
 
     trainer = Trainer(cfg)  # ray.init sets its own SIGTERM handler: ours go in after it
@@ -153,8 +177,12 @@ def _train(args) -> int:
             print(f"relay: {e}", file=sys.stderr, flush=True)
             return STOPPED_EXIT_CODE
         except KeyboardInterrupt:
-            print("relay: interrupted: exiting without a checkpoint; checkpoint.resume=auto continues from the newest "
-                  "one in the run folder, if any", file=sys.stderr, flush=True)
+            print(
+                "relay: interrupted: exiting without a checkpoint; checkpoint.resume=auto continues from the newest "
+                "one in the run folder, if any",
+                file=sys.stderr,
+                flush=True,
+            )
             return INTERRUPTED_EXIT_CODE
         finally:
             trainer.shutdown()
@@ -203,8 +231,14 @@ def _eval(args) -> int:
     from orchestrator.evaluate import evaluate_checkpoint
 
     cfg = load_config(args.config, args.overrides)
-    evaluate_checkpoint(cfg, args.checkpoint, args.reference, args.out or str(Path(args.checkpoint) / "eval"),
-                        args.reward_model, args.run)
+    evaluate_checkpoint(
+        cfg,
+        args.checkpoint,
+        args.reference,
+        args.out or str(Path(args.checkpoint) / "eval"),
+        args.reward_model,
+        args.run,
+    )
     return 0
 
 

@@ -2,6 +2,7 @@
 
 Every field is documented once, here or in the section's own module.
 """
+
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -18,36 +19,63 @@ class BadLinePolicy(str, Enum):
 
 @dataclass
 class ClusterConfig:
-    address: str = ""  # "" starts a local Ray (or joins RAY_ADDRESS); "auto" or host:port joins a running cluster
-    rollout_workers: int = 1  # vLLM engines (Ray actors); each step's prompts are split evenly among them
-    learner_ranks: int = 1  # DeepSpeed data-parallel learner ranks (Ray actors)
-    colocate: bool = True  # true: roles share the devices (no placement group, actors reserve no CPUs); false: a bundle each
-    gpus_per_rollout_worker: float = 0.0  # GPUs per rollout worker (a fraction shares one); > 0 also sends weights by NCCL, 0 by gloo
-    gpus_per_learner: float = 0.0  # GPUs per learner rank (a fraction shares one); 0 = CPU
-    gpus_per_scoring: float = 0.0  # GPUs of the scoring service (reference and reward models); 0 = CPU
-    max_restarts: int = 2  # Ray restarts of a dead rollout/scoring actor before the run fails
-    cpu_keep_freed_memory: bool = True  # CPU roles reuse freed memory (glibc malloc without mmap or trim): a step's big tensors no longer page-fault anew; each process keeps its peak memory
-    rollout_resource: str = ""  # a custom Ray resource each rollout worker requires one unit of (a node started with --resources '{"rollout_node": 8}' hosts 8); "" = any node
-    learner_resource: str = ""  # likewise for each learner rank (e.g. "learner_node"); "" = any node
-    scoring_resource: str = ""  # likewise for the scoring service (e.g. "scoring_node"); "" = any node
+    address: str = ""
+    """"" starts a local Ray (or joins RAY_ADDRESS); "auto" or host:port joins a running cluster"""
+    rollout_workers: int = 1
+    """vLLM engines (Ray actors); each step's prompts are split evenly among them"""
+    learner_ranks: int = 1
+    """DeepSpeed data-parallel learner ranks (Ray actors)"""
+    colocate: bool = True
+    """true: roles share the devices (no placement group, actors reserve no CPUs); false: a bundle each"""
+    gpus_per_rollout_worker: float = 0.0
+    """GPUs per rollout worker (a fraction shares one); > 0 also sends weights by NCCL, 0 by gloo"""
+    gpus_per_learner: float = 0.0
+    """GPUs per learner rank (a fraction shares one); 0 = CPU"""
+    gpus_per_scoring: float = 0.0
+    """GPUs of the scoring service (reference and reward models); 0 = CPU"""
+    max_restarts: int = 2
+    """Ray restarts of a dead rollout/scoring actor before the run fails"""
+    cpu_keep_freed_memory: bool = True
+    """CPU roles reuse freed memory (glibc malloc without mmap or trim): a step's big tensors no longer page-fault
+    anew; each process keeps its peak memory"""
+    rollout_resource: str = ""
+    """a custom Ray resource each rollout worker requires one unit of (a node started with --resources
+    '{"rollout_node": 8}' hosts 8); "" = any node"""
+    learner_resource: str = ""
+    """likewise for each learner rank (e.g. "learner_node"); "" = any node"""
+    scoring_resource: str = ""
+    """likewise for the scoring service (e.g. "scoring_node"); "" = any node"""
 
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = field(default_factory=list)  # prompt files, JSONL or Parquet; give these or task, not both
-    eval_files: list[str] = field(
-        default_factory=list)  # held-out prompt files (their prompts leave training, counted); []: drawn (eval_size)
-    task: str = ""  # prompts from a task instead of files (addition_2digit, addition_3digit, guess_number, a reasoning-gym name); "" = files
-    task_size: int = 1000  # training prompts generated from task (task only)
-    prompt_key: str = "prompt"  # the field holding the prompt: text, a list of chat messages, or token ids
-    answer_key: str = "answer"  # optional reference answer, passed to rewards; other fields travel as metadata
-    apply_chat_template: bool = False  # send a text prompt as one user message through the tokenizer's chat template
-    rollout_batch_size: int = 8  # prompts per step (each sampled rollout.sampling.n_samples_per_prompt times)
-    eval_size: int = 64  # held-out prompts, evaluated at start, end and every eval.every_n_steps; never trained on
-    shuffle: bool = True  # reshuffle the prompts every epoch (seeded); false = file order
-    on_bad_line: BadLinePolicy = BadLinePolicy.error  # a malformed line: error (stop, naming file:line) or skip (and count it)
-    dynamic_sampling: bool = False  # GRPO/RLOO (DAPO): drop groups whose rewards are all equal, top up
-    dynamic_sampling_rounds: int = 4  # extra generate+score rounds per step; still short, equal groups fill the batch
+    train_files: list[str] = field(default_factory=list)
+    """prompt files, JSONL or Parquet; give these or task, not both"""
+    eval_files: list[str] = field(default_factory=list)
+    """held-out prompt files (their prompts leave training, counted); []: drawn (eval_size)"""
+    task: str = ""
+    """prompts from a task instead of files (addition_2digit, addition_3digit, guess_number, a reasoning-gym name); ""
+    = files"""
+    task_size: int = 1000
+    """training prompts generated from task (task only)"""
+    prompt_key: str = "prompt"
+    """the field holding the prompt: text, a list of chat messages, or token ids"""
+    answer_key: str = "answer"
+    """optional reference answer, passed to rewards; other fields travel as metadata"""
+    apply_chat_template: bool = False
+    """send a text prompt as one user message through the tokenizer's chat template"""
+    rollout_batch_size: int = 8
+    """prompts per step (each sampled rollout.sampling.n_samples_per_prompt times)"""
+    eval_size: int = 64
+    """held-out prompts, evaluated at start, end and every eval.every_n_steps; never trained on"""
+    shuffle: bool = True
+    """reshuffle the prompts every epoch (seeded); false = file order"""
+    on_bad_line: BadLinePolicy = BadLinePolicy.error
+    """a malformed line: error (stop, naming file:line) or skip (and count it)"""
+    dynamic_sampling: bool = False
+    """GRPO/RLOO (DAPO): drop groups whose rewards are all equal, top up"""
+    dynamic_sampling_rounds: int = 4
+    """extra generate+score rounds per step; still short, equal groups fill the batch"""
 
 
 class WandbMode(str, Enum):
@@ -58,31 +86,44 @@ class WandbMode(str, Enum):
 
 @dataclass
 class WandbConfig:
-    mode: WandbMode = WandbMode.offline  # offline (no login; `wandb sync` later), online, or disabled (metrics.jsonl only)
-    project: str = "relay"  # wandb project
-    entity: str = ""  # wandb team or user; "" = your default entity
+    mode: WandbMode = WandbMode.offline
+    """offline (no login; `wandb sync` later), online, or disabled (metrics.jsonl only)"""
+    project: str = "relay"
+    """wandb project"""
+    entity: str = ""
+    """wandb team or user; "" = your default entity"""
 
 
 @dataclass
 class LoggingConfig:
-    wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases; metrics.jsonl in the run folder is written either way
-    log_every: int = 1  # steps between console lines (metrics.jsonl and wandb get every step)
-    progress_bar: bool = True  # print a console line per log_every steps (progress, reward, KL, time); false = quiet
-    profile_step: int = 0  # profile this step in every role (torch and Python profiles, runs/<name>/profile/); 0 = off
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases; metrics.jsonl in the run folder is written either way"""
+    log_every: int = 1
+    """steps between console lines (metrics.jsonl and wandb get every step)"""
+    progress_bar: bool = True
+    """print a console line per log_every steps (progress, reward, KL, time); false = quiet"""
+    profile_step: int = 0
+    """profile this step in every role (torch and Python profiles, runs/<name>/profile/); 0 = off"""
 
 
 @dataclass
 class CheckpointConfig:
-    every_n_steps: int = 0  # steps between checkpoints (runs/<name>/checkpoints/step_N); 0 = only at the end
-    keep_last: int = 2  # newest checkpoints kept, older ones deleted; 0 = keep all
-    resume: str = "never"  # never | auto (the run folder's newest checkpoint, if any) | a checkpoint path
+    every_n_steps: int = 0
+    """steps between checkpoints (runs/<name>/checkpoints/step_N); 0 = only at the end"""
+    keep_last: int = 2
+    """newest checkpoints kept, older ones deleted; 0 = keep all"""
+    resume: str = "never"
+    """never | auto (the run folder's newest checkpoint, if any) | a checkpoint path"""
 
 
 @dataclass
 class EvalConfig:
-    every_n_steps: int = 0  # steps between held-out evaluations; 0 = only before and after training
-    greedy: bool = True  # also generate greedy answers (greedy accuracy, sample tables); false = sampled answers only
-    num_samples_to_log: int = 8  # held-out prompts shown with their greedy answers (console table, samples.jsonl, wandb)
+    every_n_steps: int = 0
+    """steps between held-out evaluations; 0 = only before and after training"""
+    greedy: bool = True
+    """also generate greedy answers (greedy accuracy, sample tables); false = sampled answers only"""
+    num_samples_to_log: int = 8
+    """held-out prompts shown with their greedy answers (console table, samples.jsonl, wandb)"""
 
 
 class AsyncMode(str, Enum):
@@ -93,77 +134,129 @@ class AsyncMode(str, Enum):
 
 @dataclass
 class AsyncConfig:
-    mode: AsyncMode = AsyncMode.sync  # sync, one_step or full ("off" is spelled sync: YAML reads off as false)
-    max_staleness: int = 2  # full only: a sample trains at most this many policy versions after the one that sampled it
+    mode: AsyncMode = AsyncMode.sync
+    """sync, one_step or full ("off" is spelled sync: YAML reads off as false)"""
+    max_staleness: int = 2
+    """full only: a sample trains at most this many policy versions after the one that sampled it"""
 
 
 @dataclass
 class TrainConfig:
-    name: str = "run"  # run folder: <run_root>/<name>; also the wandb run name
-    seed: int = 0  # every random stream (rollout/seeds.py): sampling, data, held-out draw, engines, envs, learner
-    total_steps: int = 10  # RL steps (generate, score, update, sync)
-    run_root: str = "runs"  # folder of the run folders, and of built-in models (<run_root>/models)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: actors per role and their devices
-    data: DataConfig = field(default_factory=DataConfig)  # the prompts
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # the vLLM engines and how they sample
-    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes: the environment the samples play (none: single-turn)
-    reward: RewardConfig = field(default_factory=RewardConfig)  # reward sources, reward shaping and the reference policy
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # estimator, losses, KL and batch sizes of the update
-    async_training: AsyncConfig = field(default_factory=AsyncConfig)  # how far generation runs ahead of the learner
-    learner: LearnerConfig = field(default_factory=LearnerConfig)  # the trained policy (and critic): model, optimizer, DeepSpeed
-    logging: LoggingConfig = field(default_factory=LoggingConfig)  # console lines, metrics.jsonl and wandb
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # when to save, how many to keep, resuming
-    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation during training
+    name: str = "run"
+    """run folder: <run_root>/<name>; also the wandb run name"""
+    seed: int = 0
+    """every random stream (rollout/seeds.py): sampling, data, held-out draw, engines, envs, learner"""
+    total_steps: int = 10
+    """RL steps (generate, score, update, sync)"""
+    run_root: str = "runs"
+    """folder of the run folders, and of built-in models (<run_root>/models)"""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Ray: actors per role and their devices"""
+    data: DataConfig = field(default_factory=DataConfig)
+    """the prompts"""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """the vLLM engines and how they sample"""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """multi-turn episodes: the environment the samples play (none: single-turn)"""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """reward sources, reward shaping and the reference policy"""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """estimator, losses, KL and batch sizes of the update"""
+    async_training: AsyncConfig = field(default_factory=AsyncConfig)
+    """how far generation runs ahead of the learner"""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """the trained policy (and critic): model, optimizer, DeepSpeed"""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """console lines, metrics.jsonl and wandb"""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """when to save, how many to keep, resuming"""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """held-out evaluation during training"""
 
 
 @dataclass
 class SupervisedDataConfig:
     """Demonstrations (prompt, response) for `relay sft`, preference pairs (prompt, chosen, rejected)
     for `relay rm`: JSONL/Parquet files, or generated from a task (see orchestrator/datagen.py)."""
-    train_files: list[str] = field(default_factory=list)  # JSONL or Parquet: demonstrations (sft) or preference pairs (rm)
-    eval_files: list[str] = field(default_factory=list)  # empty: hold out eval_size examples of the train set
-    task: str = ""  # generate the set from this task instead of files (written to the run directory)
-    task_size: int = 2000  # training examples generated from task (task only)
-    eval_size: int = 200  # held-out examples (from eval_files, generated, or split off the train set)
-    prompt_key: str = "prompt"  # plain text or a list of chat messages
-    response_key: str = "response"  # sft: the demonstration's response field
-    chosen_key: str = "chosen"  # rm: the preferred response field
-    rejected_key: str = "rejected"  # rm: the dispreferred response field
-    apply_chat_template: bool = False  # render the prompt as one user message through the tokenizer's chat template
-    on_bad_line: BadLinePolicy = BadLinePolicy.error  # a malformed line: error (stop, naming file:line) or skip (and count it)
+
+    train_files: list[str] = field(default_factory=list)
+    """JSONL or Parquet: demonstrations (sft) or preference pairs (rm)"""
+    eval_files: list[str] = field(default_factory=list)
+    """empty: hold out eval_size examples of the train set"""
+    task: str = ""
+    """generate the set from this task instead of files (written to the run directory)"""
+    task_size: int = 2000
+    """training examples generated from task (task only)"""
+    eval_size: int = 200
+    """held-out examples (from eval_files, generated, or split off the train set)"""
+    prompt_key: str = "prompt"
+    """plain text or a list of chat messages"""
+    response_key: str = "response"
+    """sft: the demonstration's response field"""
+    chosen_key: str = "chosen"
+    """rm: the preferred response field"""
+    rejected_key: str = "rejected"
+    """rm: the dispreferred response field"""
+    apply_chat_template: bool = False
+    """render the prompt as one user message through the tokenizer's chat template"""
+    on_bad_line: BadLinePolicy = BadLinePolicy.error
+    """a malformed line: error (stop, naming file:line) or skip (and count it)"""
 
 
 @dataclass
 class ScratchModelConfig:
     """The model `relay sft` builds when learner.model_path is empty: a GPT-2 from config alone."""
-    n_layer: int = 2  # transformer blocks
-    n_embd: int = 128  # hidden size
-    n_head: int = 4  # attention heads (must divide n_embd)
-    n_positions: int = 256  # context length in tokens
-    tokenizer: str = "char"  # char (one token per character) or bpe (trained on the training text)
-    vocab_size: int = 512  # bpe only: size of the trained vocabulary
+
+    n_layer: int = 2
+    """transformer blocks"""
+    n_embd: int = 128
+    """hidden size"""
+    n_head: int = 4
+    """attention heads (must divide n_embd)"""
+    n_positions: int = 256
+    """context length in tokens"""
+    tokenizer: str = "char"
+    """char (one token per character) or bpe (trained on the training text)"""
+    vocab_size: int = 512
+    """bpe only: size of the trained vocabulary"""
 
 
 @dataclass
 class StageConfig:
     """`relay sft CONFIG` and `relay rm CONFIG`."""
-    name: str = "stage"  # run folder: <run_root>/<name>; the model goes to <run_root>/<name>/model
-    seed: int = 0  # generated task data, model init, learner ranks and batch order
-    run_root: str = "runs"  # folder of the run folders
-    learner_ranks: int = 1  # DeepSpeed data-parallel ranks (Ray actors)
-    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)  # demonstrations (sft) or preference pairs (rm)
-    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(model_path="", lr=1e-4))  # the trained model; model_path "" = a scratch GPT-2
-    scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)  # the model built when learner.model_path is ""
-    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)  # steps, batch sizes and lengths of the training
-    logging: LoggingConfig = field(default_factory=LoggingConfig)  # console lines, metrics.jsonl and wandb
+
+    name: str = "stage"
+    """run folder: <run_root>/<name>; the model goes to <run_root>/<name>/model"""
+    seed: int = 0
+    """generated task data, model init, learner ranks and batch order"""
+    run_root: str = "runs"
+    """folder of the run folders"""
+    learner_ranks: int = 1
+    """DeepSpeed data-parallel ranks (Ray actors)"""
+    data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
+    """demonstrations (sft) or preference pairs (rm)"""
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(model_path="", lr=1e-4))
+    """the trained model; model_path "" = a scratch GPT-2"""
+    scratch: ScratchModelConfig = field(default_factory=ScratchModelConfig)
+    """the model built when learner.model_path is "" """
+    train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
+    """steps, batch sizes and lengths of the training"""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """console lines, metrics.jsonl and wandb"""
 
 
 @dataclass
 class PipelineConfig:
     """`relay pipeline CONFIG`: SFT -> RM -> PPO. Each stage's output feeds the next by path: the RM
     starts from the SFT model, PPO's policy is the SFT model, its reward and critic the RM."""
-    name: str = "pipeline"  # run folder: <run_root>/<name>, holding sft/, rm/ and ppo/
-    run_root: str = "runs"  # folder of the run folders (replaces each stage's name and run_root)
-    sft: StageConfig = field(default_factory=StageConfig)  # stage 1: supervised fine-tuning on demonstrations
-    rm: StageConfig = field(default_factory=StageConfig)  # stage 2: reward model; learner.model_path "" = start from the SFT model
-    ppo: TrainConfig = field(default_factory=lambda: TrainConfig(learner=LearnerConfig(model_path="")))  # stage 3: RL; "" model paths get the SFT model / the RM
+
+    name: str = "pipeline"
+    """run folder: <run_root>/<name>, holding sft/, rm/ and ppo/"""
+    run_root: str = "runs"
+    """folder of the run folders (replaces each stage's name and run_root)"""
+    sft: StageConfig = field(default_factory=StageConfig)
+    """stage 1: supervised fine-tuning on demonstrations"""
+    rm: StageConfig = field(default_factory=StageConfig)
+    """stage 2: reward model; learner.model_path "" = start from the SFT model"""
+    ppo: TrainConfig = field(default_factory=lambda: TrainConfig(learner=LearnerConfig(model_path="")))
+    """stage 3: RL; "" model paths get the SFT model / the RM"""

@@ -1,18 +1,17 @@
-"""The config explains itself: a field's documentation is the trailing `# ...` comment on its line in
-its dataclass. `relay config show` prints it beside the value, and every launch writes the resolved
-tree that way to <run folder>/config.yaml, so the terminal only needs a short summary.
+"""The config explains itself: a field's documentation is the docstring under it in its dataclass.
+`relay config show` prints it beside the value, and every launch writes the resolved tree that way
+to <run folder>/config.yaml, so the terminal only needs a short summary.
 """
+
 from __future__ import annotations
 
 import ast
 import dataclasses
 import functools
 import inspect
-import io
 import json
 import math
 import textwrap
-import tokenize
 import typing
 from pathlib import Path
 
@@ -24,15 +23,13 @@ from orchestrator.load_config import to_dict
 
 @functools.cache
 def field_comments(cls: type) -> dict[str, str]:
-    """{field name: the comment on the field's line} of a dataclass, in field order; "" where none."""
-    source = textwrap.dedent(inspect.getsource(cls))
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
-    lines = {node.target.id: range(node.end_lineno, node.lineno - 1, -1)  # a wrapped field: its last line first
-             for node in ast.parse(source).body[0].body
-             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
-    return {f.name: next((comments[i] for i in lines.get(f.name, ()) if i in comments), "")
-            for f in dataclasses.fields(cls)}
+    """{field name: the docstring under the field} of a dataclass, in field order; "" where none."""
+    docs, body = {}, ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr):
+            if isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
 
 
 def section_type(hint) -> tuple[type | None, bool]:
@@ -100,18 +97,31 @@ def record_launch(cfg, command: str) -> str:
     run_dir = Path(cfg.run_root) / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.yaml"
-    path.write_text(f"# relay {command}: the resolved config of this run; `relay config show` explains it too\n"
-                    + commented_yaml(cfg))
+    path.write_text(
+        f"# relay {command}: the resolved config of this run; `relay config show` explains it too\n"
+        + commented_yaml(cfg)
+    )
     if command == "train":
-        rows = [("model", cfg.learner.model_path), ("algorithm", _algorithm(cfg.algorithm)),
-                ("workers", _workers(cfg.cluster)), ("steps", _rl_steps(cfg))]
+        rows = [
+            ("model", cfg.learner.model_path),
+            ("algorithm", _algorithm(cfg.algorithm)),
+            ("workers", _workers(cfg.cluster)),
+            ("steps", _rl_steps(cfg)),
+        ]
     elif command == "pipeline":
-        rows = [("sft", f"{_stage_steps(cfg.sft, 'sft')}, model {_stage_model(cfg.sft)}"),
-                ("rm", f"{_stage_steps(cfg.rm, 'rm')}, model {cfg.rm.learner.model_path or 'the SFT model'}"),
-                ("ppo", f"{_algorithm(cfg.ppo.algorithm)}; {_rl_steps(cfg.ppo)}"), ("workers", _workers(cfg.ppo.cluster))]
+        rows = [
+            ("sft", f"{_stage_steps(cfg.sft, 'sft')}, model {_stage_model(cfg.sft)}"),
+            ("rm", f"{_stage_steps(cfg.rm, 'rm')}, model {cfg.rm.learner.model_path or 'the SFT model'}"),
+            ("ppo", f"{_algorithm(cfg.ppo.algorithm)}; {_rl_steps(cfg.ppo)}"),
+            ("workers", _workers(cfg.ppo.cluster)),
+        ]
     else:
-        rows = [("model", _stage_model(cfg)), ("data", _stage_data(cfg)),
-                ("workers", f"{cfg.learner_ranks} learner rank(s)"), ("steps", _stage_steps(cfg, command))]
+        rows = [
+            ("model", _stage_model(cfg)),
+            ("data", _stage_data(cfg)),
+            ("workers", f"{cfg.learner_ranks} learner rank(s)"),
+            ("steps", _stage_steps(cfg, command)),
+        ]
     rows = [("run folder", str(run_dir)), *rows, ("config", str(path))]
     width = max(len(label) for label, _ in rows)
     return "\n".join([f"relay {command}", *(f"  {label:{width}s}  {text}" for label, text in rows)])
@@ -120,18 +130,24 @@ def record_launch(cfg, command: str) -> str:
 def _algorithm(a) -> str:
     if a.init_kl_coef == 0:
         return f"{a.estimator.value}, no KL penalty"
-    kl = f"{a.estimator.value}, KL {a.kl_estimator.value} in the {a.kl_placement.value}, {a.kl_controller.value} coef {a.init_kl_coef:g}"
+    kl = (
+        f"{a.estimator.value}, KL {a.kl_estimator.value} in the {a.kl_placement.value}, "
+        f"{a.kl_controller.value} coef {a.init_kl_coef:g}"
+    )
     return kl + (f" (target {a.target_kl:g})" if a.kl_controller == KLControllerKind.adaptive else "")
 
 
 def _workers(c) -> str:
-    return (f"{c.rollout_workers} rollout worker(s), {c.learner_ranks} learner rank(s)"
-            + (", colocated" if c.colocate else ", own placement bundles"))
+    return f"{c.rollout_workers} rollout worker(s), {c.learner_ranks} learner rank(s)" + (
+        ", colocated" if c.colocate else ", own placement bundles"
+    )
 
 
 def _rl_steps(cfg) -> str:
-    return (f"{cfg.total_steps} steps x {cfg.data.rollout_batch_size} prompts"
-            f" x {cfg.rollout.sampling.n_samples_per_prompt} samples")
+    return (
+        f"{cfg.total_steps} steps x {cfg.data.rollout_batch_size} prompts"
+        f" x {cfg.rollout.sampling.n_samples_per_prompt} samples"
+    )
 
 
 def _stage_steps(cfg, kind: str) -> str:

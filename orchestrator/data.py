@@ -1,6 +1,7 @@
 """Prompts for the loop: JSONL/Parquet files or a built-in/reasoning-gym task, and a seeded,
 resumable sampler over them. A bad line is named by file and line, then stops the run or is
 skipped and counted (data.on_bad_line)."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ def _example(record, cfg: DataConfig) -> dict:
         raise DataError(f"no {cfg.prompt_key!r} field (data.prompt_key)")
     prompt = record[cfg.prompt_key]
     if not (isinstance(prompt, str) and prompt.strip()) and not is_chat(prompt) and not is_token_ids(prompt):
-        raise DataError(f"{cfg.prompt_key!r} must be non-empty text, a list of chat messages or a list of "
-                        f"non-negative token ids, got {str(prompt)[:40]!r}")
+        raise DataError(
+            f"{cfg.prompt_key!r} must be non-empty text, a list of chat messages or a list of "
+            f"non-negative token ids, got {str(prompt)[:40]!r}"
+        )
     answer = record.get(cfg.answer_key)
     metadata = {k: v for k, v in record.items() if k not in (cfg.prompt_key, cfg.answer_key)}
     return {"prompt": prompt, "answer": None if answer is None else str(answer), "metadata": metadata}
@@ -61,7 +64,11 @@ def policy_prompt(prompt, apply_chat_template: bool):
 def reward_metadata(example: dict, apply_chat_template: bool) -> dict:
     """What rewards get about a prompt: its answer, the data's other fields, and the prompt as the
     policy was given it (a reward model renders it the way `relay rm` trained on it)."""
-    return {"answer": example["answer"], **example["metadata"], "prompt": policy_prompt(example["prompt"], apply_chat_template)}
+    return {
+        "answer": example["answer"],
+        **example["metadata"],
+        "prompt": policy_prompt(example["prompt"], apply_chat_template),
+    }
 
 
 def read_examples(files: list[str], parse, on_bad_line: BadLinePolicy) -> tuple[list, int]:
@@ -116,9 +123,10 @@ def task_split(task: str, train_size: int, eval_size: int, seed: int) -> tuple[l
         train = draw_task(task, train_size, stream_seed(seed, "task"), held_out=False)
         held_out = draw_task(task, eval_size, stream_seed(seed, "held_out"), held_out=True)
     except TaskTooSmall as e:
-        raise DataError(f"data.task {task!r}: {e} (data.task_size: {train_size}, data.eval_size: {eval_size}): the "
-                        f"task has too few distinct prompts (1 in {RESERVE_ONE_IN} is held-out only); lower them"
-                        ) from None
+        raise DataError(
+            f"data.task {task!r}: {e} (data.task_size: {train_size}, data.eval_size: {eval_size}): the "
+            f"task has too few distinct prompts (1 in {RESERVE_ONE_IN} is held-out only); lower them"
+        ) from None
     return train, held_out
 
 
@@ -130,8 +138,10 @@ def hold_out(examples: list[dict], eval_size: int, seed: int, prompt_of, source:
     for i, e in enumerate(examples):
         first.setdefault(prompt_id(prompt_of(e)), i)
     if len(first) <= eval_size:
-        raise DataError(f"{source}: {len(first)} distinct prompts leave none to train on after holding out "
-                        f"data.eval_size ({eval_size}); lower it or give data.eval_files")
+        raise DataError(
+            f"{source}: {len(first)} distinct prompts leave none to train on after holding out "
+            f"data.eval_size ({eval_size}); lower it or give data.eval_files"
+        )
     keys = list(first)
     random.Random(stream_seed(seed, "held_out")).shuffle(keys)
     held = set(keys[:eval_size])
@@ -144,8 +154,9 @@ def drop_overlap(train: list[dict], held_out: list[dict], prompt_of, source: str
     held = {prompt_id(prompt_of(e)) for e in held_out}
     kept = [e for e in train if prompt_id(prompt_of(e)) not in held]
     if len(kept) < len(train):
-        log.warning("data: %d training examples have a prompt of %s: dropped from training",
-                    len(train) - len(kept), source)
+        log.warning(
+            "data: %d training examples have a prompt of %s: dropped from training", len(train) - len(kept), source
+        )
     if not kept:
         raise DataError(f"every training example has a prompt of {source}: none left to train on")
     return kept
@@ -177,7 +188,7 @@ class PromptSampler:
                 self.epoch, self.position = self.epoch + 1, 0
                 self._order = self._make_order()
             take = min(k - len(out), self.n - self.position)
-            out += self._order[self.position: self.position + take]
+            out += self._order[self.position : self.position + take]
             self.position += take
         return out
 

@@ -8,6 +8,7 @@ A pair's chosen response is the task's correct answer, the rejected one a plausi
 (the number moved by a small nonzero offset, or one character changed), so a reward model must
 learn the task to rank them.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def corrupt(answer: str, rng: random.Random) -> str:
         if not answer:
             return "?"
         i = rng.randrange(len(answer))
-        return answer[:i] + ("x" if answer[i] != "x" else "y") + answer[i + 1:]
+        return answer[:i] + ("x" if answer[i] != "x" else "y") + answer[i + 1 :]
     return str(value + rng.choice([-1, 1]) * rng.randint(1, 10))
 
 

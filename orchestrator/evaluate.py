@@ -8,9 +8,11 @@ rollout engine: reward (combined and per source), greedy accuracy, KL to the ref
 length, distinct-n diversity, and the win rate under a reward model. Written as report.md (with
 greedy samples side by side) and report.json; with a run directory, PNG curves from its metrics.
 """
+
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 from dataclasses import dataclass
@@ -23,17 +25,28 @@ from reward_service.config import RewardSource, SourceKind
 from rollout.seeds import EVALUATION
 
 # (label in tables and report.json, metric key)
-LABELS = [("greedy accuracy", "eval/greedy/reward/accuracy"), ("greedy reward", "eval/greedy/reward/mean"),
-          ("sampled accuracy", "eval/sampled/reward/accuracy"), ("sampled reward", "eval/sampled/reward/mean"),
-          ("KL to reference (per token)", "eval/sampled/kl_ref"), ("response length", "eval/sampled/response/length_mean"),
-          ("distinct-1", "eval/sampled/distinct_1"), ("distinct-2", "eval/sampled/distinct_2")]
-CURVES = [("reward/mean", "reward"), ("kl/ref", "KL to reference"), ("learner/entropy", "entropy"),
-          ("response/length_mean", "response length"), ("kl/coef", "kl_coef")]
+LABELS = [
+    ("greedy accuracy", "eval/greedy/reward/accuracy"),
+    ("greedy reward", "eval/greedy/reward/mean"),
+    ("sampled accuracy", "eval/sampled/reward/accuracy"),
+    ("sampled reward", "eval/sampled/reward/mean"),
+    ("KL to reference (per token)", "eval/sampled/kl_ref"),
+    ("response length", "eval/sampled/response/length_mean"),
+    ("distinct-1", "eval/sampled/distinct_1"),
+    ("distinct-2", "eval/sampled/distinct_2"),
+]
+CURVES = [
+    ("reward/mean", "reward"),
+    ("kl/ref", "KL to reference"),
+    ("learner/entropy", "entropy"),
+    ("response/length_mean", "response length"),
+    ("kl/coef", "kl_coef"),
+]
 
 
 def distinct_n(sequences: list[list[int]], n: int) -> float:
     """Distinct n-grams over all n-grams of the responses (Li et al. 2016); 0 when there are none."""
-    grams = [tuple(s[i: i + n]) for s in sequences for i in range(len(s) - n + 1)]
+    grams = [tuple(s[i : i + n]) for s in sequences for i in range(len(s) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -51,8 +64,9 @@ class Evaluation:
     sampled_scored: object
 
 
-def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bool, temperature: float,
-                    policy_logprobs) -> Evaluation:
+def evaluate_policy(
+    generate, score, prompts: list, meta: list[dict], greedy: bool, temperature: float, policy_logprobs
+) -> Evaluation:
     """Held-out prompts: greedy answers (accuracy) if `greedy`, and samples as in training (reward,
     KL to the reference, length, diversity). `generate(prompts, greedy) -> RolloutBatch`;
     `score(batch, meta, temperature, with_reference) -> ScoredBatch` must be read-only (raw rewards);
@@ -68,8 +82,9 @@ def evaluate_policy(generate, score, prompts: list, meta: list[dict], greedy: bo
     m = {f"eval/greedy/{k}": v for k, v in reward_metrics(gs).items()} if greedy else {}
     m.update({f"eval/sampled/{k}": v for k, v in reward_metrics(ss).items()})  # as training reports its batch
     acts = s.action_mask or [[1] * len(lp) for lp in s.logprobs]  # episodes: the model's tokens only
-    kl = [p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts)
-          for p, r, a in zip(lp, ref, act) if a]
+    kl = [
+        p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts) for p, r, a in zip(lp, ref, act) if a
+    ]
     m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per model token, the k1 estimate on the sampler's tokens
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)
@@ -96,6 +111,7 @@ def summary_table(before: dict, after: dict) -> str:
 
 def samples_table(rows: list[dict]) -> str:
     """Held-out prompts with the reference policy's greedy answer and the trained policy's."""
+
     def cell(text) -> str:
         return repr(text if len(text) <= 24 else text[:21] + "...") if text is not None else "-"
 
@@ -104,8 +120,10 @@ def samples_table(rows: list[dict]) -> str:
 
     lines = ["", f"{'prompt':26s} {'reference':28s} {'reward':>6s}  {'policy':28s} {'reward':>6s}", "-" * 100]
     for r in rows:
-        lines.append(f"{cell(r['prompt']):26s} {cell(r['reference']):28s} {reward(r['reference_reward'])}  "
-                     f"{cell(r['policy']):28s} {reward(r['reward'])}")
+        lines.append(
+            f"{cell(r['prompt']):26s} {cell(r['reference']):28s} {reward(r['reference_reward'])}  "
+            f"{cell(r['policy']):28s} {reward(r['reward'])}"
+        )
     return "\n".join(lines)
 
 
@@ -120,8 +138,9 @@ def resolve_policy(checkpoint: str) -> tuple[Path, Path | None]:
     return path, run
 
 
-def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_dir: str | Path,
-                        reward_model: str = "", run_dir: str = "") -> dict:
+def evaluate_checkpoint(
+    cfg: TrainConfig, checkpoint: str, reference: str, out_dir: str | Path, reward_model: str = "", run_dir: str = ""
+) -> dict:
     import ray
 
     from reward_service.service import ScoringService
@@ -129,7 +148,9 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
 
     policy, found_run = resolve_policy(checkpoint)
     run = Path(run_dir) if run_dir else found_run
-    reward_model = reward_model or next((s.model_path for s in cfg.reward.sources if s.kind == SourceKind.reward_model), "")
+    reward_model = reward_model or next(
+        (s.model_path for s in cfg.reward.sources if s.kind == SourceKind.reward_model), ""
+    )
     _, held_out, _ = load_split(cfg.data, cfg.seed)
     prompts = [policy_prompt(e["prompt"], cfg.data.apply_chat_template) for e in held_out]
     meta = [reward_metadata(e, cfg.data.apply_chat_template) for e in held_out]
@@ -137,16 +158,32 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
         ray.init(include_dashboard=False, log_to_driver=False)
     # reference logprobs from the reference model; a reward_model source left without a path (as in
     # a pipeline config) scores with --reward-model
-    sources = [dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
-               for s in cfg.reward.sources]
+    sources = [
+        dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
+        for s in cfg.reward.sources
+    ]
     for i, s in enumerate(sources):
         if s.kind == SourceKind.reward_model and not s.model_path:
             raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
-    scoring = ScoringService(dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference), reference)
-    evals = evaluate_roles(cfg, str(policy), reference, scoring, prompts, meta,
-                           lambda path: RolloutPool(cfg.rollout, path, 1, cfg.seed, env=cfg.env))
-    report = {"policy_path": str(policy), "reference_path": reference, "prompts": len(prompts),
-              "reward_model": reward_model or None, **{role: labelled(ev.metrics) for role, ev in evals.items()}}
+    scoring = ScoringService(
+        dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference), reference
+    )
+    evals = evaluate_roles(
+        cfg,
+        str(policy),
+        reference,
+        scoring,
+        prompts,
+        meta,
+        lambda path: RolloutPool(cfg.rollout, path, 1, cfg.seed, env=cfg.env),
+    )
+    report = {
+        "policy_path": str(policy),
+        "reference_path": reference,
+        "prompts": len(prompts),
+        "reward_model": reward_model or None,
+        **{role: labelled(ev.metrics) for role, ev in evals.items()},
+    }
     if reward_model:
         report["win_rate_under_rm"] = _win_rate(reward_model, scoring, evals, meta)
     out = Path(out_dir)
@@ -158,8 +195,9 @@ def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str, reference: str, out_d
     return report
 
 
-def evaluate_roles(cfg: TrainConfig, policy: str, reference: str, scoring, prompts: list, meta: list[dict],
-                   make_pool) -> dict[str, Evaluation]:
+def evaluate_roles(
+    cfg: TrainConfig, policy: str, reference: str, scoring, prompts: list, meta: list[dict], make_pool
+) -> dict[str, Evaluation]:
     """The policy's and the reference's evaluations, each generating through its own engine
     (`make_pool(path)`, shut down after). The KL's policy side is the role's own logprobs by the
     reference's function: for the reference role the scoring service's reference model itself, for
@@ -168,13 +206,22 @@ def evaluate_roles(cfg: TrainConfig, policy: str, reference: str, scoring, promp
 
     ref, temperature, evals = scoring.reference, cfg.rollout.sampling.temperature, {}
     for role, path in (("policy", policy), ("reference", reference)):
-        model = ref if role == "reference" else ReferenceModel(path, ref.dtype, ref.micro_batch_size, ref.chunk_tokens,
-                                                               ref.device)
+        model = (
+            ref
+            if role == "reference"
+            else ReferenceModel(path, ref.dtype, ref.micro_batch_size, ref.chunk_tokens, ref.device)
+        )
         pool = make_pool(path)
         try:
-            evals[role] = evaluate_policy(lambda p, greedy: pool.generate(p, 0, greedy, tasks=meta, draw=EVALUATION),
-                                          scoring.evaluate, prompts, meta, cfg.eval.greedy, temperature,
-                                          lambda b: model.logprobs(b, temperature))
+            evals[role] = evaluate_policy(
+                lambda p, greedy: pool.generate(p, 0, greedy, tasks=meta, draw=EVALUATION),
+                scoring.evaluate,
+                prompts,
+                meta,
+                cfg.eval.greedy,
+                temperature,
+                functools.partial(model.logprobs, temperature=temperature),
+            )
         finally:
             pool.shutdown()
             del model  # the policy's copy: freed before the reference role runs
@@ -184,8 +231,16 @@ def evaluate_roles(cfg: TrainConfig, policy: str, reference: str, scoring, promp
 def sample_rows(prompts: list, greedy, scored, k: int) -> list[dict]:
     """The first k held-out prompts with the policy's greedy answer and its reward (the reference
     columns are the trainer's to fill)."""
-    return [{"prompt": prompt_text(prompts[j])[:60], "reference": None, "reference_reward": None,
-             "policy": greedy.response_text[i], "reward": scored.rewards[i]} for i, j in enumerate(greedy.prompt_index[:k])]
+    return [
+        {
+            "prompt": prompt_text(prompts[j])[:60],
+            "reference": None,
+            "reference_reward": None,
+            "policy": greedy.response_text[i],
+            "reward": scored.rewards[i],
+        }
+        for i, j in enumerate(greedy.prompt_index[:k])
+    ]
 
 
 def shown(ev: Evaluation):
@@ -209,19 +264,32 @@ def _win_rate(reward_model: str, scoring, evals: dict[str, Evaluation], meta: li
 
 def markdown(report: dict, evals: dict[str, Evaluation], prompts, curves: Path | None, k: int) -> str:
     greedy = evals["policy"].greedy is not None
-    lines = [f"# relay eval: `{report['policy_path']}` vs `{report['reference_path']}`", "",
-             f"{report['prompts']} held-out prompts; sampled metrics over the configured sampling"
-             f"{', greedy at T=0' if greedy else ''}; raw rewards.", "",
-             "| metric | policy | reference |", "|---|---|---|"]
+    lines = [
+        f"# relay eval: `{report['policy_path']}` vs `{report['reference_path']}`",
+        "",
+        f"{report['prompts']} held-out prompts; sampled metrics over the configured sampling"
+        f"{', greedy at T=0' if greedy else ''}; raw rewards.",
+        "",
+        "| metric | policy | reference |",
+        "|---|---|---|",
+    ]
     for key in report["policy"]:
         lines.append(f"| {key} | {report['policy'][key]:.4f} | {report['reference'].get(key, float('nan')):.4f} |")
     if "win_rate_under_rm" in report:
-        lines += ["", f"Win rate under the reward model `{report['reward_model']}` ({'greedy' if greedy else 'sampled'} "
-                      f"answers, ties count half): **{report['win_rate_under_rm']:.3f}**"]
+        lines += [
+            "",
+            f"Win rate under the reward model `{report['reward_model']}` ({'greedy' if greedy else 'sampled'} "
+            f"answers, ties count half): **{report['win_rate_under_rm']:.3f}**",
+        ]
     if curves:
         lines += ["", "## Training curves", "", f"![curves]({curves.name})"]
-    lines += ["", f"## {'Greedy' if greedy else 'Sampled'} answers", "", "| prompt | reference | reward | policy | reward |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"## {'Greedy' if greedy else 'Sampled'} answers",
+        "",
+        "| prompt | reference | reward | policy | reward |",
+        "|---|---|---|---|---|",
+    ]
     (ref_batch, ref_scored), (pol, pol_scored) = shown(evals["reference"]), shown(evals["policy"])
     ref = {i: (t, r) for i, t, r in zip(ref_batch.prompt_index, ref_batch.response_text, ref_scored.rewards)}
     for i, text, reward in list(zip(pol.prompt_index, pol.response_text, pol_scored.rewards))[:k]:

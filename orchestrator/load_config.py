@@ -3,6 +3,7 @@
 Every failure is one `ConfigError` line naming the key and where its value came from
 (file and line, or the command line), before Ray or any model starts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,13 @@ class ConfigError(ValueError):
     """A config problem, reported as one line: `<where>: <key>: <what is wrong>`."""
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), section: str = "", root=TrainConfig,
-                local: bool = False):
+def load_config(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    section: str = "",
+    root=TrainConfig,
+    local: bool = False,
+):
     """The validated config tree of type `root` (TrainConfig for `relay train`, StageConfig for
     sft/rm, PipelineConfig); with `section` (e.g. "reward"), only that section, checked alone, for
     commands that need nothing else from the file. `local`: also check that the model folders it names
@@ -64,8 +70,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), s
         except (OmegaConfBaseException, yaml.YAMLError) as e:
             raise ConfigError(f"{where}: {key}: {_first_line(e)}") from None
     if not section:
-        _apply_recipe(cfg, root, _given(data) | set(from_cli),
-                      lambda key: f"command line {from_cli[key]!r}" if key in from_cli else in_file(key))
+        _apply_recipe(
+            cfg,
+            root,
+            _given(data) | set(from_cli),
+            lambda key: f"command line {from_cli[key]!r}" if key in from_cli else in_file(key),
+        )
     try:
         tree = OmegaConf.to_object(cfg[section] if section else cfg)
     except MissingMandatoryValue as e:

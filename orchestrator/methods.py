@@ -5,6 +5,7 @@ CISPO's upper clip, DAPO's overlong shaping length, the KL coefficient of RLOO a
 A key the user sets to another value than the recipe's is refused, naming the key: a half-applied
 recipe silently computes something else (Dr. GRPO with a batch std is no longer Dr. GRPO).
 """
+
 from __future__ import annotations
 
 import operator
@@ -17,34 +18,65 @@ _GROUP_NORMALISED = {"algorithm.estimator": Estimator.grpo, "algorithm.grpo_scal
 RECIPES: dict[Method, dict[str, object]] = {
     Method.none: {},
     # Shao et al. 2024 (DeepSeekMath): (r - mean) / std per group, 1/|o_i| per sequence, k3 KL in the loss
-    Method.grpo: {**_GROUP_NORMALISED, "algorithm.policy_loss": PolicyLoss.ppo,
-                  "algorithm.loss_aggregation": LossAggregation.seq_mean,
-                  "algorithm.kl_placement": KLPlacement.loss, "algorithm.kl_estimator": KLEstimator.k3},
+    Method.grpo: {
+        **_GROUP_NORMALISED,
+        "algorithm.policy_loss": PolicyLoss.ppo,
+        "algorithm.loss_aggregation": LossAggregation.seq_mean,
+        "algorithm.kl_placement": KLPlacement.loss,
+        "algorithm.kl_estimator": KLEstimator.k3,
+    },
     # Liu et al. 2025: r - mean per group and nothing else (no group std, no batch std), token sums / a constant
-    Method.dr_grpo: {"algorithm.estimator": Estimator.grpo, "algorithm.grpo_scale_by_std": False,
-                     "algorithm.normalize_advantages": False, "algorithm.policy_loss": PolicyLoss.ppo,
-                     "algorithm.loss_aggregation": LossAggregation.seq_sum_norm},
+    Method.dr_grpo: {
+        "algorithm.estimator": Estimator.grpo,
+        "algorithm.grpo_scale_by_std": False,
+        "algorithm.normalize_advantages": False,
+        "algorithm.policy_loss": PolicyLoss.ppo,
+        "algorithm.loss_aggregation": LossAggregation.seq_sum_norm,
+    },
     # Yu et al. 2025: clip-higher, token-level loss, no KL term, groups of equal rewards resampled
-    Method.dapo: {**_GROUP_NORMALISED, "algorithm.policy_loss": PolicyLoss.ppo,
-                  "algorithm.loss_aggregation": LossAggregation.token_mean, "algorithm.clip_eps": 0.2,
-                  "algorithm.clip_eps_high": 0.28, "algorithm.init_kl_coef": 0.0, "data.dynamic_sampling": True},
+    Method.dapo: {
+        **_GROUP_NORMALISED,
+        "algorithm.policy_loss": PolicyLoss.ppo,
+        "algorithm.loss_aggregation": LossAggregation.token_mean,
+        "algorithm.clip_eps": 0.2,
+        "algorithm.clip_eps_high": 0.28,
+        "algorithm.init_kl_coef": 0.0,
+        "data.dynamic_sampling": True,
+    },
     # Zheng et al. 2025: group-normalised advantages, sequence ratios, the paper's clip range
-    Method.gspo: {**_GROUP_NORMALISED, "algorithm.policy_loss": PolicyLoss.gspo,
-                  "algorithm.loss_aggregation": LossAggregation.seq_mean, "algorithm.clip_eps": 3e-4,
-                  "algorithm.clip_eps_high": 4e-4},
+    Method.gspo: {
+        **_GROUP_NORMALISED,
+        "algorithm.policy_loss": PolicyLoss.gspo,
+        "algorithm.loss_aggregation": LossAggregation.seq_mean,
+        "algorithm.clip_eps": 3e-4,
+        "algorithm.clip_eps_high": 4e-4,
+    },
     # MiniMax-M1 2025: group-normalised advantages, weights clipped above only, token-level loss
-    Method.cispo: {**_GROUP_NORMALISED, "algorithm.policy_loss": PolicyLoss.cispo,
-                   "algorithm.loss_aggregation": LossAggregation.token_mean, "algorithm.cispo_clip_low": 0.0},
+    Method.cispo: {
+        **_GROUP_NORMALISED,
+        "algorithm.policy_loss": PolicyLoss.cispo,
+        "algorithm.loss_aggregation": LossAggregation.token_mean,
+        "algorithm.cispo_clip_low": 0.0,
+    },
     # Hu 2025: r on the last token, -beta * log(pi/pi_ref) (k1) on every token, reward-to-go whitened over the batch
-    Method.reinforce_pp: {"algorithm.estimator": Estimator.reinforce_pp, "algorithm.kl_placement": KLPlacement.reward,
-                          "algorithm.kl_estimator": KLEstimator.k1, "algorithm.normalize_advantages": True,
-                          "algorithm.policy_loss": PolicyLoss.ppo,
-                          "algorithm.loss_aggregation": LossAggregation.token_mean},
+    Method.reinforce_pp: {
+        "algorithm.estimator": Estimator.reinforce_pp,
+        "algorithm.kl_placement": KLPlacement.reward,
+        "algorithm.kl_estimator": KLEstimator.k1,
+        "algorithm.normalize_advantages": True,
+        "algorithm.policy_loss": PolicyLoss.ppo,
+        "algorithm.loss_aggregation": LossAggregation.token_mean,
+    },
     # Ahmadian et al. 2024: the whole response is one action: (R - beta * sum log(pi/pi_ref)) minus the mean of
     # the other samples, not normalised, times the response's summed logprob (a constant divides it)
-    Method.rloo: {"algorithm.estimator": Estimator.rloo, "algorithm.normalize_advantages": False,
-                  "algorithm.kl_placement": KLPlacement.reward, "algorithm.kl_estimator": KLEstimator.k1,
-                  "algorithm.policy_loss": PolicyLoss.ppo, "algorithm.loss_aggregation": LossAggregation.seq_sum_norm},
+    Method.rloo: {
+        "algorithm.estimator": Estimator.rloo,
+        "algorithm.normalize_advantages": False,
+        "algorithm.kl_placement": KLPlacement.reward,
+        "algorithm.kl_estimator": KLEstimator.k1,
+        "algorithm.policy_loss": PolicyLoss.ppo,
+        "algorithm.loss_aggregation": LossAggregation.seq_sum_norm,
+    },
 }
 
 
@@ -54,8 +86,13 @@ def recipe_conflicts(method: Method, get, given: set[str], prefix: str = "") -> 
     for key, want in RECIPES[method].items():
         got = get(prefix + key)
         if prefix + key in given and got != want:
-            yield prefix + key, (f"algorithm.method={method.value} sets it to {_show(want)}, got {_show(got)}: "
-                                 "drop the key, or use algorithm.method=none and set every key yourself")
+            yield (
+                prefix + key,
+                (
+                    f"algorithm.method={method.value} sets it to {_show(want)}, got {_show(got)}: "
+                    "drop the key, or use algorithm.method=none and set every key yourself"
+                ),
+            )
 
 
 def tree_conflicts(cfg) -> Iterator[tuple[str, str]]:

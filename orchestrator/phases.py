@@ -1,4 +1,5 @@
 """Per-step helpers of the loop that are not algorithm math: batch statistics, a phase timer."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # s
 @dataclass
 class Ahead:
     """A batch whose generation was launched before the learner asked for it (async_training)."""
+
     step: int  # the step it trains at, which also seeds its requests
     indices: list[int]  # its prompts, as indices into the training prompts
     pending: list | None  # its generate calls in flight
@@ -45,13 +47,19 @@ def staleness_metrics(versions: list[int], step: int, lead: int) -> dict[str, fl
     return m
 
 
-def busy_metrics(timings: dict[str, float], before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, float]:
+def busy_metrics(
+    timings: dict[str, float], before: dict[str, list[float]], after: dict[str, list[float]]
+) -> dict[str, float]:
     """Each role's busy share of the step (the rest it waited): the engines' and the scoring
     service's own working time, read from them (`before`/`after`: seconds by role, one per actor; an
     actor restarted in the step counts from its restart), and the update."""
     wall = timings["timing/total"]
-    busy = {role: min(statistics.fmean(max(0.0, b - a) if b >= a else b for a, b in zip(before[role], after[role])) / wall, 1.0)
-            for role in ("rollout", "scoring")} | {"learner": timings["timing/update"] / wall}
+    busy = {
+        role: min(
+            statistics.fmean(max(0.0, b - a) if b >= a else b for a, b in zip(before[role], after[role])) / wall, 1.0
+        )
+        for role in ("rollout", "scoring")
+    } | {"learner": timings["timing/update"] / wall}
     return {f"pipeline/busy/{k}": v for k, v in busy.items()} | {f"pipeline/idle/{k}": 1.0 - v for k, v in busy.items()}
 
 
@@ -73,9 +81,15 @@ def reward_stats(r: list[float]) -> dict[str, float]:
     """reward/mean, std, min, max and quantiles of `r`; all NaN when no sample could be judged."""
     if not r:
         return {f"reward/{k}": float("nan") for k in ("mean", "std", "min", "max", "p10", "p50", "p90")}
-    return {"reward/mean": statistics.fmean(r), "reward/std": statistics.pstdev(r), "reward/min": min(r),
-            "reward/max": max(r), "reward/p10": quantile(r, 0.1), "reward/p50": quantile(r, 0.5),
-            "reward/p90": quantile(r, 0.9)}
+    return {
+        "reward/mean": statistics.fmean(r),
+        "reward/std": statistics.pstdev(r),
+        "reward/min": min(r),
+        "reward/max": max(r),
+        "reward/p10": quantile(r, 0.1),
+        "reward/p50": quantile(r, 0.5),
+        "reward/p90": quantile(r, 0.9),
+    }
 
 
 def reward_metrics(scored: ScoredBatch) -> dict[str, float]:
@@ -110,7 +124,8 @@ def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") ->
         "reward/dropped_samples": float(len(scored.valid) - sum(scored.valid)),
         "reward/dropped_groups": float(sum(n < 2 for n in kept.values())) if len(batch) > len(kept) else 0.0,
         **reward_metrics(scored),
-        "response/length_mean": statistics.fmean(lengths), "response/length_max": float(max(lengths)),
+        "response/length_mean": statistics.fmean(lengths),
+        "response/length_max": float(max(lengths)),
         # the token budget ran out, not the turns
         "response/clipped_frac": sum(f == "length" for f in batch.finish_reason) / len(batch),
         "rollout/skipped_prompts": float(len(batch.skipped)),
@@ -124,11 +139,15 @@ def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
     """Multi-turn episodes: the environment's return and turns, and its failures, counted."""
     returns = [r for r in batch.env_return if r is not None] or [float("nan")]
     observed = sum(len(m) - sum(m) for m in batch.action_mask)
-    return {"env/return_mean": statistics.fmean(returns), "env/turns_mean": statistics.fmean(batch.turns),
-            "env/timeouts": float(batch.env_failure.count("timeout")), "env/errors": float(batch.env_failure.count("error")),
-            # a turn cut at max_new_tokens inside an episode that went on: response/clipped_frac misses it
-            "response/clipped_turn_frac": sum(batch.clipped_turns) / max(sum(batch.turns), 1),
-            "env/observation_token_frac": observed / max(sum(batch.response_lengths), 1)}
+    return {
+        "env/return_mean": statistics.fmean(returns),
+        "env/turns_mean": statistics.fmean(batch.turns),
+        "env/timeouts": float(batch.env_failure.count("timeout")),
+        "env/errors": float(batch.env_failure.count("error")),
+        # a turn cut at max_new_tokens inside an episode that went on: response/clipped_frac misses it
+        "response/clipped_turn_frac": sum(batch.clipped_turns) / max(sum(batch.turns), 1),
+        "env/observation_token_frac": observed / max(sum(batch.response_lengths), 1),
+    }
 
 
 def prompt_text(prompt) -> str:
@@ -167,10 +186,11 @@ class TrainingError(RuntimeError):
 
 NONFINITE_CAUSES = {
     "old_logprobs": "the learner's log-probabilities of the sampled tokens (a sampling temperature of 0, or a "
-                    "model whose logits overflow in this dtype)",
+    "model whose logits overflow in this dtype)",
     "ref_logprobs": "the reference model's log-probabilities of the sampled tokens",
     "advantages": "the advantages (a NaN or infinite reward, or a non-finite critic value)",
-    "old_values": "the critic's values", "returns": "the value targets (rewards or critic values)",
+    "old_values": "the critic's values",
+    "returns": "the value targets (rewards or critic values)",
 }
 
 
@@ -178,12 +198,12 @@ def nonfinite_cause(stats: dict[str, float]) -> str:
     found = [name for name in NONFINITE_CAUSES if f"learner/nonfinite/{name}" in stats]  # present only when non-finite
     if found:
         return "non-finite: " + "; ".join(NONFINITE_CAUSES[n] for n in found)
-    return ("the inputs were finite, so the loss or its gradients overflowed: lower learner.lr, or set "
-            "learner.grad_clip")
+    return "the inputs were finite, so the loss or its gradients overflowed: lower learner.lr, or set learner.grad_clip"
 
 
-def check_progress(counters: dict, stats: dict[str, float], scored: ScoredBatch, max_skipped: int,
-                   max_unjudged: int, step: int) -> None:
+def check_progress(
+    counters: dict, stats: dict[str, float], scored: ScoredBatch, max_skipped: int, max_unjudged: int, step: int
+) -> None:
     """Stop the run (TrainingError) once it cannot learn: more than `max_skipped`
     (algorithm.max_skipped_updates) updates in a row skipped for non-finite values, or `max_unjudged`
     (reward.max_unjudged_steps) steps in a row in which no sample could be judged (a reward source
@@ -193,21 +213,30 @@ def check_progress(counters: dict, stats: dict[str, float], scored: ScoredBatch,
     key = "learner/skipped_updates_in_a_row"
     in_a_row = counters[key] = counters[key] + 1 if skipped else 0
     if max_skipped and in_a_row > max_skipped:
-        raise TrainingError(f"step {step}: {in_a_row} updates in a row were skipped for non-finite values "
-                            f"(algorithm.max_skipped_updates: {max_skipped}); {nonfinite_cause(stats)}")
+        raise TrainingError(
+            f"step {step}: {in_a_row} updates in a row were skipped for non-finite values "
+            f"(algorithm.max_skipped_updates: {max_skipped}); {nonfinite_cause(stats)}"
+        )
     key = "reward/unjudged_steps_in_a_row"
     in_a_row = counters[key] = counters[key] + 1 if scored.invalid and all(scored.invalid) else 0
     if max_unjudged and in_a_row >= max_unjudged:
-        raise TrainingError(f"step {step}: no sample could be judged in {in_a_row} steps in a row "
-                            f"(reward.max_unjudged_steps: {max_unjudged}); {unjudged_cause(scored)}")
+        raise TrainingError(
+            f"step {step}: no sample could be judged in {in_a_row} steps in a row "
+            f"(reward.max_unjudged_steps: {max_unjudged}); {unjudged_cause(scored)}"
+        )
 
 
 def unjudged_cause(scored: ScoredBatch) -> str:
     """The sources that failed in the last step's batch, each with its first error."""
     failed = [name for name, scores in scored.components.items() if any(s != s for s in scores)]
-    return "; ".join(f"{name} failed on {sum(s != s for s in scored.components[name])} of {len(scored.invalid)} "
-                     f"samples: {scored.errors.get(name, 'no error raised (a None or NaN score, or a failed episode)')}"
-                     for name in failed) or "no source reported a failure"
+    return (
+        "; ".join(
+            f"{name} failed on {sum(s != s for s in scored.components[name])} of {len(scored.invalid)} "
+            f"samples: {scored.errors.get(name, 'no error raised (a None or NaN score, or a failed episode)')}"
+            for name in failed
+        )
+        or "no source reported a failure"
+    )
 
 
 def finished_before(run_dir: Path, resumed_at: int | None, total_steps: int) -> bool:
@@ -222,8 +251,11 @@ def checkpoints(root: Path) -> list[tuple[int, Path]]:
         return []
     for old in root.glob("step_*.old"):
         recover(old.with_suffix(""))
-    found = [(int(p.name.removeprefix("step_")), p) for p in root.glob("step_*")
-             if p.name.removeprefix("step_").isdigit() and (p / "orchestrator.json").exists()]
+    found = [
+        (int(p.name.removeprefix("step_")), p)
+        for p in root.glob("step_*")
+        if p.name.removeprefix("step_").isdigit() and (p / "orchestrator.json").exists()
+    ]
     return sorted(found)
 
 

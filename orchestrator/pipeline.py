@@ -1,9 +1,10 @@
 """`relay pipeline CONFIG`: the classic three-stage RLHF recipe, each stage's output feeding the next.
 
-    SFT (demonstrations)           -> runs/<name>/sft/model
-    RM  (preference pairs), from the SFT model          -> runs/<name>/rm/model
-    PPO: policy = SFT model, reward = the RM, critic initialised from the RM -> runs/<name>/ppo
+SFT (demonstrations)           -> runs/<name>/sft/model
+RM  (preference pairs), from the SFT model          -> runs/<name>/rm/model
+PPO: policy = SFT model, reward = the RM, critic initialised from the RM -> runs/<name>/ppo
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,9 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     sft_cfg = dataclasses.replace(cfg.sft, name=f"{cfg.name}/sft", run_root=cfg.run_root)
     sft_model = run_stage(sft_cfg, SFT)
     rm_learner = dataclasses.replace(cfg.rm.learner, model_path=cfg.rm.learner.model_path or str(sft_model))
-    rm_model = run_stage(dataclasses.replace(cfg.rm, name=f"{cfg.name}/rm", run_root=cfg.run_root, learner=rm_learner), RM)
+    rm_model = run_stage(
+        dataclasses.replace(cfg.rm, name=f"{cfg.name}/rm", run_root=cfg.run_root, learner=rm_learner), RM
+    )
     ppo = ppo_stage(cfg, sft_model, rm_model)
     from orchestrator.trainer import Trainer
 
@@ -40,13 +43,20 @@ def ppo_stage(cfg: PipelineConfig, sft_model: Path, rm_model: Path) -> TrainConf
     (and reference) is the SFT model; reward_model sources and a critic initialised from a reward
     model get the RM."""
     ppo = cfg.ppo
-    sources = [dataclasses.replace(s, model_path=s.model_path or str(rm_model)) if s.kind == SourceKind.reward_model else s
-               for s in ppo.reward.sources]
+    sources = [
+        dataclasses.replace(s, model_path=s.model_path or str(rm_model)) if s.kind == SourceKind.reward_model else s
+        for s in ppo.reward.sources
+    ]
     learner = dataclasses.replace(ppo.learner, model_path=ppo.learner.model_path or str(sft_model))
     if ppo.learner.critic_init == CriticInit.reward_model and ppo.learner.value_head == ValueHead.separate:
         learner = dataclasses.replace(learner, critic_model_path=learner.critic_model_path or str(rm_model))
-    ppo = dataclasses.replace(ppo, name=f"{cfg.name}/ppo", run_root=cfg.run_root, learner=learner,
-                              reward=dataclasses.replace(ppo.reward, sources=sources))
+    ppo = dataclasses.replace(
+        ppo,
+        name=f"{cfg.name}/ppo",
+        run_root=cfg.run_root,
+        learner=learner,
+        reward=dataclasses.replace(ppo.reward, sources=sources),
+    )
     for key, problem in validate(ppo):
         raise ConfigError(f"ppo.{key}: {problem}")
     return ppo

@@ -1,4 +1,5 @@
 """Where the roles run: Ray placement groups (colocate: false), custom node resources, threads."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,11 @@ def placement(c):
 def bundles(c) -> list[dict[str, float]]:
     """The placement-group bundles of `colocate: false`, in placement()'s order: a CPU, the role's
     GPUs and a unit of the role's custom resource (cluster.*_resource) per actor."""
-    roles = ([(c.gpus_per_rollout_worker, c.rollout_resource)] * c.rollout_workers
-             + [(c.gpus_per_learner, c.learner_resource)] * c.learner_ranks + [(c.gpus_per_scoring, c.scoring_resource)])
+    roles = (
+        [(c.gpus_per_rollout_worker, c.rollout_resource)] * c.rollout_workers
+        + [(c.gpus_per_learner, c.learner_resource)] * c.learner_ranks
+        + [(c.gpus_per_scoring, c.scoring_resource)]
+    )
     return [{k: v for k, v in {"CPU": 1, "GPU": gpus}.items() if v} | unit(resource) for gpus, resource in roles]
 
 
@@ -45,8 +49,11 @@ def cpu_threads(cfg) -> tuple[int, int, int]:
         return cfg.rollout.cpu_threads, cfg.learner.threads, cores
     rollout_cores = max(1, cores // 2)
     rest = max(1, cores - rollout_cores)
-    return (cfg.rollout.cpu_threads or max(1, rollout_cores // c.rollout_workers),
-            cfg.learner.threads or max(1, rest // c.learner_ranks), rollout_cores)
+    return (
+        cfg.rollout.cpu_threads or max(1, rollout_cores // c.rollout_workers),
+        cfg.learner.threads or max(1, rest // c.learner_ranks),
+        rollout_cores,
+    )
 
 
 def unit(resource: str) -> dict[str, float]:

@@ -3,6 +3,7 @@
 Pure arithmetic on a model's shape (its config.json, or a small table of known architectures), counted as
 the code allocates: ZeRO 0-3 with AdamW, HF eager layers, rollout/logprobs.py's chunks, vLLM's memory
 fraction, async training's staged weights. tests/orchestrator/test_plan.py checks it against real CPU steps."""
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,10 @@ class ModelShape:
 # Known architectures (their config.json values), for model folders not on this machine.
 KNOWN = [
     (("qwen2.5-0.5b",), ModelShape("llama", 24, 896, 14, 2, 4864, 151936, True, qkv_bias=True)),
-    (("llama-3.1-8b", "llama-3-8b", "llama3-8b", "llama-8b"), ModelShape("llama", 32, 4096, 32, 8, 14336, 128256, False)),
+    (
+        ("llama-3.1-8b", "llama-3-8b", "llama3-8b", "llama-8b"),
+        ModelShape("llama", 32, 4096, 32, 8, 14336, 128256, False),
+    ),
     (("smollm2-135m",), ModelShape("llama", 30, 576, 9, 3, 1536, 49152, True)),
     (("tiny-addition-gpt",), ModelShape("gpt2", 2, 128, 4, 4, 512, 80, True, positions=64)),
     (("tiny-calculator-gpt", "tiny-guess-gpt"), ModelShape("gpt2", 2, 128, 4, 4, 512, 80, True, positions=128)),
@@ -53,17 +57,35 @@ def shape_from_hf(c: dict) -> ModelShape:
     # .get only for fields a foreign config.json may leave out (their HF defaults)
     if c.get("model_type") == "gpt2":
         h = c["n_embd"]
-        return ModelShape("gpt2", c["n_layer"], h, c["n_head"], c["n_head"], c.get("n_inner") or 4 * h,
-                          c["vocab_size"], c.get("tie_word_embeddings", True), positions=c["n_positions"])
+        return ModelShape(
+            "gpt2",
+            c["n_layer"],
+            h,
+            c["n_head"],
+            c["n_head"],
+            c.get("n_inner") or 4 * h,
+            c["vocab_size"],
+            c.get("tie_word_embeddings", True),
+            positions=c["n_positions"],
+        )
     heads = c["num_attention_heads"]
-    return ModelShape("llama", c["num_hidden_layers"], c["hidden_size"], heads, c.get("num_key_value_heads") or heads,
-                      c["intermediate_size"], c["vocab_size"], c.get("tie_word_embeddings", False),
-                      qkv_bias=c.get("model_type") == "qwen2")
+    return ModelShape(
+        "llama",
+        c["num_hidden_layers"],
+        c["hidden_size"],
+        heads,
+        c.get("num_key_value_heads") or heads,
+        c["intermediate_size"],
+        c["vocab_size"],
+        c.get("tie_word_embeddings", False),
+        qkv_bias=c.get("model_type") == "qwen2",
+    )
 
 
 def find_shape(path: str, key: str, run_root: str) -> tuple[ModelShape, str]:
     """(shape, where it came from). builtin://NAME is looked up under run_root/models, never built."""
     from orchestrator.builtin_models import builtin_folder
+
     folder = builtin_folder(path, run_root)
     if (folder / "config.json").is_file():
         return shape_from_hf(json.loads((folder / "config.json").read_text())), f"{folder}/config.json"
@@ -71,8 +93,10 @@ def find_shape(path: str, key: str, run_root: str) -> tuple[ModelShape, str]:
     for names, shape in KNOWN:
         if any(n in name for n in names):
             return shape, f"built-in table ({names[0]}): {folder} is not on this machine"
-    raise ConfigError(f"{key}: {path}: no config.json there and not a known architecture "
-                      f"({', '.join(n[0] for n, _ in KNOWN)}); plan on a machine that has the model folder")
+    raise ConfigError(
+        f"{key}: {path}: no config.json there and not a known architecture "
+        f"({', '.join(n[0] for n, _ in KNOWN)}); plan on a machine that has the model folder"
+    )
 
 
 # ---------------------------------------------------------------- parameters
@@ -96,10 +120,18 @@ def param_count(s: ModelShape, lm_head: bool = True) -> int:
 def lora_params(s: ModelShape, rank: int, targets: list[str]) -> int:
     """Adapter parameters: rank x (in + out) per targeted linear, per layer (peft's A and B)."""
     kv = s.kv_heads * s.head_dim
-    dims = {"q_proj": (s.hidden, s.hidden), "k_proj": (s.hidden, kv), "v_proj": (s.hidden, kv),
-            "o_proj": (s.hidden, s.hidden), "gate_proj": (s.hidden, s.intermediate),
-            "up_proj": (s.hidden, s.intermediate), "down_proj": (s.intermediate, s.hidden),
-            "c_attn": (s.hidden, 3 * s.hidden), "c_proj": (s.hidden, s.hidden), "c_fc": (s.hidden, s.intermediate)}
+    dims = {
+        "q_proj": (s.hidden, s.hidden),
+        "k_proj": (s.hidden, kv),
+        "v_proj": (s.hidden, kv),
+        "o_proj": (s.hidden, s.hidden),
+        "gate_proj": (s.hidden, s.intermediate),
+        "up_proj": (s.hidden, s.intermediate),
+        "down_proj": (s.intermediate, s.hidden),
+        "c_attn": (s.hidden, 3 * s.hidden),
+        "c_proj": (s.hidden, s.hidden),
+        "c_fc": (s.hidden, s.intermediate),
+    }
     unknown = [t for t in targets if t not in dims]
     if unknown:
         raise ConfigError(f"learner.lora.target_modules: {unknown} not planned; known: {', '.join(dims)}")
@@ -137,8 +169,10 @@ def logits_bytes(s: ModelShape, micro_batch: int, tokens: int, dtype: str, chunk
     CHUNK_TEMPS[temps] float32 [chunk, vocab] of the chunk being computed."""
     copies, chunk = (1 if temps == "no grad" else 2), chunk_len(micro_batch, tokens, chunk_tokens)
     full = f"{dtype} [{micro_batch}, {tokens}, {s.vocab}]" + " + its gradient" * (copies - 1)
-    return (copies * micro_batch * tokens * s.vocab * DTYPE_BYTES[dtype] + CHUNK_TEMPS[temps] * chunk * s.vocab * 4,
-            f"{full}, {CHUNK_TEMPS[temps]} float32 [{chunk}, {s.vocab}] per chunk (logprob_chunk_tokens {chunk_tokens})")
+    return (
+        copies * micro_batch * tokens * s.vocab * DTYPE_BYTES[dtype] + CHUNK_TEMPS[temps] * chunk * s.vocab * 4,
+        f"{full}, {CHUNK_TEMPS[temps]} float32 [{chunk}, {s.vocab}] per chunk (logprob_chunk_tokens {chunk_tokens})",
+    )
 
 
 # ---------------------------------------------------------------- rollout
@@ -167,8 +201,17 @@ def fmt_params(n: int) -> str:
     return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
-def learner_lines(s: ModelShape, lc, ranks: int, micro_batch: int, tokens: int, who: str = "policy",
-                  lm_head: bool = True, scalar_head: bool = False, entropy_grad: bool = False) -> Lines:
+def learner_lines(
+    s: ModelShape,
+    lc,
+    ranks: int,
+    micro_batch: int,
+    tokens: int,
+    who: str = "policy",
+    lm_head: bool = True,
+    scalar_head: bool = False,
+    entropy_grad: bool = False,
+) -> Lines:
     """One trained model on one learner rank: states, activations and (with an LM head) logits."""
     n = param_count(s, lm_head) + (s.hidden + 1 if scalar_head else 0)
     trainable, how = n, f"ZeRO-{lc.zero_stage} over {ranks} rank(s), {lc.dtype.value}"
@@ -176,30 +219,46 @@ def learner_lines(s: ModelShape, lc, ranks: int, micro_batch: int, tokens: int, 
         adapters = lora_params(s, lc.lora.rank, list(lc.lora.target_modules))
         trainable, n = adapters + n - param_count(s, lm_head), n + adapters
         how += f", LoRA rank {lc.lora.rank}: {fmt_params(adapters)} of {fmt_params(n)} params trained"
-    lines = [(f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, lc.zero_stage, ranks).items()]
+    lines = [
+        (f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, lc.zero_stage, ranks).items()
+    ]
     if lc.zero_stage == 3:  # each layer's weights are gathered whole to compute it
-        lines.append((f"{who} gathered layer", layer_params(s) * DTYPE_BYTES["float32"], "ZeRO-3: one layer's full weights"))
+        lines.append(
+            (f"{who} gathered layer", layer_params(s) * DTYPE_BYTES["float32"], "ZeRO-3: one layer's full weights")
+        )
     ckpt = lc.gradient_checkpointing
     other = activation_bytes(s, micro_batch, tokens, lc.dtype.value, not ckpt)
-    lines.append((f"{who} activations", activation_bytes(s, micro_batch, tokens, lc.dtype.value, ckpt),
-                  f"micro-batch {micro_batch} x {tokens} tokens, gradient checkpointing {'on' if ckpt else 'off'} "
-                  f"({'off' if ckpt else 'on'}: {fmt(other)})"))
+    lines.append(
+        (
+            f"{who} activations",
+            activation_bytes(s, micro_batch, tokens, lc.dtype.value, ckpt),
+            f"micro-batch {micro_batch} x {tokens} tokens, gradient checkpointing {'on' if ckpt else 'off'} "
+            f"({'off' if ckpt else 'on'}: {fmt(other)})",
+        )
+    )
     if lm_head:  # the loss's logprobs (and entropy) come chunk by chunk: rollout/logprobs.py
         temps = "backward with entropy" if entropy_grad else "backward"
-        lines.append((f"{who} logits", *logits_bytes(s, micro_batch, tokens, lc.dtype.value, lc.logprob_chunk_tokens, temps)))
+        lines.append(
+            (f"{who} logits", *logits_bytes(s, micro_batch, tokens, lc.dtype.value, lc.logprob_chunk_tokens, temps))
+        )
     return lines
 
 
-def scoring_lines(ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, dtype: str,
-                  chunk_tokens: int) -> Lines:
+def scoring_lines(
+    ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, dtype: str, chunk_tokens: int
+) -> Lines:
     """The frozen scoring service in the learner's dtype: reference policy (float32 weights computed
     in `dtype`, as the policy's, rollout.device.compute), reward models, and the reference's logits
     (its peak: the layers' smaller temporaries are freed by then)."""
     b = DTYPE_BYTES[dtype]
-    lines = [("reference weights", param_count(ref) * DTYPE_BYTES["float32"], f"float32, computed in {dtype}"),
-             ("reference logits", *logits_bytes(ref, micro_batch, tokens, dtype, chunk_tokens, "no grad"))]
-    lines += [(f"reward model {i} weights", (param_count(s, lm_head=False) + s.hidden + 1) * b, dtype)
-              for i, s in enumerate(rms)]
+    lines = [
+        ("reference weights", param_count(ref) * DTYPE_BYTES["float32"], f"float32, computed in {dtype}"),
+        ("reference logits", *logits_bytes(ref, micro_batch, tokens, dtype, chunk_tokens, "no grad")),
+    ]
+    lines += [
+        (f"reward model {i} weights", (param_count(s, lm_head=False) + s.hidden + 1) * b, dtype)
+        for i, s in enumerate(rms)
+    ]
     return lines
 
 
@@ -207,13 +266,22 @@ def rollout_lines(s: ModelShape, rc, gpu_bytes: float | None) -> Lines:
     """One vLLM worker, per device: weights split by tensor parallelism, the rest KV cache."""
     tp, per_token = rc.tensor_parallel_size, kv_bytes_per_token(s, rc.dtype, rc.tensor_parallel_size)
     if gpu_bytes is None:  # CPU: the KV cache is a fixed size (VLLM_CPU_KVCACHE_SPACE)
-        weights, kv, how = param_count(s) * DTYPE_BYTES[rc.dtype] / tp, rc.kv_cache_space_gb * 2**30, "rollout.kv_cache_space_gb"
+        weights, kv, how = (
+            param_count(s) * DTYPE_BYTES[rc.dtype] / tp,
+            rc.kv_cache_space_gb * 2**30,
+            "rollout.kv_cache_space_gb",
+        )
     else:
         v = vllm_gpu(s, rc.dtype, tp, rc.gpu_memory_utilization, gpu_bytes)
         weights, kv, how = v["weights"], v["kv_cache"], f"{rc.gpu_memory_utilization} x GPU - weights"
-    return [("vLLM weights", weights, f"{rc.dtype}, tensor parallel {tp}"),
-            ("vLLM KV cache", kv, f"{how}: {kv / per_token:,.0f} tokens at {per_token:,.0f} B/token "
-                                   f"(max_model_len {rc.max_model_len})")]
+    return [
+        ("vLLM weights", weights, f"{rc.dtype}, tensor parallel {tp}"),
+        (
+            "vLLM KV cache",
+            kv,
+            f"{how}: {kv / per_token:,.0f} tokens at {per_token:,.0f} B/token (max_model_len {rc.max_model_len})",
+        ),
+    ]
 
 
 def total(lines: Lines, only: tuple[str, ...] = ()) -> float:
@@ -237,8 +305,10 @@ def _shape(plan: Plan, path: str, key: str, run_root: str, given: ModelShape | N
     if not path and given is not None:  # pipeline stages: "" = the previous stage's model
         return given
     s, source = find_shape(path, key, run_root)
-    plan.models.append(f"{key} = {path}: {s.arch}, {fmt_params(param_count(s))} params, {s.layers} layers, "
-                       f"hidden {s.hidden}, vocab {s.vocab} (from {source})")
+    plan.models.append(
+        f"{key} = {path}: {s.arch}, {fmt_params(param_count(s))} params, {s.layers} layers, "
+        f"hidden {s.hidden}, vocab {s.vocab} (from {source})"
+    )
     return s
 
 
@@ -254,50 +324,92 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     plan = plan or Plan([], [], [], [])
     c, rc, lc = cfg.cluster, cfg.rollout, cfg.learner
     policy = _shape(plan, lc.model_path, "learner.model_path", cfg.run_root, policy)
-    tokens, mb = rc.max_prompt_tokens + cfg.env.response_tokens(rc.sampling.max_new_tokens), cfg.algorithm.micro_batch_size
+    tokens, mb = (
+        rc.max_prompt_tokens + cfg.env.response_tokens(rc.sampling.max_new_tokens),
+        cfg.algorithm.micro_batch_size,
+    )
     gae = cfg.algorithm.estimator == Estimator.gae
     separate = gae and lc.value_head == ValueHead.separate
-    learner = learner_lines(policy, lc, c.learner_ranks, mb, tokens, scalar_head=gae and not separate,
-                            entropy_grad=cfg.algorithm.entropy_coef != 0)
+    learner = learner_lines(
+        policy,
+        lc,
+        c.learner_ranks,
+        mb,
+        tokens,
+        scalar_head=gae and not separate,
+        entropy_grad=cfg.algorithm.entropy_coef != 0,
+    )
     if cfg.async_training.mode.value != "sync" and lc.zero_stage != 3:  # Learner.send_weights(background=True)
-        learner.append(("policy staged weights", param_count(policy) * DTYPE_BYTES[rc.dtype],
-                        f"async_training, rank 0: the copy in {rc.dtype} broadcast while the next update runs"))
+        learner.append(
+            (
+                "policy staged weights",
+                param_count(policy) * DTYPE_BYTES[rc.dtype],
+                f"async_training, rank 0: the copy in {rc.dtype} broadcast while the next update runs",
+            )
+        )
     if separate:  # the critic lives on the same rank, its own engine and AdamW
-        critic = (_shape(plan, lc.critic_model_path, "learner.critic_model_path", cfg.run_root, rm)
-                  if lc.critic_init == CriticInit.reward_model else policy)
+        critic = (
+            _shape(plan, lc.critic_model_path, "learner.critic_model_path", cfg.run_root, rm)
+            if lc.critic_init == CriticInit.reward_model
+            else policy
+        )
         learner += learner_lines(critic, lc, c.learner_ranks, mb, tokens, "critic", lm_head=False, scalar_head=True)
     ref = _shape(plan, cfg.reward.reference_model_path, "reward.reference_model_path", cfg.run_root, policy)
-    rms = [_shape(plan, s.model_path, f"reward.sources[{i}].model_path", cfg.run_root, rm)
-           for i, s in enumerate(cfg.reward.sources) if s.kind == SourceKind.reward_model]
+    rms = [
+        _shape(plan, s.model_path, f"reward.sources[{i}].model_path", cfg.run_root, rm)
+        for i, s in enumerate(cfg.reward.sources)
+        if s.kind == SourceKind.reward_model
+    ]
     rollout = rollout_lines(policy, rc, gpu_bytes if c.gpus_per_rollout_worker > 0 else None)
     scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, lc.dtype.value, lc.logprob_chunk_tokens)
-    plan.sections += [(f"learner rank (x{c.learner_ranks})", learner),
-                      (f"rollout worker (x{c.rollout_workers}, per device)", rollout),
-                      (f"scoring service ({'GPU' if c.gpus_per_scoring > 0 else 'host memory'}: "
-                       f"cluster.gpus_per_scoring {c.gpus_per_scoring:g})", scoring)]
+    plan.sections += [
+        (f"learner rank (x{c.learner_ranks})", learner),
+        (f"rollout worker (x{c.rollout_workers}, per device)", rollout),
+        (
+            f"scoring service ({'GPU' if c.gpus_per_scoring > 0 else 'host memory'}: "
+            f"cluster.gpus_per_scoring {c.gpus_per_scoring:g})",
+            scoring,
+        ),
+    ]
     if rollout[1][1] < rc.max_model_len * kv_bytes_per_token(policy, rc.dtype, rc.tensor_parallel_size):
         plan.problems.append(f"vLLM's KV cache cannot hold one rollout.max_model_len={rc.max_model_len} sequence")
     _train_devices(plan, c, learner, rollout, scoring, gpu_bytes, host_bytes)
     return plan
 
 
-def _train_devices(plan: Plan, c, learner: Lines, rollout: Lines, scoring: Lines, gpu_bytes: float,
-                   host_bytes: float | None) -> None:
-    learner_gpu, rollout_gpu, scoring_gpu = c.gpus_per_learner > 0, c.gpus_per_rollout_worker > 0, c.gpus_per_scoring > 0
+def _train_devices(
+    plan: Plan, c, learner: Lines, rollout: Lines, scoring: Lines, gpu_bytes: float, host_bytes: float | None
+) -> None:
+    learner_gpu, rollout_gpu, scoring_gpu = (
+        c.gpus_per_learner > 0,
+        c.gpus_per_rollout_worker > 0,
+        c.gpus_per_scoring > 0,
+    )
     gpu_limit, host, on_host = SAFETY * gpu_bytes, *((0.0, []) if scoring_gpu else (total(scoring), ["scoring"]))
     shared = c.colocate and scoring_gpu and (learner_gpu or rollout_gpu)  # scoring joins the roles' device
     own = scoring_gpu and not shared  # colocate: false gives it a bundle (and a GPU) of its own
     if c.colocate and learner_gpu and rollout_gpu:  # vLLM sleeps for the update: weights to host, KV freed
-        awake, asleep = (total(scoring), total(scoring, ("weights",))) if shared else (0.0, 0.0)  # its logits: scoring only
-        plan.devices += [("GPU awake: vLLM + learner states" + " + scoring" * shared,
-                          total(rollout) + total(learner, RESIDENT) + awake, gpu_limit),
-                         ("GPU asleep: learner update" + " + scoring weights" * shared, total(learner) + asleep, gpu_limit)]
+        awake, asleep = (
+            (total(scoring), total(scoring, ("weights",))) if shared else (0.0, 0.0)
+        )  # its logits: scoring only
+        plan.devices += [
+            (
+                "GPU awake: vLLM + learner states" + " + scoring" * shared,
+                total(rollout) + total(learner, RESIDENT) + awake,
+                gpu_limit,
+            ),
+            ("GPU asleep: learner update" + " + scoring weights" * shared, total(learner) + asleep, gpu_limit),
+        ]
     else:
-        for role, lines, count, gpus, unit in (("learner", learner, c.learner_ranks, c.gpus_per_learner, "rank(s)"),
-                                               ("rollout", rollout, c.rollout_workers, c.gpus_per_rollout_worker, "worker(s)")):
+        for role, lines, count, gpus, unit in (
+            ("learner", learner, c.learner_ranks, c.gpus_per_learner, "rank(s)"),
+            ("rollout", rollout, c.rollout_workers, c.gpus_per_rollout_worker, "worker(s)"),
+        ):
             if gpus > 0:
                 n, extra = _per_device(gpus), total(scoring) if shared else 0.0
-                plan.devices.append((f"{role} GPU ({n} {unit} each{' + scoring' * shared})", n * total(lines) + extra, gpu_limit))
+                plan.devices.append(
+                    (f"{role} GPU ({n} {unit} each{' + scoring' * shared})", n * total(lines) + extra, gpu_limit)
+                )
                 shared = False  # on the first GPU role's device only
             else:
                 host, on_host = host + count * total(lines), on_host + [f"{count} {role} {unit}"]
@@ -310,7 +422,9 @@ def _train_devices(plan: Plan, c, learner: Lines, rollout: Lines, scoring: Lines
 def scratch_shape(s) -> ModelShape:
     """The GPT-2 `relay sft` builds from the `scratch` section (char tokenizer: relay's 80 symbols)."""
     vocab = s.vocab_size if s.tokenizer == "bpe" else KNOWN[-1][1].vocab
-    return ModelShape("gpt2", s.n_layer, s.n_embd, s.n_head, s.n_head, 4 * s.n_embd, vocab, True, positions=s.n_positions)
+    return ModelShape(
+        "gpt2", s.n_layer, s.n_embd, s.n_head, s.n_head, 4 * s.n_embd, vocab, True, positions=s.n_positions
+    )
 
 
 def plan_stage(cfg, kind: str, host_bytes: float | None, model=None, plan=None) -> Plan:
@@ -320,15 +434,27 @@ def plan_stage(cfg, kind: str, host_bytes: float | None, model=None, plan=None) 
     if path and not (_inside(path, cfg.run_root) and not Path(path).exists()):
         model = _shape(plan, path, f"{kind} learner.model_path", cfg.run_root)
     elif model is None:  # built by `relay sft` (path ""), or a stage output not trained yet
-        plan.models.append(f"{kind} learner.model_path = {path!r}: the `scratch` GPT-2 "
-                           f"({'what relay sft builds' if not path else 'not built yet: planned as the scratch shape'})")
+        plan.models.append(
+            f"{kind} learner.model_path = {path!r}: the `scratch` GPT-2 "
+            f"({'what relay sft builds' if not path else 'not built yet: planned as the scratch shape'})"
+        )
         model = scratch
     rm = kind == "rm"  # a scalar head, chosen and rejected in one forward
-    lines = learner_lines(model, cfg.learner, cfg.learner_ranks, cfg.train.micro_batch_size * (2 if rm else 1),
-                          cfg.train.max_length, kind, lm_head=not rm, scalar_head=rm)
+    lines = learner_lines(
+        model,
+        cfg.learner,
+        cfg.learner_ranks,
+        cfg.train.micro_batch_size * (2 if rm else 1),
+        cfg.train.max_length,
+        kind,
+        lm_head=not rm,
+        scalar_head=rm,
+    )
     plan.sections.append((f"{kind} learner rank (x{cfg.learner_ranks})", lines))
     n = cfg.learner_ranks * total(lines)
-    plan.devices.append((f"host: {kind} {cfg.learner_ranks} learner rank(s)", n, None if host_bytes is None else SAFETY * host_bytes))
+    plan.devices.append(
+        (f"host: {kind} {cfg.learner_ranks} learner rank(s)", n, None if host_bytes is None else SAFETY * host_bytes)
+    )
     return plan
 
 
@@ -362,7 +488,11 @@ def load(path: str | Path, overrides: list[str]):
     if keys & {"sft", "rm", "ppo"}:
         return "pipeline", load_config(path, overrides, root=PipelineConfig)
     if keys & {"scratch", "train", "learner_ranks"}:
-        kind = "sft" if "scratch" in keys or not load_config(path, overrides, root=StageConfig).learner.model_path else "rm"
+        kind = (
+            "sft"
+            if "scratch" in keys or not load_config(path, overrides, root=StageConfig).learner.model_path
+            else "rm"
+        )
         return kind, load_config(path, overrides, root=StageConfig)
     return "train", load_config(path, overrides)
 
@@ -384,8 +514,11 @@ def make_plan(kind: str, cfg, gpu_gb: float, host_gb: float | None) -> Plan:
 
 
 def render(plan: Plan, path, gpu_gb: float) -> str:
-    out = [f"relay plan: {path} ({'fits' if plan.fits else 'DOES NOT FIT'}; {gpu_gb:g} GB GPUs, "
-           f"a device fits when its peak <= {SAFETY:.0%} of it)", "models:"]
+    out = [
+        f"relay plan: {path} ({'fits' if plan.fits else 'DOES NOT FIT'}; {gpu_gb:g} GB GPUs, "
+        f"a device fits when its peak <= {SAFETY:.0%} of it)",
+        "models:",
+    ]
     out += [f"  {m}" for m in plan.models]
     for role, lines in plan.sections:
         out.append(f"{role}:")

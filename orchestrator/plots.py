@@ -1,6 +1,7 @@
 """runs/<name>/pipeline.png: what the pipeline did, step by step, next to the reward: each role's
 idle share (where it waited), the samples' staleness, and the importance ratio pi_prox/mu with the
 share of tokens its correction cut. Drawn from metrics.jsonl, so any finished run can be redrawn."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 runs/<name>/profile/ gets phases.txt (the step's seconds by phase), driver.txt (the orchestrator's
 own Python time), <role>.txt (torch ops and Python time of the role's calls) and <role>.trace.json
 (a Chrome/Perfetto trace, written on the role's own node)."""
+
 from __future__ import annotations
 
 import cProfile
@@ -25,7 +26,9 @@ def profiled(roles: dict, out_dir: Path, timings: dict[str, float]):
         yield
     finally:
         driver.disable()
-        texts = ray.get([actor.profile.remote(False, str(out_dir / f"{name}.trace.json")) for name, actor in roles.items()])
+        texts = ray.get(
+            [actor.profile.remote(False, str(out_dir / f"{name}.trace.json")) for name, actor in roles.items()]
+        )
     for name, text in zip(roles, texts):
         (out_dir / f"{name}.txt").write_text(text)
     out = io.StringIO()

@@ -1,6 +1,7 @@
 """Stopping a run cleanly on SIGTERM (Slurm preemption, Kubernetes eviction, `ray job stop`) or
 SIGINT (Ctrl-C): the handler only records the request; the loop reads it between steps, finishes
 the step in flight, checkpoints it and raises Stopped, which the CLI turns into exit status 3."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,11 @@ class Stopped(Exception):
 
     def __init__(self, signal_name: str, step: int, total_steps: int, checkpoint: os.PathLike | None):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
-        saved = (f"checkpoint {checkpoint}; checkpoint.resume=auto continues from it" if checkpoint
-                 else "no step had completed, nothing to save")
+        saved = (
+            f"checkpoint {checkpoint}; checkpoint.resume=auto continues from it"
+            if checkpoint
+            else "no step had completed, nothing to save"
+        )
         super().__init__(f"stopped by {signal_name} after step {step}/{total_steps}; {saved}")
 
 
@@ -44,14 +48,17 @@ def stop_on_signals(request: StopRequest, signals=(signal.SIGTERM, signal.SIGINT
     handlers come back on exit. A SIGINT after a stop was requested raises KeyboardInterrupt (the
     impatient Ctrl-C: exit now, no checkpoint). A repeated SIGTERM does not: schedulers send it to
     several processes of a job, and a wrapper script may forward it again."""
+
     def handler(signum, frame):
         name = signal.Signals(signum).name
         if request.requested and signum == signal.SIGINT:
             _say(f"relay: {name} again: exiting now, without a checkpoint")
             raise KeyboardInterrupt
         if not request.requested:
-            _say(f"relay: {name} received: finishing the current step, then writing a checkpoint and exiting "
-                 f"(Ctrl-C again to exit now, without one)")
+            _say(
+                f"relay: {name} received: finishing the current step, then writing a checkpoint and exiting "
+                f"(Ctrl-C again to exit now, without one)"
+            )
         request.request(name)
 
     old = {s: signal.signal(s, handler) for s in signals}  # ValueError outside the main thread

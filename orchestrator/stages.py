@@ -7,6 +7,7 @@ The SFT model may start from scratch (config-only GPT-2 plus a character or loca
 tokenizer). The RM folder also holds relay_reward_stats.json (its reward mean/std on held-out
 data), which the reward service's reward_model source uses to normalise.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +31,6 @@ from rollout.prompts import encode_chat, encode_text
 from rollout.seeds import stream_seed
 
 
-
 def run_stage(cfg: StageConfig, kind: str) -> Path:
     """Train one stage; returns the output model folder."""
     import ray
@@ -47,8 +47,9 @@ def run_stage(cfg: StageConfig, kind: str) -> Path:
     counts = {"data/skipped_lines": skipped, "data/skipped_too_long": too_long + too_long_eval}
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    group = SupervisedGroup(dataclasses.replace(cfg.learner, model_path=model_path), cfg.train, kind,
-                            cfg.learner_ranks, cfg.seed)
+    group = SupervisedGroup(
+        dataclasses.replace(cfg.learner, model_path=model_path), cfg.train, kind, cfg.learner_ranks, cfg.seed
+    )
     tracker = Tracker(cfg.logging, run_dir, cfg.name.replace("/", "_"), to_dict(cfg), resumed_at=None)
     try:
         first = evaluation(group, eval_batch, kind)
@@ -82,7 +83,7 @@ def train_loop(cfg: StageConfig, group: SupervisedGroup, train_batch, eval_batch
     for step in range(1, cfg.train.steps + 1):
         if pos + cfg.train.batch_size > n:  # next epoch
             order, pos = torch.randperm(n, generator=g), 0
-        rows = order[pos: pos + cfg.train.batch_size]
+        rows = order[pos : pos + cfg.train.batch_size]
         pos += cfg.train.batch_size
         sums = group.train_step({k: v[rows] for k, v in train_batch.items()})
         metrics = {"train/loss": sums["loss_sum"] / max(sums["count"], 1), "train/grad_norm": sums["grad_norm"]}
@@ -91,8 +92,12 @@ def train_loop(cfg: StageConfig, group: SupervisedGroup, train_batch, eval_batch
         if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
             last = evaluation(group, eval_batch, kind)
             metrics.update(last)
-            print(f"relay {kind}: step {step}/{cfg.train.steps}  " + "  ".join(
-                f"{k.removeprefix('eval/')} {v:.4f}" for k, v in last.items()) + f"  {time.time() - start:.0f}s", flush=True)
+            print(
+                f"relay {kind}: step {step}/{cfg.train.steps}  "
+                + "  ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in last.items())
+                + f"  {time.time() - start:.0f}s",
+                flush=True,
+            )
         tracker.log(step, {**metrics, **counts}, cfg.train.steps)
     return last
 
@@ -114,8 +119,12 @@ def evaluation(group: SupervisedGroup, batch, kind: str) -> dict[str, float]:
     if kind == SFT:
         return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
     rewards = torch.tensor(sums["rewards"])
-    return {"eval/loss": loss, "eval/pairwise_accuracy": sums["correct"] / max(sums["count"], 1),
-            "eval/reward_mean": float(rewards.mean()), "eval/reward_std": float(rewards.std())}
+    return {
+        "eval/loss": loss,
+        "eval/pairwise_accuracy": sums["correct"] / max(sums["count"], 1),
+        "eval/reward_mean": float(rewards.mean()),
+        "eval/reward_std": float(rewards.std()),
+    }
 
 
 def stage_table(kind: str, before: dict, after: dict) -> str:
@@ -132,6 +141,7 @@ def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[di
     d = cfg.data
     train_files, eval_files = list(d.train_files), list(d.eval_files)
     if d.task:
+
         def rows(examples, stream):
             return demonstrations(examples) if kind == SFT else preferences(examples, stream_seed(cfg.seed, stream))
 
@@ -139,6 +149,7 @@ def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[di
         train_files = [str(write_jsonl(rows(train_set, "rejected"), run_dir / "data" / f"{kind}_train.jsonl"))]
         eval_files = [str(write_jsonl(rows(held_set, "held_out_rejected"), run_dir / "data" / f"{kind}_eval.jsonl"))]
     fields = [d.prompt_key, d.response_key] if kind == SFT else [d.prompt_key, d.chosen_key, d.rejected_key]
+
     def parse(record) -> dict:
         problem = _problem(record, fields)
         if problem:
@@ -164,9 +175,14 @@ def _problem(record, fields: list[str]) -> str | None:
         return f"expected a JSON object, got {type(record).__name__}"
     for f in fields:
         value = record.get(f)
-        chat = isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)
+        chat = (
+            isinstance(value, list)
+            and value
+            and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)
+        )
         if not (isinstance(value, str) and value) and not (chat and f == fields[0]):
-            return f"field {f!r} must be non-empty text{' or chat messages' if f == fields[0] else ''}, got {str(value)[:40]!r}"
+            kinds = "non-empty text" + (" or chat messages" if f == fields[0] else "")
+            return f"field {f!r} must be {kinds}, got {str(value)[:40]!r}"
     return None
 
 
@@ -189,7 +205,7 @@ def encode_sft(tokenizer, rows: list[dict], cfg: StageConfig) -> tuple[dict[str,
     mask = torch.zeros(len(seqs), ids.shape[1] - 1)
     for i, (s, start) in enumerate(zip(seqs, starts)):
         ids[i, : len(s)] = torch.tensor(s)
-        mask[i, start - 1: len(s) - 1] = 1.0  # targets are ids[1:]: the response and EOS
+        mask[i, start - 1 : len(s) - 1] = 1.0  # targets are ids[1:]: the response and EOS
     attention = (ids != tokenizer.pad_token_id).long()
     attention[:, 0] = 1
     return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask}, len(rows) - len(seqs)
@@ -222,5 +238,12 @@ def build_scratch_model(cfg: StageConfig, rows: list[dict], out: Path) -> Path:
         texts = [str(r[k]) for r in rows for k in (cfg.data.prompt_key, cfg.data.response_key)]
         tokenizer = train_bpe_tokenizer(texts, s.vocab_size)
     shutil.rmtree(out, ignore_errors=True)
-    return init_tiny_gpt(out, n_layer=s.n_layer, n_embd=s.n_embd, n_head=s.n_head, n_positions=s.n_positions,
-                         seed=cfg.seed, tokenizer=tokenizer)
+    return init_tiny_gpt(
+        out,
+        n_layer=s.n_layer,
+        n_embd=s.n_embd,
+        n_head=s.n_head,
+        n_positions=s.n_positions,
+        seed=cfg.seed,
+        tokenizer=tokenizer,
+    )

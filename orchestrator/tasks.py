@@ -3,15 +3,19 @@
 Each example is {"prompt": str, "answer": str, "metadata": {...}}, the same shape the JSONL/Parquet
 loader produces, so rewards see one format whatever the source.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import random
 
-TINY_TASKS = {"addition_2digit": (10, 99), "addition_3digit": (100, 999),
-              # the same sums asked in words, for instruction-tuned models (SmolLM2-135M: ~12% greedy)
-              "chat_addition_2digit": (10, 99)}
+TINY_TASKS = {
+    "addition_2digit": (10, 99),
+    "addition_3digit": (100, 999),
+    # the same sums asked in words, for instruction-tuned models (SmolLM2-135M: ~12% greedy)
+    "chat_addition_2digit": (10, 99),
+}
 
 
 def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
@@ -40,11 +44,18 @@ def reasoning_gym_task(name: str, n: int, seed: int) -> list[dict]:
     try:
         data = reasoning_gym.create_dataset(name, size=n, seed=seed)
     except (KeyError, ValueError) as e:
-        raise ValueError(f"data.task: unknown task {name!r} (relay: {', '.join(TINY_TASKS)}; or a reasoning-gym "
-                         f"task): {e}") from None
+        raise ValueError(
+            f"data.task: unknown task {name!r} (relay: {', '.join(TINY_TASKS)}; or a reasoning-gym task): {e}"
+        ) from None
     system = {"role": "system", "content": SYSTEM_PROMPTS["default"]}
-    return [{"prompt": [system, {"role": "user", "content": e["question"]}], "answer": str(e["answer"]),
-             "metadata": {"entry": e}} for e in data]
+    return [
+        {
+            "prompt": [system, {"role": "user", "content": e["question"]}],
+            "answer": str(e["answer"]),
+            "metadata": {"entry": e},
+        }
+        for e in data
+    ]
 
 
 # Tasks whose examples all share one prompt: what differs (guess_number's secret) is hidden from the

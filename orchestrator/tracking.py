@@ -1,5 +1,6 @@
 """Where metrics go: a JSONL file in the run directory (always), wandb (offline by default), and
 one console line per step with the numbers a practitioner watches."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ from orchestrator.config import LoggingConfig, WandbMode
 
 
 class Tracker:
-    def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None,
-                 finished: bool = False):
+    def __init__(
+        self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None, finished: bool = False
+    ):
         """resumed_at: the step of the checkpoint a resumed run starts from (None: a fresh run);
         finished: it resumes a run that had also evaluated after its last step (its rows are kept)."""
         self.cfg, self.path = cfg, run_dir / "metrics.jsonl"
@@ -30,7 +32,10 @@ class Tracker:
         self.start = time.time()
 
     def log(self, step: int, metrics: dict[str, float], total_steps: int) -> None:
-        row = {"step": step, **{k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            **{k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.wandb is not None:
@@ -43,9 +48,11 @@ class Tracker:
             return format(m[key], fmt) if key in m and m[key] is not None else "-"
 
         done = int(20 * step / max(total_steps, 1))
-        return (f"[{'#' * done}{'.' * (20 - done)}] step {step}/{total_steps}  reward {f('reward/mean', '.3f')}  "
-                f"acc {f('reward/accuracy', '.2f')}  kl {f('kl/ref', '.4f')}  entropy {f('learner/entropy', '.3f')}  "
-                f"len {f('response/length_mean', '.1f')}  {f('timing/total', '.1f')}s/step")
+        return (
+            f"[{'#' * done}{'.' * (20 - done)}] step {step}/{total_steps}  reward {f('reward/mean', '.3f')}  "
+            f"acc {f('reward/accuracy', '.2f')}  kl {f('kl/ref', '.4f')}  entropy {f('learner/entropy', '.3f')}  "
+            f"len {f('response/length_mean', '.1f')}  {f('timing/total', '.1f')}s/step"
+        )
 
     def log_table(self, name: str, step: int, rows: list[dict]) -> None:
         """To samples.jsonl in the run directory (a line per table), and to wandb as a Table."""
@@ -80,8 +87,14 @@ def start_wandb(cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resu
     import wandb
 
     id_file = run_dir / "wandb_id"
-    init = dict(project=cfg.wandb.project, entity=cfg.wandb.entity or None, name=name, config=config,
-                mode=cfg.wandb.mode.value, dir=str(run_dir))
+    init = dict(
+        project=cfg.wandb.project,
+        entity=cfg.wandb.entity or None,
+        name=name,
+        config=config,
+        mode=cfg.wandb.mode.value,
+        dir=str(run_dir),
+    )
     if resumed_at is not None and id_file.exists():
         old = id_file.read_text().strip()
         try:

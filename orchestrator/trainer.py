@@ -1,4 +1,5 @@
 """The training loop: generate -> score -> update -> sync, one named, timed call per phase."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,17 +16,29 @@ import ray
 from learner.checkpoint import publish
 from learner.group import LearnerGroup
 from orchestrator.agents import endpoint_batch, start_gateway
+from orchestrator.builtin_models import resolve_model_path
 from orchestrator.config import AsyncMode, TrainConfig
 from orchestrator.data import PromptSampler, load_split, policy_prompt, reward_metadata
 from orchestrator.evaluate import evaluate_policy, sample_rows, samples_table, shown, summary_table
 from orchestrator.load_config import to_dict
+from orchestrator.phases import (
+    Ahead,
+    batch_metrics,
+    busy_metrics,
+    check_progress,
+    checkpoints,
+    finished_before,
+    informative,
+    offset,
+    pick_groups,
+    resume_path,
+    staleness_metrics,
+    timed,
+)
 from orchestrator.placement import cpu_threads, placement, unit
-from orchestrator.profiling import profiled
-from orchestrator.phases import (Ahead, batch_metrics, busy_metrics, check_progress, checkpoints, finished_before,
-                                 informative, offset, pick_groups, resume_path, staleness_metrics, timed)
 from orchestrator.plots import plot_run
-from orchestrator.builtin_models import resolve_model_path
-from orchestrator.signals import StopRequest, Stopped
+from orchestrator.profiling import profiled
+from orchestrator.signals import Stopped, StopRequest
 from orchestrator.tracking import Tracker
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
@@ -54,9 +67,15 @@ class Trainer:
         self.model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
         self.sampler = PromptSampler(len(self.train), cfg.seed, cfg.data.shuffle)
         self.step = 0  # also the policy version the engines hold: weight syncs since the initial model
-        self.counters = {"restarts/rollout": 0, "restarts/scoring": 0, "data/skipped_lines": self.skipped_lines,
-                         "rollout/dropped_groups": 0, "learner/skipped_updates_in_a_row": 0, "async/dropped_stale": 0,
-                         "reward/unjudged_steps_in_a_row": 0}
+        self.counters = {
+            "restarts/rollout": 0,
+            "restarts/scoring": 0,
+            "data/skipped_lines": self.skipped_lines,
+            "rollout/dropped_groups": 0,
+            "learner/skipped_updates_in_a_row": 0,
+            "async/dropped_stale": 0,
+            "reward/unjudged_steps_in_a_row": 0,
+        }
         # async_training: batches whose generation runs ahead of the learner, at most `lead` of them
         # beyond the one being trained (so a sample trains at most `lead` versions after its own)
         a = cfg.async_training
@@ -69,8 +88,14 @@ class Trainer:
         if resume_from:
             self._load(resume_from)
         self.finished = finished_before(self.run_dir, self.step if resume_from else None, cfg.total_steps)
-        self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg),
-                               resumed_at=self.step if resume_from else None, finished=self.finished)
+        self.tracker = Tracker(
+            cfg.logging,
+            self.run_dir,
+            cfg.name,
+            to_dict(cfg),
+            resumed_at=self.step if resume_from else None,
+            finished=self.finished,
+        )
 
     # ------------------------------------------------------------------ setup
     def _start_roles(self) -> None:
@@ -80,26 +105,53 @@ class Trainer:
         # engines and learner on the same GPUs: vLLM sleeps during the update (sleep_engines)
         self.sleep_engines = c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0
         rollout_threads, learner_threads, scoring_threads = cpu_threads(self.cfg)
-        self.rollout = RolloutPool(dataclasses.replace(self.cfg.rollout, cpu_threads=rollout_threads), self.model_path, c.rollout_workers, self.cfg.seed, num_cpus=cpus,
-                                   num_gpus=c.gpus_per_rollout_worker, max_restarts=c.max_restarts,
-                                   sleep_mode=self.sleep_engines, scheduling=place[: c.rollout_workers] if place else None,
-                                   resources=unit(c.rollout_resource) if free else None,
-                                   step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt,
-                                   keep_freed_memory=c.cpu_keep_freed_memory, env=self.cfg.env)
-        self.scoring = ScoringPool(self.cfg.reward, self.model_path, self.cfg.learner.dtype.value, scoring_threads,
-                                   self.cfg.learner.logprob_chunk_tokens, dict(
-                                       num_cpus=cpus, num_gpus=c.gpus_per_scoring, max_restarts=c.max_restarts,
-                                       resources=unit(c.scoring_resource) if free else {},
-                                       runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)},
-                                       **({"scheduling_strategy": place[-1]} if place else {})))
+        self.rollout = RolloutPool(
+            dataclasses.replace(self.cfg.rollout, cpu_threads=rollout_threads),
+            self.model_path,
+            c.rollout_workers,
+            self.cfg.seed,
+            num_cpus=cpus,
+            num_gpus=c.gpus_per_rollout_worker,
+            max_restarts=c.max_restarts,
+            sleep_mode=self.sleep_engines,
+            scheduling=place[: c.rollout_workers] if place else None,
+            resources=unit(c.rollout_resource) if free else None,
+            step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt,
+            keep_freed_memory=c.cpu_keep_freed_memory,
+            env=self.cfg.env,
+        )
+        self.scoring = ScoringPool(
+            self.cfg.reward,
+            self.model_path,
+            self.cfg.learner.dtype.value,
+            scoring_threads,
+            self.cfg.learner.logprob_chunk_tokens,
+            dict(
+                num_cpus=cpus,
+                num_gpus=c.gpus_per_scoring,
+                max_restarts=c.max_restarts,
+                resources=unit(c.scoring_resource) if free else {},
+                runtime_env={"env_vars": malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)},
+                **({"scheduling_strategy": place[-1]} if place else {}),
+            ),
+        )
         learner_cfg = dataclasses.replace(self.cfg.learner, model_path=self.model_path, threads=learner_threads)
-        self.learner = LearnerGroup(learner_cfg, learner_algorithm(self.cfg), self.cfg.rollout.sampling,
-                                    c.learner_ranks, self.cfg.seed, num_cpus=cpus, num_gpus=c.gpus_per_learner,
-                                    scheduling=place[c.rollout_workers: -1] if place else None,
-                                    resources=unit(c.learner_resource) if free else None,
-                                    keep_freed_memory=c.cpu_keep_freed_memory)
+        self.learner = LearnerGroup(
+            learner_cfg,
+            learner_algorithm(self.cfg),
+            self.cfg.rollout.sampling,
+            c.learner_ranks,
+            self.cfg.seed,
+            num_cpus=cpus,
+            num_gpus=c.gpus_per_learner,
+            scheduling=place[c.rollout_workers : -1] if place else None,
+            resources=unit(c.learner_resource) if free else None,
+            keep_freed_memory=c.cpu_keep_freed_memory,
+        )
         self.channel = WeightChannel(self.rollout, self.learner, self.cfg.rollout.sync_bucket_mb)
-        self.gateway = start_gateway(self.rollout.workers, self.model_path, self.cfg.rollout) if self.endpoint.enabled else None
+        self.gateway = (
+            start_gateway(self.rollout.workers, self.model_path, self.cfg.rollout) if self.endpoint.enabled else None
+        )
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: StopRequest | None = None) -> dict:
@@ -115,12 +167,18 @@ class Trainer:
         else:
             self.before = json.loads((self.run_dir / "eval_before.json").read_text())
             saved = self.run_dir / "eval_reference_samples.json"
-            self.reference_samples = json.loads(saved.read_text()) if saved.exists() else {}  # else: no reference column
+            self.reference_samples = (
+                json.loads(saved.read_text()) if saved.exists() else {}
+            )  # else: no reference column
         saved_at = None  # the step this process last checkpointed
         while self.step < self.cfg.total_steps and not stop.requested:
             metrics = self.train_step()
             self.step += 1
-            if self.cfg.eval.every_n_steps and self.step % self.cfg.eval.every_n_steps == 0 and self.step < self.cfg.total_steps:
+            if (
+                self.cfg.eval.every_n_steps
+                and self.step % self.cfg.eval.every_n_steps == 0
+                and self.step < self.cfg.total_steps
+            ):
                 metrics.update(self.evaluate())
                 self.tracker.log_table("eval/samples", self.step, self.samples)
             self.tracker.log(self.step, metrics, self.cfg.total_steps)
@@ -179,10 +237,19 @@ class Trainer:
             kl_coef = self.learner.update_kl(stats["kl/ref_seq"], sum(scored.valid))  # per sequence, those trained
         tokens = sum(batch.model_lengths)  # sampled by the model: an episode's observation tokens are not generated
         self.counters["restarts/scoring"] = self.scoring.restarts
-        return {**batch_metrics(batch, scored), **stats, **t, "kl/coef_next": kl_coef, **self.counters,
-                **staleness_metrics(batch.version_first, self.step, self.endpoint.max_staleness if self.gateway else
-                                    self.lead), **busy_metrics(t, busy_before, self._busy()),  # the bound in force
-                "throughput/tokens_per_s": tokens / t["timing/total"], "throughput/samples_per_s": len(batch) / t["timing/total"]}
+        return {
+            **batch_metrics(batch, scored),
+            **stats,
+            **t,
+            "kl/coef_next": kl_coef,
+            **self.counters,
+            **staleness_metrics(
+                batch.version_first, self.step, self.endpoint.max_staleness if self.gateway else self.lead
+            ),
+            **busy_metrics(t, busy_before, self._busy()),  # the bound in force
+            "throughput/tokens_per_s": tokens / t["timing/total"],
+            "throughput/samples_per_s": len(batch) / t["timing/total"],
+        }
 
     def _busy(self) -> dict[str, list[float]]:
         return {"rollout": self.rollout.busy_seconds(), "scoring": [self.scoring.busy_seconds()]}
@@ -194,20 +261,28 @@ class Trainer:
         (only possible if the pipeline was disturbed) is dropped, counted and generated again from
         the same prompts."""
         if self.gateway is not None:  # an agent program's finished episodes, not data prompts
-            batch, examples, counts = endpoint_batch(self.gateway, self.cfg.data.rollout_batch_size,
-                                                     self.endpoint.wait_timeout_s, self.step)
+            batch, examples, counts = endpoint_batch(
+                self.gateway, self.cfg.data.rollout_batch_size, self.endpoint.wait_timeout_s, self.step
+            )
             self.counters.update(counts)
             return batch, examples, None
         while len(self.ahead) <= self.lead and self.step + len(self.ahead) < self.cfg.total_steps:
             self.ahead.append(self._launch(self.step + len(self.ahead), self.cfg.data.rollout_batch_size))
         first = self.ahead.popleft()
         batch, examples = self.generate(first=first)
-        return batch, examples, first.judged if len(examples) == len(first.indices) else None  # else topped up: scored whole
+        return (
+            batch,
+            examples,
+            first.judged if len(examples) == len(first.indices) else None,
+        )  # else topped up: scored whole
 
     def roles(self) -> dict:
         """Every actor by role name (rollout_i, scoring, learner_i)."""
-        return ({f"rollout_{i}": w for i, w in enumerate(self.rollout.workers)} | {"scoring": self.scoring.actor}
-                | {f"learner_{i}": r for i, r in enumerate(self.learner.ranks)})
+        return (
+            {f"rollout_{i}": w for i, w in enumerate(self.rollout.workers)}
+            | {"scoring": self.scoring.actor}
+            | {f"learner_{i}": r for i, r in enumerate(self.learner.ranks)}
+        )
 
     @property
     def endpoint(self):
@@ -259,7 +334,9 @@ class Trainer:
             examples += [self.train[i] for i in job.indices]
         batch = RolloutBatch.concat(parts)
         if len(set(batch.prompt_index)) != want:
-            raise RuntimeError(f"step {self.step}: could not fill a batch of {want} usable prompts; see the skipped-prompt log")
+            raise RuntimeError(
+                f"step {self.step}: could not fill a batch of {want} usable prompts; see the skipped-prompt log"
+            )
         return batch, examples
 
     def _launch(self, step: int, n: int) -> Ahead:
@@ -305,8 +382,12 @@ class Trainer:
     def _resubmit(self, job: Ahead) -> Ahead:
         """(Re)launch the job's generation from its prompts and tasks (what an environment resets on)."""
         examples = [self.train[i] for i in job.indices]
-        job.pending, job.judged = self.rollout.submit([self._prompt(e) for e in examples], job.step, draw=job.draw,
-                                                      tasks=[self._meta(e) for e in examples]), None
+        job.pending, job.judged = (
+            self.rollout.submit(
+                [self._prompt(e) for e in examples], job.step, draw=job.draw, tasks=[self._meta(e) for e in examples]
+            ),
+            None,
+        )
         return job
 
     def _judge_next(self) -> None:
@@ -318,11 +399,19 @@ class Trainer:
         job = self.ahead[0] if self.ahead else None
         if job is not None and job.judged is None:
             parts = job.pending if job.batch is None else [job.batch]
-            job.judged = self.scoring.judge_ahead(parts, [self._meta(self.train[i]) for i in job.indices], self._temperature)
+            job.judged = self.scoring.judge_ahead(
+                parts, [self._meta(self.train[i]) for i in job.indices], self._temperature
+            )
 
     def check_progress(self, stats: dict[str, float], scored) -> None:  # stop a run that cannot learn
-        check_progress(self.counters, stats, scored, self.cfg.algorithm.max_skipped_updates,
-                       self.cfg.reward.max_unjudged_steps, self.step)
+        check_progress(
+            self.counters,
+            stats,
+            scored,
+            self.cfg.algorithm.max_skipped_updates,
+            self.cfg.reward.max_unjudged_steps,
+            self.step,
+        )
 
     def _prompt(self, example: dict):
         return policy_prompt(example["prompt"], self.cfg.data.apply_chat_template)
@@ -335,9 +424,15 @@ class Trainer:
         """Held-out prompts through orchestrator.evaluate (read-only scoring, raw rewards)."""
         prompts = [self._prompt(e) for e in self.held_out]
         meta = [self._meta(e) for e in self.held_out]
-        ev = evaluate_policy(lambda p, greedy: self.rollout.generate(p, 0, greedy, tasks=meta, draw=EVALUATION),
-                             self.scoring.evaluate, prompts, meta,
-                             self.cfg.eval.greedy, self._temperature, self.learner.policy_logprobs)
+        ev = evaluate_policy(
+            lambda p, greedy: self.rollout.generate(p, 0, greedy, tasks=meta, draw=EVALUATION),
+            self.scoring.evaluate,
+            prompts,
+            meta,
+            self.cfg.eval.greedy,
+            self._temperature,
+            self.learner.policy_logprobs,
+        )
         self.samples = self._sample_table(prompts, *shown(ev))
         return ev.metrics
 
@@ -362,9 +457,14 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.learner.save(tmp / "learner")
-        state = {"step": self.step, "sampler": self.sampler.state_dict(), "counters": self.counters,
-                 "scoring": self.scoring.state_dict(), "config": to_dict(self.cfg),
-                 "ahead": [job.state_dict() for job in self.ahead if self._collect(job)]}  # generated ahead: kept as they are
+        state = {
+            "step": self.step,
+            "sampler": self.sampler.state_dict(),
+            "counters": self.counters,
+            "scoring": self.scoring.state_dict(),
+            "config": to_dict(self.cfg),
+            "ahead": [job.state_dict() for job in self.ahead if self._collect(job)],
+        }  # generated ahead: kept as they are
         (tmp / "orchestrator.json").write_text(json.dumps(state))
         publish(tmp, final)
         for old in checkpoints(root)[: -self.cfg.checkpoint.keep_last]:
@@ -397,4 +497,3 @@ class Trainer:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.pg)
-

@@ -1,4 +1,5 @@
 """Checks across the whole tree that types alone cannot express. Each yields (key, problem)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -30,8 +31,11 @@ def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
     t = cfg.train
     yield from _data(cfg.data, prefix)
     if t.batch_size % (t.micro_batch_size * cfg.learner_ranks):
-        yield (f"{prefix}train.batch_size", f"must be a multiple of train.micro_batch_size x learner_ranks "
-               f"({t.micro_batch_size} x {cfg.learner_ranks}), got {t.batch_size}")
+        yield (
+            f"{prefix}train.batch_size",
+            f"must be a multiple of train.micro_batch_size x learner_ranks "
+            f"({t.micro_batch_size} x {cfg.learner_ranks}), got {t.batch_size}",
+        )
     for key in ("steps", "batch_size", "micro_batch_size", "max_length", "eval_every"):
         if getattr(t, key) < 1:
             yield f"{prefix}train.{key}", f"must be >= 1, got {getattr(t, key)}"
@@ -53,26 +57,36 @@ def validate_reward(reward) -> Iterator[tuple[str, str]]:
 def _sampling(cfg):
     s = cfg.rollout.sampling
     if s.temperature <= 0:
-        yield "rollout.sampling.temperature", (
-            f"must be > 0 for training, got {s.temperature}: the update needs the distribution the samples were "
-            "drawn from (log-probabilities at temperature 0 are undefined); greedy decoding belongs to "
-            "evaluation (eval.greedy)")
+        yield (
+            "rollout.sampling.temperature",
+            (
+                f"must be > 0 for training, got {s.temperature}: the update needs the distribution the samples were "
+                "drawn from (log-probabilities at temperature 0 are undefined); greedy decoding belongs to "
+                "evaluation (eval.greedy)"
+            ),
+        )
     if not 0 < s.top_p <= 1:
         yield "rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"
     if s.top_k == 0 or s.top_k < -1:
         yield "rollout.sampling.top_k", f"must be -1 (off) or >= 1, got {s.top_k}"
     if s.repetition_penalty != 1.0:
-        yield "rollout.sampling.repetition_penalty", (
-            f"must be 1.0 (off) for training, got {s.repetition_penalty}: the learner cannot reproduce the "
-            "penalty, so the behaviour logprobs would be of another distribution than the policy it trains")
+        yield (
+            "rollout.sampling.repetition_penalty",
+            (
+                f"must be 1.0 (off) for training, got {s.repetition_penalty}: the learner cannot reproduce the "
+                "penalty, so the behaviour logprobs would be of another distribution than the policy it trains"
+            ),
+        )
     if s.max_new_tokens < 1:
         yield "rollout.sampling.max_new_tokens", f"must be >= 1, got {s.max_new_tokens}"
     if s.n_samples_per_prompt < 1:
         yield "rollout.sampling.n_samples_per_prompt", f"must be >= 1, got {s.n_samples_per_prompt}"
     r = cfg.rollout
     if r.max_prompt_tokens + s.max_new_tokens > r.max_model_len:
-        yield "rollout.max_model_len", (
-            f"{r.max_model_len} < max_prompt_tokens ({r.max_prompt_tokens}) + max_new_tokens ({s.max_new_tokens})")
+        yield (
+            "rollout.max_model_len",
+            (f"{r.max_model_len} < max_prompt_tokens ({r.max_prompt_tokens}) + max_new_tokens ({s.max_new_tokens})"),
+        )
 
 
 def _batches(cfg):
@@ -82,13 +96,21 @@ def _batches(cfg):
     if cfg.data.rollout_batch_size < 1:
         yield "data.rollout_batch_size", "must be >= 1"
     if a.mini_batch_size < 1 or samples % a.mini_batch_size:
-        yield "algorithm.mini_batch_size", (
-            f"{a.mini_batch_size} must divide the samples per step: data.rollout_batch_size "
-            f"({cfg.data.rollout_batch_size}) x rollout.sampling.n_samples_per_prompt ({n}) = {samples}")
+        yield (
+            "algorithm.mini_batch_size",
+            (
+                f"{a.mini_batch_size} must divide the samples per step: data.rollout_batch_size "
+                f"({cfg.data.rollout_batch_size}) x rollout.sampling.n_samples_per_prompt ({n}) = {samples}"
+            ),
+        )
     elif a.micro_batch_size < 1 or a.mini_batch_size % (a.micro_batch_size * ranks):
-        yield "algorithm.micro_batch_size", (
-            f"micro_batch_size ({a.micro_batch_size}) x cluster.learner_ranks ({ranks}) must divide "
-            f"algorithm.mini_batch_size ({a.mini_batch_size})")
+        yield (
+            "algorithm.micro_batch_size",
+            (
+                f"micro_batch_size ({a.micro_batch_size}) x cluster.learner_ranks ({ranks}) must divide "
+                f"algorithm.mini_batch_size ({a.mini_batch_size})"
+            ),
+        )
 
 
 def _method(cfg):
@@ -96,9 +118,14 @@ def _method(cfg):
     whose errors would ask for n >= 2 and n = 1 in turn); else the tree must hold every key it sets."""
     m = cfg.algorithm.method
     if m != Method.none and cfg.rollout.endpoint.enabled and endpoint_incompatible(m):
-        yield "algorithm.method", (f"algorithm.method={m.value} is incompatible with the agent endpoint: it compares "
-                                   "or regenerates the samples of one prompt, and each episode is its own prompt; "
-                                   "use reinforce_pp, or none with estimator reinforce_baseline, baseline batch")
+        yield (
+            "algorithm.method",
+            (
+                f"algorithm.method={m.value} is incompatible with the agent endpoint: it compares "
+                "or regenerates the samples of one prompt, and each episode is its own prompt; "
+                "use reinforce_pp, or none with estimator reinforce_baseline, baseline batch"
+            ),
+        )
         return
     yield from tree_conflicts(cfg)
 
@@ -142,8 +169,9 @@ def group_baselines(a, n: int) -> dict[str, str]:
     """{key: problem with n samples per prompt} for each setting of `a` that compares the samples of one prompt."""
     out = {}
     if a.estimator in GROUPED:
-        out["rollout.sampling.n_samples_per_prompt"] = (f"{a.estimator.value} compares samples of one prompt: "
-                                                        f"needs >= 2, got {n}")
+        out["rollout.sampling.n_samples_per_prompt"] = (
+            f"{a.estimator.value} compares samples of one prompt: needs >= 2, got {n}"
+        )
     need = f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n})"
     if a.estimator == Estimator.reinforce_baseline and a.reinforce_baseline == Baseline.group:
         out["algorithm.reinforce_baseline"] = need + "; use batch"
@@ -163,14 +191,26 @@ def _learner(cfg):
     if lr.lora.rank < 0:
         yield "learner.lora.rank", f"must be >= 0, got {lr.lora.rank}"
     if lr.lora.rank > 0 and lr.lora.dropout != 0:
-        yield "learner.lora.dropout", (f"must be 0 for RL, got {lr.lora.dropout}: dropout makes the update's forward "
-                                       "another function than the one that computed the old logprobs (and than the "
-                                       "reference), so the PPO ratio and the KL start away from 1 and 0")
+        yield (
+            "learner.lora.dropout",
+            (
+                f"must be 0 for RL, got {lr.lora.dropout}: dropout makes the update's forward "
+                "another function than the one that computed the old logprobs (and than the "
+                "reference), so the PPO ratio and the KL start away from 1 and 0"
+            ),
+        )
     if lr.lora.rank > 0 and lr.zero_stage == 3:
-        yield "learner.lora.rank", "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2"
+        yield (
+            "learner.lora.rank",
+            "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2",
+        )
     needs_critic = cfg.algorithm.estimator not in CRITIC_FREE
-    if needs_critic and lr.value_head == ValueHead.separate and lr.critic_init == CriticInit.reward_model \
-            and not lr.critic_model_path:
+    if (
+        needs_critic
+        and lr.value_head == ValueHead.separate
+        and lr.critic_init == CriticInit.reward_model
+        and not lr.critic_model_path
+    ):
         yield "learner.critic_model_path", "critic_init is reward_model: give the reward model's folder"
     if needs_critic and lr.value_head == ValueHead.shared and lr.lora.rank > 0:
         yield "learner.value_head", "a shared value head with LoRA trains the head on a frozen trunk; use separate"
@@ -179,8 +219,13 @@ def _learner(cfg):
 def _rewards(reward):
     if not reward.sources:
         yield "reward.sources", "at least one reward source is needed"
-    needs = {SourceKind.function: "function", SourceKind.reward_model: "model_path",
-             SourceKind.remote: "url", SourceKind.format: "pattern", SourceKind.length_penalty: "target_length"}
+    needs = {
+        SourceKind.function: "function",
+        SourceKind.reward_model: "model_path",
+        SourceKind.remote: "url",
+        SourceKind.format: "pattern",
+        SourceKind.length_penalty: "target_length",
+    }
     for i, src in enumerate(reward.sources):
         field = needs.get(src.kind)
         if field and not getattr(src, field):
@@ -194,8 +239,13 @@ def _rewards(reward):
     if reward.overlong_buffer < 0:
         yield "reward.overlong_buffer", f"must be >= 0 (0 = off), got {reward.overlong_buffer}"
     if reward.overlong_buffer > 0 and not 0 < reward.overlong_buffer <= reward.overlong_max_tokens:
-        yield "reward.overlong_max_tokens", (f"overlong shaping needs overlong_max_tokens >= overlong_buffer "
-                                             f"({reward.overlong_buffer}), got {reward.overlong_max_tokens}")
+        yield (
+            "reward.overlong_max_tokens",
+            (
+                f"overlong shaping needs overlong_max_tokens >= overlong_buffer "
+                f"({reward.overlong_buffer}), got {reward.overlong_max_tokens}"
+            ),
+        )
     if reward.clip < 0:
         yield "reward.clip", f"must be >= 0 (0 = off), got {reward.clip}"
 
@@ -203,17 +253,32 @@ def _rewards(reward):
 def _cluster(cfg):
     c = cfg.cluster
     if c.gpus_per_rollout_worker > 0 and c.gpus_per_learner == 0:
-        yield "cluster.gpus_per_learner", ("the rollout engines are on GPUs, so weights travel by NCCL, which the "
-                                           "learner can only join from a GPU: give it GPUs too")
+        yield (
+            "cluster.gpus_per_learner",
+            (
+                "the rollout engines are on GPUs, so weights travel by NCCL, which the "
+                "learner can only join from a GPU: give it GPUs too"
+            ),
+        )
     if cfg.rollout.dtype != cfg.learner.dtype.value:
-        yield "rollout.dtype", (f"{cfg.rollout.dtype} differs from learner.dtype ({cfg.learner.dtype.value}): the "
-                                "behaviour logprobs would drift from the learner's; sample in the learner's dtype")
+        yield (
+            "rollout.dtype",
+            (
+                f"{cfg.rollout.dtype} differs from learner.dtype ({cfg.learner.dtype.value}): the "
+                "behaviour logprobs would drift from the learner's; sample in the learner's dtype"
+            ),
+        )
     a = cfg.async_training
     if a.max_staleness < 1:
         yield "async_training.max_staleness", f"must be >= 1 (mode sync trains on fresh samples), got {a.max_staleness}"
     if a.mode.value != "sync" and c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:
-        yield "async_training.mode", ("engines colocated with the learner on GPUs sleep while it trains, so nothing can "
-                                      "overlap: use mode sync, or cluster.colocate false")
+        yield (
+            "async_training.mode",
+            (
+                "engines colocated with the learner on GPUs sleep while it trains, so nothing can "
+                "overlap: use mode sync, or cluster.colocate false"
+            ),
+        )
     for key in ("rollout_workers", "learner_ranks"):
         if getattr(c, key) < 1:
             yield f"cluster.{key}", f"must be >= 1, got {getattr(c, key)}"
@@ -226,8 +291,13 @@ def _data(d, prefix: str = ""):
     if d.train_files and d.task:
         yield f"{prefix}data.task", "give either data.train_files or data.task, not both"
     if d.task and d.eval_files:
-        yield f"{prefix}data.eval_files", ("a task draws its own held-out set (prompts no training set holds): "
-                                          "give eval_files with train_files, not with data.task")
+        yield (
+            f"{prefix}data.eval_files",
+            (
+                "a task draws its own held-out set (prompts no training set holds): "
+                "give eval_files with train_files, not with data.task"
+            ),
+        )
     if d.task and d.task_size < 1:
         yield f"{prefix}data.task_size", f"must be >= 1, got {d.task_size}"
     if d.eval_size < 1:  # evaluation before and after training needs prompts
@@ -258,39 +328,62 @@ def _env(cfg):
         yield "env.step_timeout_s", f"an environment needs a deadline > 0, got {e.step_timeout_s}"
     budget = e.response_tokens(r.sampling.max_new_tokens)
     if r.max_prompt_tokens + budget > r.max_model_len:
-        yield "rollout.max_model_len", (f"{r.max_model_len} < max_prompt_tokens ({r.max_prompt_tokens}) + the episode's "
-                                        f"tokens ({budget}, env.max_episode_tokens or max_turns * max_new_tokens)")
+        yield (
+            "rollout.max_model_len",
+            (
+                f"{r.max_model_len} < max_prompt_tokens ({r.max_prompt_tokens}) + the episode's "
+                f"tokens ({budget}, env.max_episode_tokens or max_turns * max_new_tokens)"
+            ),
+        )
 
 
 def _endpoint(cfg):
     if cfg.rollout.sampling.n_samples_per_prompt != 1:
-        yield "rollout.sampling.n_samples_per_prompt", ("must be 1 with the agent endpoint: each episode is its "
-                                                        "own prompt (use a batch baseline, e.g. estimator "
-                                                        "reinforce_baseline with reinforce_baseline batch)")
+        yield (
+            "rollout.sampling.n_samples_per_prompt",
+            (
+                "must be 1 with the agent endpoint: each episode is its "
+                "own prompt (use a batch baseline, e.g. estimator "
+                "reinforce_baseline with reinforce_baseline batch)"
+            ),
+        )
     for key in group_baselines(cfg.algorithm, 1):
-        yield ("algorithm.estimator" if key.startswith("rollout.") else key,
-               "compares the samples of one prompt, and each agent endpoint episode is its own prompt: use estimator "
-               "reinforce_baseline with reinforce_baseline batch, or reinforce_pp")
+        yield (
+            "algorithm.estimator" if key.startswith("rollout.") else key,
+            "compares the samples of one prompt, and each agent endpoint episode is its own prompt: use estimator "
+            "reinforce_baseline with reinforce_baseline batch, or reinforce_pp",
+        )
     if cfg.data.dynamic_sampling:
         yield "data.dynamic_sampling", "the agent endpoint's episodes cannot be regenerated: turn it off"
     if cfg.async_training.mode.value != "sync":
-        yield "async_training.mode", ("the agent endpoint is asynchronous by itself (agents call while the learner "
-                                      "trains): use sync")
+        yield (
+            "async_training.mode",
+            ("the agent endpoint is asynchronous by itself (agents call while the learner trains): use sync"),
+        )
     if cfg.rollout.endpoint.max_staleness < 0:
         yield "rollout.endpoint.max_staleness", f"must be >= 0, got {cfg.rollout.endpoint.max_staleness}"
     c = cfg.cluster
     if c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:  # as Trainer.sleep_engines
-        yield "cluster.colocate", ("the agent endpoint serves agents while the learner trains, but engines "
-                                   "colocated with the learner on GPUs (cluster.gpus_per_rollout_worker and "
-                                   "gpus_per_learner > 0) sleep during each update: set cluster.colocate false")
+        yield (
+            "cluster.colocate",
+            (
+                "the agent endpoint serves agents while the learner trains, but engines "
+                "colocated with the learner on GPUs (cluster.gpus_per_rollout_worker and "
+                "gpus_per_learner > 0) sleep during each update: set cluster.colocate false"
+            ),
+        )
 
 
 def critic_path_used(cfg) -> bool:
     """learner.critic_model_path is read only to start a separate critic from a reward model
     (learner.models.build_critic), in a run that has a critic at all: elsewhere it is ignored."""
     lr = cfg.learner
-    return (hasattr(cfg, "algorithm") and cfg.algorithm.estimator not in CRITIC_FREE
-            and lr.value_head == ValueHead.separate and lr.critic_init == CriticInit.reward_model)
+    return (
+        hasattr(cfg, "algorithm")
+        and cfg.algorithm.estimator not in CRITIC_FREE
+        and lr.value_head == ValueHead.separate
+        and lr.critic_init == CriticInit.reward_model
+    )
 
 
 def validate_model_paths(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -306,9 +399,17 @@ def validate_model_paths(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
         paths.append(("learner.critic_model_path", cfg.learner.critic_model_path))
     if hasattr(cfg, "reward"):  # TrainConfig
         paths.append(("reward.reference_model_path", cfg.reward.reference_model_path))
-        paths += [(f"reward.sources.{i}.model_path", s.model_path) for i, s in enumerate(cfg.reward.sources)
-                  if s.kind == SourceKind.reward_model]
+        paths += [
+            (f"reward.sources.{i}.model_path", s.model_path)
+            for i, s in enumerate(cfg.reward.sources)
+            if s.kind == SourceKind.reward_model
+        ]
     for key, path in paths:
         if path and not path.startswith("builtin://") and not Path(path).is_dir():
-            yield prefix + key, (f"{path!r}: no such folder here; give a local Hugging Face model folder"
-                                 f"{' or builtin://NAME' if key == 'learner.model_path' else ''}")
+            yield (
+                prefix + key,
+                (
+                    f"{path!r}: no such folder here; give a local Hugging Face model folder"
+                    f"{' or builtin://NAME' if key == 'learner.model_path' else ''}"
+                ),
+            )

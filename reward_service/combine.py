@@ -10,6 +10,7 @@ A marked sample is one the source could not judge (a failure: timeout, exception
 never a score; a wrong answer is a score (0). Only sources that train (weight != 0) can make a
 sample invalid: a weight-0 source is a metric.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,8 +72,9 @@ def run_source(source, prompts: list[str], responses: list[str], metadata: list[
         error = f"{type(e).__name__}: {e}"
     else:
         if isinstance(out, RemoteResult):
-            return SourceRun([_clean(s) if s is not None else None for s in out.scores], out.timeouts, out.errors,
-                             out.retried)
+            return SourceRun(
+                [_clean(s) if s is not None else None for s in out.scores], out.timeouts, out.errors, out.retried
+            )
         if len(out) == n:
             return SourceRun([_clean(s) for s in out])
         error = f"returned {len(out)} scores for {n} samples"
@@ -86,7 +88,9 @@ def _one_by_one(source, prompts, responses, metadata, timeout_s, first_error: st
             run.scores.append(None)
             continue
         try:
-            out = call_with_deadline(lambda i=i: source.score(prompts[i:i + 1], responses[i:i + 1], metadata[i:i + 1]), timeout_s)
+            out = call_with_deadline(
+                lambda i=i: source.score(prompts[i : i + 1], responses[i : i + 1], metadata[i : i + 1]), timeout_s
+            )
             run.scores.append(_clean(out[0]) if len(out) == 1 else None)
         except Deadline as e:
             run.timeouts += 1
@@ -119,8 +123,15 @@ def call_counts(runs: dict[str, SourceRun]) -> dict[str, float]:
     for name, run in runs.items():
         bad = sum(s is None for s in run.scores)
         if bad or run.errors:
-            log.warning("reward %s: %d of %d samples invalid%s", name, bad, len(run.scores),
-                        f" ({run.errors[0]})" if run.errors else "")
-    return {"reward/timeouts": float(sum(r.timeouts for r in runs.values())),
-            "reward/errors": float(sum(len(r.errors) for r in runs.values())),
-            "reward/retried_attempts": float(sum(r.retried for r in runs.values()))}
+            log.warning(
+                "reward %s: %d of %d samples invalid%s",
+                name,
+                bad,
+                len(run.scores),
+                f" ({run.errors[0]})" if run.errors else "",
+            )
+    return {
+        "reward/timeouts": float(sum(r.timeouts for r in runs.values())),
+        "reward/errors": float(sum(len(r.errors) for r in runs.values())),
+        "reward/retried_attempts": float(sum(r.retried for r in runs.values())),
+    }

@@ -1,4 +1,5 @@
 """Config section owned by reward_service/: what judges a rollout and how scores are shaped."""
+
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -18,6 +19,7 @@ class SourceKind(str, Enum):
 class InvalidPolicy(str, Enum):
     """What becomes of a sample a source could not judge (a timeout, an exception, a NaN, a failed
     episode, a missing reference): a failure, unlike a wrong answer, which is a score."""
+
     drop = "drop"  # out of the loss, the group baselines and reward/*; counted (reward/dropped_samples)
     zero = "zero"  # a raw reward of 0, then shaped and trained exactly like a wrong answer (as most frameworks do)
 
@@ -30,28 +32,51 @@ class Normalization(str, Enum):
 
 @dataclass
 class RewardSource:
-    kind: SourceKind = SourceKind.math_answer  # math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote or environment
-    weight: float = 1.0  # factor in the summed reward; 0 = reported only: changes no reward, nor which samples train
-    name: str = ""  # metric name (reward/<name>/mean); "" = the kind
-    function: str = ""  # function: "module.path:function"
-    model_path: str = ""  # reward_model: a Hugging Face folder
-    url: str = ""  # remote: the endpoint to POST to (see `relay serve-reward`)
-    timeout_s: float = 10.0  # seconds a call may take, else its samples are invalid (remote: per attempt, plus retries)
-    max_retries: int = 2  # remote: retries of a failed or timed-out request
-    max_concurrency: int = 4  # remote: requests in flight at once (the batch is split into as many chunks)
-    pattern: str = ""  # format: a regular expression the response must match
-    target_length: int = 0  # length_penalty: characters
+    kind: SourceKind = SourceKind.math_answer
+    """math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote or environment"""
+    weight: float = 1.0
+    """factor in the summed reward; 0 = reported only: changes no reward, nor which samples train"""
+    name: str = ""
+    """metric name (reward/<name>/mean); "" = the kind"""
+    function: str = ""
+    """function: "module.path:function" """
+    model_path: str = ""
+    """reward_model: a Hugging Face folder"""
+    url: str = ""
+    """remote: the endpoint to POST to (see `relay serve-reward`)"""
+    timeout_s: float = 10.0
+    """seconds a call may take, else its samples are invalid (remote: per attempt, plus retries)"""
+    max_retries: int = 2
+    """remote: retries of a failed or timed-out request"""
+    max_concurrency: int = 4
+    """remote: requests in flight at once (the batch is split into as many chunks)"""
+    pattern: str = ""
+    """format: a regular expression the response must match"""
+    target_length: int = 0
+    """length_penalty: characters"""
 
 
 @dataclass
 class RewardConfig:
-    sources: list[RewardSource] = field(default_factory=lambda: [RewardSource()])  # what judges a response; the reward is their weighted sum
-    reference_model_path: str = ""  # frozen reference policy; empty = the learner's starting model
-    micro_batch_size: int = 16  # samples per reference/reward-model forward
-    clip: float = 0.0  # clip the combined reward to [-clip, clip]; 0 = off
-    normalization: Normalization = Normalization.none  # after clipping: none, batch (whiten the step's valid rewards) or running (checkpointed mean/std)
-    overlong_buffer: int = 0  # DAPO overlong shaping: the last this many tokens before overlong_max_tokens cost up to overlong_penalty, linearly; 0 = off
-    overlong_max_tokens: int = 0  # overlong shaping: the length (model tokens) at which the full penalty applies, e.g. rollout.sampling.max_new_tokens
-    overlong_penalty: float = 1.0  # overlong shaping: the penalty at and beyond overlong_max_tokens
-    invalid: InvalidPolicy = InvalidPolicy.drop  # a sample not judged (a failure): drop (masked, counted) or zero
-    max_unjudged_steps: int = 3  # stop the run after this many steps in a row with no sample judged; 0 = never
+    sources: list[RewardSource] = field(default_factory=lambda: [RewardSource()])
+    """what judges a response; the reward is their weighted sum"""
+    reference_model_path: str = ""
+    """frozen reference policy; empty = the learner's starting model"""
+    micro_batch_size: int = 16
+    """samples per reference/reward-model forward"""
+    clip: float = 0.0
+    """clip the combined reward to [-clip, clip]; 0 = off"""
+    normalization: Normalization = Normalization.none
+    """after clipping: none, batch (whiten the step's valid rewards) or running (checkpointed mean/std)"""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping: the last this many tokens before overlong_max_tokens cost up to overlong_penalty,
+    linearly; 0 = off"""
+    overlong_max_tokens: int = 0
+    """overlong shaping: the length (model tokens) at which the full penalty applies, e.g.
+    rollout.sampling.max_new_tokens"""
+    overlong_penalty: float = 1.0
+    """overlong shaping: the penalty at and beyond overlong_max_tokens"""
+    invalid: InvalidPolicy = InvalidPolicy.drop
+    """a sample not judged (a failure): drop (masked, counted) or zero"""
+    max_unjudged_steps: int = 3
+    """stop the run after this many steps in a row with no sample judged; 0 = never"""

@@ -2,6 +2,7 @@
 (the running reward normaliser) after every call, so when the actor dies and Ray restarts it
 (max_restarts) the pool gives the new one that state and retries the call once: a restart changes
 no reward. Evaluation goes through the read-only `evaluate`, which never changes that state."""
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,9 @@ class Restarted(Exception):
 
 
 class ScoringPool:
-    def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str, threads: int, chunk_tokens: int,
-                 options: dict):
+    def __init__(
+        self, cfg: RewardConfig, reference_path: str, dtype: str, threads: int, chunk_tokens: int, options: dict
+    ):
         """options: the actor's Ray options (resources, placement, runtime_env, max_restarts)."""
         # busy_seconds is answered from a concurrency group of its own, while the service judges
         remote = ray.remote(concurrency_groups={"stats": 1})(ScoringService)
@@ -58,6 +60,7 @@ class ScoringPool:
         """call(), keeping the state it leaves. If the actor died, in the call or before it (Ray queues
         calls for an actor it is restarting: one could run on the new actor before it has the state),
         wait for the restart, give it the state and make the call again (`retry`, if given)."""
+
         def once(call):
             result, state, instance = ray.get([call(), self.actor.state_dict.remote(), self.actor.instance_id.remote()])
             if instance != self.instance:
@@ -77,4 +80,3 @@ class ScoringPool:
 
     def shutdown(self) -> None:
         ray.kill(self.actor)
-

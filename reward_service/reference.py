@@ -1,4 +1,5 @@
 """The frozen reference policy: per-token logprobs of the sampled responses, for the KL term."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,15 @@ from rollout.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 from rollout.types import RolloutBatch, pack, unpad
 
 
-def response_logprobs(model, input_ids, attention_mask, position_ids, response_mask, temperature: float,
-                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+def response_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    position_ids,
+    response_mask,
+    temperature: float,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
     """(B, L-1) logprob of each next token under `model` at `temperature`; 0 off the response.
     The learner's own function (rollout/logprobs.py), chunk by chunk: the same numbers as the
     policy's old logprobs, and no float32 (B, L-1, V) tensor."""
@@ -18,8 +26,14 @@ def response_logprobs(model, input_ids, attention_mask, position_ids, response_m
 
 
 class ReferenceModel:
-    def __init__(self, path: str, dtype: str = "float32", micro_batch_size: int = 16,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, device: torch.device = torch.device("cpu")):
+    def __init__(
+        self,
+        path: str,
+        dtype: str = "float32",
+        micro_batch_size: int = 16,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        device: torch.device = torch.device("cpu"),
+    ):
         """`dtype`: the learner's compute dtype, applied as the learner does (rollout.device.compute:
         float32 weights, bf16 autocast), so at step 0 the reference's logprobs are the policy's;
         `device`: the scoring process's (rollout.device)."""
@@ -40,6 +54,8 @@ class ReferenceModel:
             sl = slice(i, i + self.micro_batch_size)
             inputs = pack(batch.prompt_ids[sl], batch.response_ids[sl], self.pad_id)
             with compute(self.dtype, self.device):
-                logprobs = response_logprobs(self.model, *to_device(inputs, self.device), temperature, self.chunk_tokens)
+                logprobs = response_logprobs(
+                    self.model, *to_device(inputs, self.device), temperature, self.chunk_tokens
+                )
             out += unpad(logprobs.cpu(), inputs[-1])
         return out

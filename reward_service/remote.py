@@ -2,6 +2,7 @@
 
 Wire format: POST {"prompts": [...], "responses": [...], "metadata": [...]} -> {"rewards": [...]}.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,11 @@ class RemoteReward:
             except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
                 reason = getattr(e, "reason", e)
                 timed_out = isinstance(reason, TimeoutError)
-                error = (f"timed out after {self.timeout_s} s (attempt {attempt + 1})" if timed_out
-                         else f"unreachable: {reason}")
+                error = (
+                    f"timed out after {self.timeout_s} s (attempt {attempt + 1})"
+                    if timed_out
+                    else f"unreachable: {reason}"
+                )
                 continue
             scores, error = _parse(raw, len(responses))
             return scores, error, attempt, False  # a garbage reply is an error, not retried
@@ -97,7 +101,10 @@ def _parse(raw: bytes, n: int) -> tuple[list[float | None] | None, str]:
     except (ValueError, KeyError, TypeError):
         return None, f"garbage reply: {raw[:60]!r}"
     if not isinstance(rewards, list) or len(rewards) != n:
-        return None, f"expected {n} rewards, got {len(rewards) if isinstance(rewards, list) else type(rewards).__name__}"
+        return (
+            None,
+            f"expected {n} rewards, got {len(rewards) if isinstance(rewards, list) else type(rewards).__name__}",
+        )
     ok = lambda r: isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)  # noqa: E731
     return [float(r) if ok(r) else None for r in rewards], ""
 
@@ -112,7 +119,10 @@ def serve(score_fn, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPS
                 payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 n = len(payload["responses"])
                 rewards = score_fn(payload["prompts"], payload["responses"], payload.get("metadata") or [{}] * n)
-                body, code = json.dumps({"rewards": [None if r is None or not math.isfinite(r) else r for r in rewards]}), 200
+                body, code = (
+                    json.dumps({"rewards": [None if r is None or not math.isfinite(r) else r for r in rewards]}),
+                    200,
+                )
             except (ValueError, KeyError, TypeError) as e:
                 body, code = json.dumps({"error": f"bad request: {e}"}), 400
             except Exception as e:  # a failing reward must answer, not hang the client

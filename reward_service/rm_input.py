@@ -9,6 +9,7 @@ a reward model and by the scoring service to score with it, so that both feed it
 No EOS is appended beyond what the tokenizer itself adds by default: a sequence classifier reads
 the last token that is not padding, and tokenizers that pad with their EOS would hide it.
 """
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 Each returns a float, or None when the sample cannot be judged (e.g. no reference answer), which
 the service counts as invalid rather than guessing.
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@
 Raw reward: the sources' weighted sum (what eval/* and reward/mean report). The trained reward adds
 the DAPO overlong penalty, then clips and normalises; evaluation never does any of that.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,9 @@ class RewardFunction:
         """`device`, `dtype`: where and in what precision reward models run (the scoring process's)."""
         self.cfg = cfg
         self.names = source_names(cfg)
-        self.sources = {n: build_source(s, cfg.micro_batch_size, device, dtype) for n, s in zip(self.names, cfg.sources)}
+        self.sources = {
+            n: build_source(s, cfg.micro_batch_size, device, dtype) for n, s in zip(self.names, cfg.sources)
+        }
         self.weights = {n: s.weight for n, s in zip(self.names, cfg.sources)}
         # each call's deadline is the source's whole budget (a remote one's retries included)
         self.deadlines = {n: deadline_s(self.sources[n], s) for n, s in zip(self.names, cfg.sources)}
@@ -64,6 +67,7 @@ class RewardFunction:
 class Judged:
     """A batch judged but not yet shaped: each source's run, the combined raw reward, which samples
     are invalid, the reference logprobs, and the overlong penalty (0s when off) shaping adds."""
+
     runs: dict
     total: list[float]
     invalid: list[bool]
@@ -72,8 +76,14 @@ class Judged:
 
 
 class ScoringService(Profiled, Busy):
-    def __init__(self, cfg: RewardConfig, reference_path: str, dtype: str = "float32", threads: int = 0,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+    def __init__(
+        self,
+        cfg: RewardConfig,
+        reference_path: str,
+        dtype: str = "float32",
+        threads: int = 0,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ):
         """`dtype`: the learner's compute dtype (the reference's logprobs then match the policy's);
         `chunk_tokens`: learner.logprob_chunk_tokens. The device is this process's (rollout.device)."""
         if threads:
@@ -81,8 +91,9 @@ class ScoringService(Profiled, Busy):
         self.cfg = cfg
         self.device = process_device()
         self.reward = RewardFunction(cfg, self.device, dtype)
-        self.reference = ReferenceModel(cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size,
-                                        chunk_tokens, self.device)
+        self.reference = ReferenceModel(
+            cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size, chunk_tokens, self.device
+        )
         self.running = RunningMeanStd()
         self._instance = uuid.uuid4().hex  # tells a restarted actor from the one before (ScoringPool)
         self.keep_threads(threads)
@@ -121,8 +132,9 @@ class ScoringService(Profiled, Busy):
         rewards = shape(trained, left_out, self.cfg.clip, self.cfg.normalization, self.running)
         return self._scored(judged.runs, judged.total, judged.invalid, rewards, judged.ref_logprobs)
 
-    def evaluate(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0,
-                 with_reference: bool = True) -> ScoredBatch:
+    def evaluate(
+        self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0, with_reference: bool = True
+    ) -> ScoredBatch:
         """For evaluation, read-only: raw combined rewards (no overlong penalty, no clip, no
         normalisation; 0 where invalid), the normaliser untouched; reference logprobs only when asked for."""
         with self.working():

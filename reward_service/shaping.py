@@ -4,6 +4,7 @@ Normalisation uses the samples that train only; those left out (invalid under re
 stay at 0, masked out of the loss anyway. The running normaliser's state is
 part of the run's checkpoint, so a resumed run normalises exactly as the uninterrupted one would.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,14 @@ def overlong_penalty(lengths: list[int], max_tokens: int, buffer: int, factor: f
     return [0.0 if n <= start else -factor * min(n - start, buffer) / buffer for n in lengths]
 
 
-def shape(rewards: list[float], left_out: list[bool], clip: float, normalization: Normalization,
-          running: RunningMeanStd, eps: float = 1e-8) -> list[float]:
+def shape(
+    rewards: list[float],
+    left_out: list[bool],
+    clip: float,
+    normalization: Normalization,
+    running: RunningMeanStd,
+    eps: float = 1e-8,
+) -> list[float]:
     """Clip to [-clip, clip] (0 = off), then normalise over the samples not `left_out`; those -> 0."""
     out = [min(max(r, -clip), clip) if clip > 0 else r for r in rewards]
     good = [r for r, bad in zip(out, left_out) if not bad]

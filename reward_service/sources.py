@@ -5,6 +5,7 @@ those, and exceptions, so one broken sample or source never stops the run.
 `metadata[i]` carries the data's extra fields for sample i: `answer` (the reference answer) and,
 for reasoning-gym prompts, `entry` (the task's own record).
 """
+
 from __future__ import annotations
 
 import functools
@@ -99,15 +100,25 @@ class RewardModelSource:
     remote callers), or when it is token ids (the policy's vocabulary, not the RM's), the service's
     text `prompts[i]` is used: the prompt ids decoded with special tokens stripped."""
 
-    def __init__(self, cfg: RewardSource, micro_batch_size: int, device: torch.device = torch.device("cpu"),
-                 dtype: str = "float32"):
+    def __init__(
+        self,
+        cfg: RewardSource,
+        micro_batch_size: int,
+        device: torch.device = torch.device("cpu"),
+        dtype: str = "float32",
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.tokenizer.padding_side = "right"
         self.device = device
-        self.model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.model_path, num_labels=1, dtype=getattr(torch, dtype)).eval().to(device)
+        self.model = (
+            AutoModelForSequenceClassification.from_pretrained(
+                cfg.model_path, num_labels=1, dtype=getattr(torch, dtype)
+            )
+            .eval()
+            .to(device)
+        )
         self.model.requires_grad_(False)
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -121,7 +132,7 @@ class RewardModelSource:
         seqs = [rm_input_ids(self.tokenizer, _rm_prompt(p, m), r) for p, r, m in zip(prompts, responses, metadata)]
         out = []
         for i in range(0, len(seqs), self.micro_batch_size):
-            ids, attention = pad_right(seqs[i: i + self.micro_batch_size], self.tokenizer.pad_token_id)
+            ids, attention = pad_right(seqs[i : i + self.micro_batch_size], self.tokenizer.pad_token_id)
             ids, attention = to_device((ids, attention), self.device)
             out += self.model(input_ids=ids, attention_mask=attention).logits[:, 0].float().tolist()
         return [(r - self.mean) / self.std for r in out]
@@ -153,8 +164,9 @@ def deadline_s(source, cfg: RewardSource) -> float:
     return source.deadline_s if isinstance(source, RemoteSource) else cfg.timeout_s
 
 
-def build_source(cfg: RewardSource, micro_batch_size: int = 16, device: torch.device = torch.device("cpu"),
-                 dtype: str = "float32"):
+def build_source(
+    cfg: RewardSource, micro_batch_size: int = 16, device: torch.device = torch.device("cpu"), dtype: str = "float32"
+):
     """`device`, `dtype`: for a reward model (the scoring process's device, the learner's dtype)."""
     kind = cfg.kind
     if kind in (SourceKind.math_answer, SourceKind.exact_match, SourceKind.format, SourceKind.length_penalty):

@@ -1,4 +1,5 @@
 """What reward_service/ returns: the scores of one rollout batch."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,8 +29,14 @@ class ScoredBatch:
     def select(self, rows: list[int]) -> ScoredBatch:
         """The samples `rows`, without the calls' counts (which belong to the whole calls)."""
         pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
-        return ScoredBatch(pick(self.rewards), {k: pick(v) for k, v in self.components.items()}, pick(self.valid),
-                           pick(self.invalid), pick(self.ref_logprobs), raw=pick(self.raw))
+        return ScoredBatch(
+            pick(self.rewards),
+            {k: pick(v) for k, v in self.components.items()},
+            pick(self.valid),
+            pick(self.invalid),
+            pick(self.ref_logprobs),
+            raw=pick(self.raw),
+        )
 
     @staticmethod
     def concat(parts: list[ScoredBatch], calls: list[ScoredBatch] | None = None) -> ScoredBatch:

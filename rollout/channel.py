@@ -4,6 +4,7 @@ the policy version each sync carries. The learner is only the sender it calls, b
 weight_buckets(bucket_mb), sync_address(), init_weight_sync(host, port, world_size, backend,
 timeout_s) -> pending calls, send_weights(buckets, background) -> pending calls.
 """
+
 from __future__ import annotations
 
 import ray
@@ -26,8 +27,10 @@ class WeightChannel:
         self.receiving = []
         host, port = self.sender.sync_address()
         engines = self.pool.init_weight_sync(host, port, self.timeout_s)
-        ray.get(self.sender.init_weight_sync(host, port, self.pool.sync_world_size, self.pool.sync_backend,
-                                             self.timeout_s) + engines)
+        ray.get(
+            self.sender.init_weight_sync(host, port, self.pool.sync_world_size, self.pool.sync_backend, self.timeout_s)
+            + engines
+        )
 
     def push(self, version: int, wait: bool = True) -> None:
         """Send the sender's weights to every engine as policy `version`. wait=False returns once the

@@ -6,6 +6,7 @@ decision comes from the Ray resources the process was given (a GPU when the acto
 with num_gpus > 0; Ray then makes exactly those GPUs visible), never from what happens to be
 installed, so a CPU actor on a GPU node stays on the CPU.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -69,4 +70,6 @@ def malloc_env(keep_freed_memory: bool, gpu: bool, threaded: bool = False) -> di
     processes keep glibc's default."""
     if not keep_freed_memory or gpu:
         return {}
-    return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**46)} | ({"MALLOC_ARENA_MAX": "1"} if threaded else {})
+    return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**46)} | (
+        {"MALLOC_ARENA_MAX": "1"} if threaded else {}
+    )

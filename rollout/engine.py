@@ -1,4 +1,5 @@
 """Building a vLLM engine and its sampling parameters from the rollout config section."""
+
 from __future__ import annotations
 
 import logging
@@ -35,12 +36,18 @@ def cpu_bind(tp: int) -> str:
     if len(cores) < tp:
         raise ValueError(f"rollout.tensor_parallel_size: {tp} CPU workers need at least {tp} cores, have {len(cores)}")
     share = len(cores) // tp
-    parts = [cores[i * share: (i + 1) * share] for i in range(tp)]
+    parts = [cores[i * share : (i + 1) * share] for i in range(tp)]
     return "|".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else str(p[0]) for p in parts)
 
 
-def make_engine(cfg: RolloutConfig, model_path: str, seed: int, device: torch.device, sleep_mode: bool = False,
-                step_samples: int = 0):
+def make_engine(
+    cfg: RolloutConfig,
+    model_path: str,
+    seed: int,
+    device: torch.device,
+    sleep_mode: bool = False,
+    step_samples: int = 0,
+):
     """`device`: the worker's (rollout.device.process_device); sleep mode needs a GPU. `step_samples`:
     this worker's share of a step's samples (RolloutPool), decoded in one wave on CPU."""
     from vllm import LLM  # imported late: the environment above must be in place first

@@ -5,6 +5,7 @@ The model's tokens are kept exactly as the engine sampled them (never decoded an
 their behaviour logprobs; observation tokens come from the chat template alone and are marked 0 in
 the action mask, so the learner gives them no gradient and no KL.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,41 +56,67 @@ def continuation_ids(tokenizer, messages: list[dict], last_token: int | None) ->
     where it is the special token the template closes the turn with, it is not written twice."""
     before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL}]
     rendered = tokenizer.apply_chat_template(before + messages, tokenize=False, add_generation_prompt=True)
-    tail = rendered[rendered.rindex(SENTINEL) + len(SENTINEL):]
+    tail = rendered[rendered.rindex(SENTINEL) + len(SENTINEL) :]
     if last_token is not None and last_token in tokenizer.all_special_ids:
         tail = tail.removeprefix(tokenizer.convert_ids_to_tokens(last_token))
     return tokenizer.encode(tail, add_special_tokens=False)
 
 
-def start_episodes(factory: Callable[[], Any], prompts: list[Prompt], tasks: list[dict], first_index: int,
-                   samples: int, seed_of: Callable[[int], int], env_seed_of: Callable[[int, int], int], tokenizer,
-                   cfg: RolloutConfig, timeout_s: float):
+def start_episodes(
+    factory: Callable[[], Any],
+    prompts: list[Prompt],
+    tasks: list[dict],
+    first_index: int,
+    samples: int,
+    seed_of: Callable[[int], int],
+    env_seed_of: Callable[[int, int], int],
+    tokenizer,
+    cfg: RolloutConfig,
+    timeout_s: float,
+):
     """`samples` episodes per prompt, each with its own environment reset on the prompt's task and on
     env_seed_of(prompt index, sample) (seed_of: a prompt's sampling seed). A prompt whose reset fails
     (raises, hangs) or whose first prompt cannot be used is skipped, with the reason, as an unusable
     data prompt is. Returns (episodes, skipped)."""
     envs = [factory() for _ in range(len(prompts) * samples)]
-    calls = [(env.reset, ({"prompt": prompts[i // samples], **tasks[i // samples]},
-                          env_seed_of(first_index + i // samples, i % samples))) for i, env in enumerate(envs)]
+    calls = [
+        (
+            env.reset,
+            (
+                {"prompt": prompts[i // samples], **tasks[i // samples]},
+                env_seed_of(first_index + i // samples, i % samples),
+            ),
+        )
+        for i, env in enumerate(envs)
+    ]
     outcomes = call_all(calls, timeout_s)
     episodes, skipped = [], []
     for offset, prompt in enumerate(prompts):
-        index, mine = first_index + offset, outcomes[offset * samples: (offset + 1) * samples]
+        index, mine = first_index + offset, outcomes[offset * samples : (offset + 1) * samples]
         failed = next((f"environment reset: {failure}: {value}" for failure, value in mine if failure), "")
-        encoded = [] if failed else [encode_prompt(tokenizer, prompt if first is None else first, cfg.max_prompt_tokens,
-                                                   cfg.prompt_overflow) for _, first in mine]
+        encoded = (
+            []
+            if failed
+            else [
+                encode_prompt(tokenizer, prompt if first is None else first, cfg.max_prompt_tokens, cfg.prompt_overflow)
+                for _, first in mine
+            ]
+        )
         reason = failed or next((why for ids, why in encoded if ids is None), "")
         if reason:
             log.warning("rollout: skipping prompt %d: %s", index, reason)
             skipped.append((index, reason))
             continue
-        episodes += [Episode(index, ids, envs[offset * samples + k], seed_of(index) + k * 100_003)
-                     for k, (ids, _) in enumerate(encoded)]
+        episodes += [
+            Episode(index, ids, envs[offset * samples + k], seed_of(index) + k * 100_003)
+            for k, (ids, _) in enumerate(encoded)
+        ]
     return episodes, skipped
 
 
-def play(llm, tokenizer, episodes: list[Episode], sampling: SamplingConfig, greedy: bool, env: EnvConfig,
-         max_tokens: int) -> None:
+def play(
+    llm, tokenizer, episodes: list[Episode], sampling: SamplingConfig, greedy: bool, env: EnvConfig, max_tokens: int
+) -> None:
     """Up to env.max_turns turns of every episode: all live episodes' turns in one engine call, then
     all their environment steps at once under the step deadline."""
     one = dataclasses.replace(sampling, n_samples_per_prompt=1)
@@ -97,8 +124,15 @@ def play(llm, tokenizer, episodes: list[Episode], sampling: SamplingConfig, gree
         live = [e for e in episodes if not e.done]
         if not live:
             break
-        params = [sampling_params(one, (e.seed + turn * 7_919) % (2**31 - 1), greedy,
-                                  min(sampling.max_new_tokens, max_tokens - len(e.ids))) for e in live]
+        params = [
+            sampling_params(
+                one,
+                (e.seed + turn * 7_919) % (2**31 - 1),
+                greedy,
+                min(sampling.max_new_tokens, max_tokens - len(e.ids)),
+            )
+            for e in live
+        ]
         outputs = llm.generate([{"prompt_token_ids": e.prompt_ids + e.ids} for e in live], params, use_tqdm=False)
         actions = [take_turn(e, out.outputs[0], tokenizer, max_tokens) for e, out in zip(live, outputs)]
         outcomes = call_all([(e.env.step, (a,)) for e, a in zip(live, actions)], env.step_timeout_s)

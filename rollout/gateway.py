@@ -17,6 +17,7 @@ The endpoint's state (open episodes, finished ones not yet trained) lives in thi
 not checkpointed: a resumed run starts with none, and a reward an agent posts for an episode of the
 run before (or any unknown id) is answered 404 and counted (endpoint/unknown_rewards).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Sample:
     """One conversation of an episode as token ids: prompt, then model and message tokens."""
+
     prompt_ids: list[int]
     messages: list[dict]  # the conversation so far, the model's replies included
     ids: list[int] = field(default_factory=list)
@@ -54,6 +56,7 @@ class Sample:
 class Call:
     """One chat call in flight: its sample, the token ids the engine continues, and what the
     sample was before it (to undo a call the engine failed)."""
+
     sample: Sample
     ids: list[int]
     kept_ids: int  # the sample's tokens before this call's message tokens
@@ -64,18 +67,26 @@ class Call:
 class Recorder:
     """Episodes by id, their samples, and the finished ones waiting for an update. Thread-safe."""
 
-    def __init__(self, tokenizer, max_prompt_tokens: int, max_model_len: int, idle_timeout_s: float = 3600.0,
-                 max_staleness: int = 1):
+    def __init__(
+        self,
+        tokenizer,
+        max_prompt_tokens: int,
+        max_model_len: int,
+        idle_timeout_s: float = 3600.0,
+        max_staleness: int = 1,
+    ):
         self.tokenizer, self.max_prompt_tokens, self.max_model_len = tokenizer, max_prompt_tokens, max_model_len
         self.idle_timeout_s, self.max_staleness = idle_timeout_s, max_staleness
         self.episodes: dict[str, list[Sample]] = {}
         self.last_call: dict[str, float] = {}
         self.failed: set[str] = set()  # open episodes with a call the engine failed: they cannot be judged
         self.finished: deque[tuple[list[Sample], float, bool]] = deque()  # (samples, reward, failed)
-        self.counts = {"endpoint/abandoned_episodes": 0.0,  # dropped after idle_timeout_s without a reward
-                       "endpoint/failed_episodes": 0.0,  # had a failed engine call: trained as could-not-judge
-                       "endpoint/dropped_stale": 0.0,  # samples older than rollout.endpoint.max_staleness
-                       "endpoint/unknown_rewards": 0.0}  # rewards for no open episode (404; e.g. after a resume)
+        self.counts = {
+            "endpoint/abandoned_episodes": 0.0,  # dropped after idle_timeout_s without a reward
+            "endpoint/failed_episodes": 0.0,  # had a failed engine call: trained as could-not-judge
+            "endpoint/dropped_stale": 0.0,  # samples older than rollout.endpoint.max_staleness
+            "endpoint/unknown_rewards": 0.0,
+        }  # rewards for no open episode (404; e.g. after a resume)
         self.lock = threading.Condition()
 
     @property
@@ -95,8 +106,10 @@ class Recorder:
                 delta = continuation_ids(self.tokenizer, messages[n:], last.ids[-1] if last.ids else None)
                 need = len(last.prompt_ids) + len(last.ids) + len(delta) + max_new_tokens
                 if need > self.max_model_len:
-                    raise ValueError(f"the conversation has {need - max_new_tokens} tokens + max_tokens "
-                                     f"{max_new_tokens} > rollout.max_model_len {self.max_model_len}")
+                    raise ValueError(
+                        f"the conversation has {need - max_new_tokens} tokens + max_tokens "
+                        f"{max_new_tokens} > rollout.max_model_len {self.max_model_len}"
+                    )
                 call = Call(last, [], len(last.ids), last.messages, False)
                 last.ids += delta
                 last.action_mask += [0] * len(delta)
@@ -106,8 +119,9 @@ class Recorder:
                 return call
             ids = encode_chat(self.tokenizer, messages)
             if len(ids) > self.max_prompt_tokens:
-                raise ValueError(f"the messages have {len(ids)} tokens > rollout.max_prompt_tokens "
-                                 f"{self.max_prompt_tokens}")
+                raise ValueError(
+                    f"the messages have {len(ids)} tokens > rollout.max_prompt_tokens {self.max_prompt_tokens}"
+                )
             sample = Sample(ids, list(messages))
             samples.append(sample)
             return Call(sample, ids, 0, [], True)
@@ -117,7 +131,7 @@ class Recorder:
         cannot be trusted: the agent saw an error, not the model's answer)."""
         with self.lock:
             s = call.sample
-            del s.ids[call.kept_ids:], s.action_mask[call.kept_ids:], s.logprobs[call.kept_ids:]
+            del s.ids[call.kept_ids :], s.action_mask[call.kept_ids :], s.logprobs[call.kept_ids :]
             s.messages = call.kept_messages
             samples = self.episodes.get(episode)
             if samples is not None:
@@ -125,8 +139,9 @@ class Recorder:
                     samples.remove(s)
                 self.failed.add(episode)
 
-    def record(self, episode: str, call: Call, tokens: list[int], logprobs: list[float], text: str, finish: str,
-               version: int) -> None:
+    def record(
+        self, episode: str, call: Call, tokens: list[int], logprobs: list[float], text: str, finish: str, version: int
+    ) -> None:
         """The engine's answer to `call`; dropped if the episode ended (its reward came) meanwhile."""
         with self.lock:
             sample = call.sample
@@ -148,8 +163,9 @@ class Recorder:
             self.last_call.pop(episode)
             self.failed.discard(episode)
             self.counts["endpoint/abandoned_episodes"] += 1
-            log.warning("endpoint: episode %r had no call and no reward for %.0f s; dropped", episode,
-                        self.idle_timeout_s)
+            log.warning(
+                "endpoint: episode %r had no call and no reward for %.0f s; dropped", episode, self.idle_timeout_s
+            )
 
     def finish(self, episode: str, reward: float) -> int | None:
         """End the episode with its reward; returns its samples (None: no such episode)."""
@@ -179,9 +195,11 @@ class Recorder:
                 if not self.finished and not self.lock.wait(timeout=max(0.0, deadline - time.monotonic())):
                     stale = self.counts["endpoint/dropped_stale"]
                     self.finished.extendleft(([s], r, f) for s, r, f in reversed(taken))  # kept, in order, for a retry
-                    raise TimeoutError(f"{len(taken)} of {n} samples from finished episodes within {timeout_s} s "
-                                       f"(rollout.endpoint.wait_timeout_s; {stale:.0f} stale samples dropped so far, "
-                                       "rollout.endpoint.max_staleness): is the agent program running?")
+                    raise TimeoutError(
+                        f"{len(taken)} of {n} samples from finished episodes within {timeout_s} s "
+                        f"(rollout.endpoint.wait_timeout_s; {stale:.0f} stale samples dropped so far, "
+                        "rollout.endpoint.max_staleness): is the agent program running?"
+                    )
                 if not self.finished:
                     continue
                 samples, reward, failed = self.finished.popleft()
@@ -239,7 +257,8 @@ class Batcher:
         worker = self.workers[next(self.turn) % len(self.workers)]
         try:
             outs, version = await asyncio.wrap_future(
-                worker.complete.remote([p for p, _, _ in batch], [s for _, s, _ in batch]).future())
+                worker.complete.remote([p for p, _, _ in batch], [s for _, s, _ in batch]).future()
+            )
         except Exception as e:  # noqa: BLE001 - every caller gets the engine's error
             for _, _, future in batch:
                 future.set_exception(e)
@@ -250,8 +269,12 @@ class Batcher:
 
 # OpenAI fields that would change the sampled distribution; the learner trains under the config's
 # (its logprobs, the ratio, the gap metric), so a call may not change it: (field, config value, off value)
-DISTRIBUTION_FIELDS = (("temperature", lambda s: s.temperature), ("top_p", lambda s: s.top_p),
-                       ("frequency_penalty", lambda s: 0.0), ("presence_penalty", lambda s: 0.0))
+DISTRIBUTION_FIELDS = (
+    ("temperature", lambda s: s.temperature),
+    ("top_p", lambda s: s.top_p),
+    ("frequency_penalty", lambda s: 0.0),
+    ("presence_penalty", lambda s: 0.0),
+)
 
 
 def distribution_change(body: dict, sampling: SamplingConfig) -> str:
@@ -265,8 +288,10 @@ def distribution_change(body: dict, sampling: SamplingConfig) -> str:
         except (TypeError, ValueError):
             return f"{key}: expected a number, got {value!r}"
         if differs:
-            return (f"{key}: {value} is refused: relay samples at the configured {configured(sampling)} "
-                    f"(rollout.sampling), the distribution the learner trains under; omit it or send that value")
+            return (
+                f"{key}: {value} is refused: relay samples at the configured {configured(sampling)} "
+                f"(rollout.sampling), the distribution the learner trains under; omit it or send that value"
+            )
     if body.get("logit_bias"):
         return "logit_bias: refused: relay samples rollout.sampling's distribution, the one the learner trains under"
     return ""
@@ -286,20 +311,37 @@ def call_params(body: dict, sampling: SamplingConfig) -> SamplingConfig:
     if refused:
         raise ValueError(refused)
     asked = int(body.get("max_tokens") or body.get("max_completion_tokens") or sampling.max_new_tokens)
-    return replace(sampling, n_samples_per_prompt=1, stop=list(body.get("stop") or []),
-                   max_new_tokens=min(asked, sampling.max_new_tokens),
-                   seed=int(body.get("seed", uuid.uuid4().int % 2**31)))
+    return replace(
+        sampling,
+        n_samples_per_prompt=1,
+        stop=list(body.get("stop") or []),
+        max_new_tokens=min(asked, sampling.max_new_tokens),
+        seed=int(body.get("seed", uuid.uuid4().int % 2**31)),
+    )
 
 
-def completion(model_name: str, episode: str, ids: list[int], tokens: list[int], logprobs: list[float], text: str,
-               finish: str, version: int) -> dict:
+def completion(
+    model_name: str,
+    episode: str,
+    ids: list[int],
+    tokens: list[int],
+    logprobs: list[float],
+    text: str,
+    finish: str,
+    version: int,
+) -> dict:
     """The OpenAI chat.completion answer, with relay's token ids, logprobs and policy version beside it."""
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model_name, "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                              "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
-                      "total_tokens": len(ids) + len(tokens)},
-            "relay": {"episode": episode, "token_ids": tokens, "logprobs": logprobs, "policy_version": version}}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
+        ],
+        "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens), "total_tokens": len(ids) + len(tokens)},
+        "relay": {"episode": episode, "token_ids": tokens, "logprobs": logprobs, "policy_version": version},
+    }
 
 
 def build_app(recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, model_name: str):
@@ -318,8 +360,11 @@ def build_app(recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, mo
         except Exception as e:  # noqa: BLE001 - an engine failure: the episode cannot be judged; the run goes on
             await asyncio.to_thread(recorder.fail, episode, call)
             log.warning("endpoint: an engine call of episode %r failed: %s", episode, e)
-            raise HTTPException(503, f"the engine failed this call ({type(e).__name__}); episode {episode!r} "
-                                     "is marked failed and will not train as a score") from None
+            raise HTTPException(
+                503,
+                f"the engine failed this call ({type(e).__name__}); episode {episode!r} "
+                "is marked failed and will not train as a score",
+            ) from None
         await asyncio.to_thread(recorder.record, episode, call, tokens, logprobs, text, finish, version)
         return completion(model_name, episode, call.ids, tokens, logprobs, text, finish, version)
 
@@ -352,13 +397,25 @@ class Gateway:
     """The endpoint in its own Ray actor: an HTTP server on a thread, the engines behind it.
     Create with `ray.remote(Gateway).remote(workers, model_path, cfg, sampling, max_prompt_tokens, max_model_len)`."""
 
-    def __init__(self, workers: list, model_path: str, cfg: EndpointConfig, sampling: SamplingConfig,
-                 max_prompt_tokens: int, max_model_len: int):
+    def __init__(
+        self,
+        workers: list,
+        model_path: str,
+        cfg: EndpointConfig,
+        sampling: SamplingConfig,
+        max_prompt_tokens: int,
+        max_model_len: int,
+    ):
         import uvicorn
         from transformers import AutoTokenizer
 
-        self.recorder = Recorder(AutoTokenizer.from_pretrained(model_path), max_prompt_tokens, max_model_len,
-                                 cfg.idle_timeout_s, cfg.max_staleness)
+        self.recorder = Recorder(
+            AutoTokenizer.from_pretrained(model_path),
+            max_prompt_tokens,
+            max_model_len,
+            cfg.idle_timeout_s,
+            cfg.max_staleness,
+        )
         app = build_app(self.recorder, Batcher(workers, cfg.batch_wait_ms / 1e3), sampling, "relay-policy")
         self.server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
         thread = threading.Thread(target=self.server.run, daemon=True, name="relay-gateway")

@@ -8,6 +8,7 @@ only after a random probe loaded through `load_weights` was found there verbatim
 GPT-2's Conv1D weights are); a tensor the loader transforms otherwise (a tensor-parallel shard, a
 tied head it skips) keeps going through it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -27,8 +28,9 @@ class Route:
     transposed: bool = False  # the engine stores it transposed (GPT-2's Conv1D weights)
 
 
-def candidate_routes(metas: list[TensorMeta], param_shapes: dict[str, tuple[int, ...]],
-                     packed: dict[str, list[str]]) -> dict[str, Route]:
+def candidate_routes(
+    metas: list[TensorMeta], param_shapes: dict[str, tuple[int, ...]], packed: dict[str, list[str]]
+) -> dict[str, Route]:
     """Where each tensor would land if loading were a plain copy: the parameter of the same name (or
     its first rows, if the engine padded it; or its transpose), or its rows inside a fused parameter
     whose shards are stacked in the order `packed` lists them (vLLM's `packed_modules_mapping`,
@@ -50,7 +52,7 @@ def candidate_routes(metas: list[TensorMeta], param_shapes: dict[str, tuple[int,
         for fused, shards in packed.items():
             if shard not in shards or not m.shape:
                 continue
-            before = [shapes.get(f"{parent}.{s}.{leaf}") for s in shards[:shards.index(shard)]]
+            before = [shapes.get(f"{parent}.{s}.{leaf}") for s in shards[: shards.index(shard)]]
             target = f"{parent}.{fused}.{leaf}"
             fused_shape = param_shapes.get(target)
             if None in before or fused_shape is None or fused_shape[1:] != m.shape[1:]:
@@ -62,8 +64,14 @@ def candidate_routes(metas: list[TensorMeta], param_shapes: dict[str, tuple[int,
     return routes
 
 
-def verified_routes(candidates: dict[str, Route], metas: list[TensorMeta], params: dict[str, torch.Tensor],
-                    load: Callable[[Weights], object], device: str, chunk_bytes: int = 64 << 20) -> dict[str, Route]:
+def verified_routes(
+    candidates: dict[str, Route],
+    metas: list[TensorMeta],
+    params: dict[str, torch.Tensor],
+    load: Callable[[Weights], object],
+    device: str,
+    chunk_bytes: int = 64 << 20,
+) -> dict[str, Route]:
     """The candidates where a random probe, loaded by `load` (the engine's load_weights), lands
     verbatim; a square matrix may turn out to land transposed instead. Probes go in chunks of
     chunk_bytes, the most extra memory this takes. They overwrite the weights: call this just
@@ -71,8 +79,11 @@ def verified_routes(candidates: dict[str, Route], metas: list[TensorMeta], param
     g = torch.Generator(device=device).manual_seed(0)
     verified = {}
     for bucket in plan_buckets(metas, chunk_bytes):
-        probes = [(m.name, torch.randn(m.shape, generator=g, dtype=m.torch_dtype, device=device))
-                  for m in bucket if m.name in candidates]
+        probes = [
+            (m.name, torch.randn(m.shape, generator=g, dtype=m.torch_dtype, device=device))
+            for m in bucket
+            if m.name in candidates
+        ]
         load(iter(probes))
         for name, probe in probes:
             route = candidates[name]
@@ -91,12 +102,16 @@ def tied_twins(routes: dict[str, Route], names: set[str], module: torch.nn.Modul
     through it too: with the twin copied directly, it must not reach the loader at all."""
     canonical = {id(p): n for n, p in module.named_parameters()}
     routed = {r.param for r in routes.values()}
-    return frozenset(n for n, p in module.named_parameters(remove_duplicate=False)
-                     if n in names and canonical[id(p)] != n and canonical[id(p)] in routed)
+    return frozenset(
+        n
+        for n, p in module.named_parameters(remove_duplicate=False)
+        if n in names and canonical[id(p)] != n and canonical[id(p)] in routed
+    )
 
 
-def copy_routed(weights: Weights, routes: dict[str, Route], params: dict[str, torch.Tensor],
-                twins: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+def copy_routed(
+    weights: Weights, routes: dict[str, Route], params: dict[str, torch.Tensor], twins: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Copy every routed tensor into place as it arrives, drop tied twins, and yield the others for
     the engine's loader. Copies happen before the next tensor is drawn, so received buffers may be
     reused after."""
@@ -114,17 +129,22 @@ class Copy:
     """One copy out of a received bucket: as many values as `dst` holds, from `start` of the bucket's
     flat buffer, into `dst`, a view of an engine parameter (they arrive as its transpose if
     `transposed`)."""
+
     dst: torch.Tensor
     start: int
     transposed: bool
 
     def run(self, flat: torch.Tensor) -> None:
-        src = flat[self.start: self.start + self.dst.numel()]
+        src = flat[self.start : self.start + self.dst.numel()]
         self.dst.copy_(src.view(self.dst.shape[::-1]).t() if self.transposed else src.view(self.dst.shape))
 
 
-def bucket_copies(buckets: list[list[TensorMeta]], routes: dict[str, Route], params: dict[str, torch.Tensor],
-                  twins: frozenset[str] = frozenset()) -> list[list[Copy]]:
+def bucket_copies(
+    buckets: list[list[TensorMeta]],
+    routes: dict[str, Route],
+    params: dict[str, torch.Tensor],
+    twins: frozenset[str] = frozenset(),
+) -> list[list[Copy]]:
     """The copies that load each bucket, every tensor of which is routed or a tied twin (skipped):
     the per-sync loop with its views made once, and consecutive rows of one parameter merged into
     one copy (q, k and v into qkv_proj, as they arrive). 0.3 ms less of a 1M sync than a lookup and

@@ -13,6 +13,7 @@ is what torch.utils.checkpoint per chunk would do, minus its cost: there each ch
 backward materialises a zero-filled full-size gradient that autograd then adds up (n_chunks full
 (B, T, V) passes and two full gradients alive at once); here there is one, written in place.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -61,8 +62,9 @@ def _chunk_logprobs(logits: Tensor, labels: Tensor, temperature: float, with_ent
     return label_logp, -logp.exp().mul_(logp).sum(-1), lse
 
 
-def _chunk_grad(logits: Tensor, labels: Tensor, temperature: float, g_logp: Tensor | None,
-                g_ent: Tensor | None, lse: Tensor) -> Tensor:
+def _chunk_grad(
+    logits: Tensor, labels: Tensor, temperature: float, g_logp: Tensor | None, g_ent: Tensor | None, lse: Tensor
+) -> Tensor:
     """d loss / d logits of one chunk, recomputed from the chunk (float32 (b, t, V)); `lse` is the
     forward's logsumexp. d log p(y) / dx = onehot(y) - p and, through log_softmax,
     d H / dx = -p (log p + H), with x = logits / temperature. Without an entropy gradient (the
@@ -115,34 +117,46 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad = torch.empty_like(logits)  # the one full-size gradient, in the logits' dtype
         B, T = labels.shape
         for rows, pos in chunk_spans(B, T, ctx.chunk_tokens):
-            grad[rows, pos] = _chunk_grad(logits[rows, pos], labels[rows, pos], ctx.temperature,
-                                          None if g_logp is None else g_logp[rows, pos],
-                                          None if g_ent is None else g_ent[rows, pos], lse[rows, pos])
+            grad[rows, pos] = _chunk_grad(
+                logits[rows, pos],
+                labels[rows, pos],
+                ctx.temperature,
+                None if g_logp is None else g_logp[rows, pos],
+                None if g_ent is None else g_ent[rows, pos],
+                lse[rows, pos],
+            )
         return grad, None, None, None, None, None
 
 
-def chunked_logprobs_entropy(logits: Tensor, labels: Tensor, temperature: float = 1.0,
-                             chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                             entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+def chunked_logprobs_entropy(
+    logits: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor]:
     """(log p(label), entropy) per position, float32 (B, T), of softmax(logits / temperature).
 
     logits (B, T, V) in any dtype, labels (B, T). Differentiable w.r.t. logits through the
     logprobs; through the entropy only with entropy_grad (else it has no grad_fn: a metric).
     Padding positions get values like any other: mask them where they are used."""
-    logprobs, entropy = _ChunkedLogprobs.apply(logits, labels, float(temperature), int(chunk_tokens), True,
-                                               entropy_grad)
+    logprobs, entropy = _ChunkedLogprobs.apply(
+        logits, labels, float(temperature), int(chunk_tokens), True, entropy_grad
+    )
     return logprobs, entropy
 
 
-def chunked_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0,
-                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Tensor:
+def chunked_logprobs(
+    logits: Tensor, labels: Tensor, temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> Tensor:
     """log p(label) per position, float32 (B, T), of softmax(logits / temperature); differentiable."""
     return _ChunkedLogprobs.apply(logits, labels, float(temperature), int(chunk_tokens), False, False)[0]
 
 
 @torch.no_grad()
-def map_chunks(fn, logits: Tensor, labels: Tensor, temperature: float = 1.0,
-               chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Tensor:
+def map_chunks(
+    fn, logits: Tensor, labels: Tensor, temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> Tensor:
     """fn(float32 logits / temperature (b, t, V), labels (b, t)) -> (b, t), chunk by chunk, no grad:
     for per-token quantities with their own math (e.g. top-k/top-p filtered logprobs)."""
     B, T = labels.shape

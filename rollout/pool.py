@@ -1,4 +1,5 @@
 """RolloutPool: N RolloutWorker actors behind one generate() call; scaling is a config number."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,18 +36,37 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def worker_options(num_cpus: float, num_gpus: float, max_restarts: int, env: dict[str, str],
-                   resources: dict[str, float] | None = None) -> dict:
+def worker_options(
+    num_cpus: float, num_gpus: float, max_restarts: int, env: dict[str, str], resources: dict[str, float] | None = None
+) -> dict:
     """Ray options of one rollout worker. `resources`: custom Ray resources it requires (placement knobs)."""
-    return dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts, runtime_env={"env_vars": env},
-                resources=dict(resources or {}), name=None)
+    return dict(
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        max_restarts=max_restarts,
+        runtime_env={"env_vars": env},
+        resources=dict(resources or {}),
+        name=None,
+    )
 
 
 class RolloutPool:
-    def __init__(self, cfg: RolloutConfig, model_path: str, num_workers: int, seed: int,
-                 num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 0,
-                 sleep_mode: bool = False, scheduling: list | None = None, resources: dict[str, float] | None = None,
-                 step_samples: int = 0, keep_freed_memory: bool = False, env: EnvConfig | None = None):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        num_workers: int,
+        seed: int,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        max_restarts: int = 0,
+        sleep_mode: bool = False,
+        scheduling: list | None = None,
+        resources: dict[str, float] | None = None,
+        step_samples: int = 0,
+        keep_freed_memory: bool = False,
+        env: EnvConfig | None = None,
+    ):
         """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles);
         `resources`: custom Ray resources each worker requires (e.g. {"rollout_node": 1});
         `step_samples`: samples of one training step (sizes the engines' batch, rollout.engine.engine_batch);
@@ -54,13 +74,17 @@ class RolloutPool:
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
-        env_vars = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(keep_freed_memory, num_gpus > 0, threaded=True)
+        env_vars = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(
+            keep_freed_memory, num_gpus > 0, threaded=True
+        )
         self.workers = []
         for i in range(num_workers):
             options = worker_options(num_cpus, num_gpus, max_restarts, env_vars, resources)
             if scheduling:
                 options["scheduling_strategy"] = scheduling[i]
-            actor = ray.remote(concurrency_groups={"stats": 1})(RolloutWorker).options(**options)  # busy_seconds answers mid-generate
+            actor = ray.remote(concurrency_groups={"stats": 1})(RolloutWorker).options(
+                **options
+            )  # busy_seconds answers mid-generate
             share = -(-step_samples // num_workers)
             self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode, share, env))
         ray.get([w.ready.remote() for w in self.workers])
@@ -71,20 +95,36 @@ class RolloutPool:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def generate(self, prompts: list[Prompt], step: int, greedy: bool = False, sampling: SamplingConfig | None = None,
-                 tasks: list[dict] | None = None, draw: int = 0) -> RolloutBatch:
+    def generate(
+        self,
+        prompts: list[Prompt],
+        step: int,
+        greedy: bool = False,
+        sampling: SamplingConfig | None = None,
+        tasks: list[dict] | None = None,
+        draw: int = 0,
+    ) -> RolloutBatch:
         """Shard prompts contiguously over the workers, launch all, gather once, in prompt order."""
         return self.collect(self.submit(prompts, step, greedy, sampling, tasks, draw))
 
-    def submit(self, prompts: list[Prompt], step: int, greedy: bool = False, sampling: SamplingConfig | None = None,
-               tasks: list[dict] | None = None, draw: int = 0) -> list:
+    def submit(
+        self,
+        prompts: list[Prompt],
+        step: int,
+        greedy: bool = False,
+        sampling: SamplingConfig | None = None,
+        tasks: list[dict] | None = None,
+        draw: int = 0,
+    ) -> list:
         """Launch generate() and return its pending shards (for collect). Each engine runs its calls
         in order, so weights sent after this reach it after these samples: asynchronous training
         queues generation ahead this way. `tasks`: each prompt's answer and metadata, for episodes;
         (step, draw, prompt index) seeds each request (rollout.seeds.request_seed)."""
         shards = [(w, s, e) for w, (s, e) in zip(self.workers, split_evenly(len(prompts), len(self.workers))) if e > s]
-        return [w.generate.remote(prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None,
-                                  draw) for w, s, e in shards]
+        return [
+            w.generate.remote(prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None, draw)
+            for w, s, e in shards
+        ]
 
     @staticmethod
     def collect(pending: list) -> RolloutBatch:
@@ -104,8 +144,10 @@ class RolloutPool:
         the sender's store (learner rank 0's node IP and a port free there). Returns the
         futures to wait on after the sender has joined."""
         world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
-        return [w.init_weight_sync.remote(host, port, r, world, self.sync_backend, timeout_s)
-                for w, r in zip(self.workers, first)]
+        return [
+            w.init_weight_sync.remote(host, port, r, world, self.sync_backend, timeout_s)
+            for w, r in zip(self.workers, first)
+        ]
 
     def receive_weights(self, buckets: list[list[TensorMeta]], version: int | None = None) -> list:
         """Start every worker's receive of policy `version`; the sender broadcasts while these are pending."""
@@ -118,8 +160,10 @@ class RolloutPool:
         sender then does it once, in the time it waits for the engines anyway). The engines learn
         their layout on the first sync, so call this after one; all hold the same model."""
         routes = ray.get(self.workers[0].weight_routes.remote())
-        return [[dataclasses.replace(m, transposed=m.name in routes and routes[m.name][2]) for m in bucket]
-                for bucket in buckets]
+        return [
+            [dataclasses.replace(m, transposed=m.name in routes and routes[m.name][2]) for m in bucket]
+            for bucket in buckets
+        ]
 
     def load_weights(self, named_tensors) -> list[int]:
         ref = ray.put(named_tensors)  # one copy in the object store, read by every worker

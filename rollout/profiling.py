@@ -4,6 +4,7 @@ on a CPU spends most of its step in). The trainer switches every role on for one
 (logging.profile_step, `relay train --profile`); each writes its trace where it runs and returns
 its tables to the driver, which writes runs/<name>/profile/.
 """
+
 from __future__ import annotations
 
 import cProfile

@@ -1,4 +1,5 @@
 """Turn a prompt from the data into token ids, or say precisely why it cannot be used."""
+
 from __future__ import annotations
 
 from rollout.config import PromptOverflow
@@ -10,14 +11,20 @@ class PromptError(ValueError):
 
 def is_chat(prompt) -> bool:
     """A non-empty list of chat messages (dicts with a string 'content')."""
-    return isinstance(prompt, list) and bool(prompt) and all(
-        isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt)
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt)
+    )
 
 
 def is_token_ids(prompt) -> bool:
     """A non-empty list of non-negative ints (bools are not token ids)."""
-    return isinstance(prompt, list) and bool(prompt) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    )
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
@@ -73,7 +80,7 @@ def encode_prompt(tokenizer, prompt, max_tokens: int, overflow: PromptOverflow) 
     if len(ids) > max_tokens:
         if overflow == PromptOverflow.truncate_left:  # the question's end stays, and so does a leading BOS
             keep = 1 if ids[0] == tokenizer.bos_token_id and max_tokens > 1 else 0
-            return ids[:keep] + ids[len(ids) - max_tokens + keep:], ""
+            return ids[:keep] + ids[len(ids) - max_tokens + keep :], ""
         if overflow == PromptOverflow.skip:
             return None, f"prompt has {len(ids)} tokens > max_prompt_tokens {max_tokens}"
         raise PromptError(f"prompt has {len(ids)} tokens > max_prompt_tokens {max_tokens} (prompt_overflow: error)")

@@ -6,6 +6,7 @@ index, ...) pick its element.
 A hash, not an affine mix: with `base * A + step * B + index`, two run seeds gave the same numbers
 for the same (step, index) whenever one term was fixed, and neighbouring seeds and keys overlapped.
 """
+
 from __future__ import annotations
 
 import hashlib

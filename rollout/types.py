@@ -1,4 +1,5 @@
 """What rollout/ returns: one generated batch. Ragged lists on the wire, padded tensors on demand."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,8 +31,12 @@ class RolloutBatch:
     version_first: list[int] = field(default_factory=list)  # (B,)
     version_last: list[int] = field(default_factory=list)  # (B,)
     # multi-turn episodes (rollout/episodes.py); empty for single-turn samples
-    action_mask: list[list[int]] = field(default_factory=list)  # (B, ragged) 1 = a model token, 0 = an observation token
-    env_return: list[float | None] = field(default_factory=list)  # (B,) the environment's rewards summed; None: it failed
+    action_mask: list[list[int]] = field(
+        default_factory=list
+    )  # (B, ragged) 1 = a model token, 0 = an observation token
+    env_return: list[float | None] = field(
+        default_factory=list
+    )  # (B,) the environment's rewards summed; None: it failed
     turns: list[int] = field(default_factory=list)  # (B,) model turns played
     env_failure: list[str] = field(default_factory=list)  # (B,) "", "timeout" or "error"
     clipped_turns: list[int] = field(default_factory=list)  # (B,) model turns cut at max_new_tokens
@@ -83,9 +88,21 @@ class RolloutBatch:
         return ids, lps, mask
 
 
-SAMPLE_FIELDS = ("prompt_index", "prompt_ids", "response_ids", "logprobs", "response_text", "finish_reason",
-                 "version_first", "version_last", "action_mask", "env_return", "turns", "env_failure",
-                 "clipped_turns")  # one entry per sample
+SAMPLE_FIELDS = (
+    "prompt_index",
+    "prompt_ids",
+    "response_ids",
+    "logprobs",
+    "response_text",
+    "finish_reason",
+    "version_first",
+    "version_last",
+    "action_mask",
+    "env_return",
+    "turns",
+    "env_failure",
+    "clipped_turns",
+)  # one entry per sample
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:
@@ -102,9 +119,11 @@ def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int
     columns = torch.arange(L)
     attention_mask = (columns < lengths[:, None]).long()
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    # one tensor for all tokens, scattered in row-major order (a Python loop of B copies cost more than a small model's forward)
-    input_ids[attention_mask.bool()] = torch.tensor([t for p, r in zip(prompt_ids, response_ids) for t in (*p, *r)],
-                                                    dtype=torch.long)
+    # one tensor for all tokens, scattered in row-major order (a Python loop of B copies cost more than a
+    # small model's forward)
+    input_ids[attention_mask.bool()] = torch.tensor(
+        [t for p, r in zip(prompt_ids, response_ids) for t in (*p, *r)], dtype=torch.long
+    )
     target = columns[: max(L - 1, 1)] + 1  # response_mask[:, j] is about token j + 1
     response_mask = ((target >= prompt_len[:, None]) & (target < lengths[:, None])).float()
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -116,6 +135,6 @@ def unpad(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
     flat = values[mask > 0].tolist()  # row-major: each row's values in order
     out, start = [], 0
     for n in (mask > 0).sum(-1).tolist():
-        out.append(flat[start: start + n])
+        out.append(flat[start : start + n])
         start += n
     return out

@@ -4,6 +4,7 @@ vLLM mixes `WorkerExtension` into its worker class (`worker_extension_cls`); the
 reaches these methods through `LLM.collective_rpc`. Method names carry a `relay_` prefix because
 vLLM refuses extension attributes that collide with its own (e.g. `update_weights`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,9 @@ class WorkerExtension:
     _relay_buckets: list[list[TensorMeta]] = []
     _relay_copies: list[list[Copy]] | None = None  # its copies, if every tensor has a route
 
-    def relay_init_sync(self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def relay_init_sync(
+        self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
         # self.rank: this worker's rank inside its engine (0..TP*PP-1)
         self._relay_group = SyncGroup(host, port, first_rank + self.rank, world_size, backend, timeout_s)
 
@@ -42,7 +45,9 @@ class WorkerExtension:
         if self._relay_copies is not None:
             # Every tensor is copied out by us: buffers reused, vLLM's loader not called at all (its
             # per-call setup delayed the receive by 0.5-1 ms of a 1M sync).
-            for copies, flat in zip(self._relay_copies, receive_buckets(self._relay_group, self._relay_buckets, reuse=True)):
+            for copies, flat in zip(
+                self._relay_copies, receive_buckets(self._relay_group, self._relay_buckets, reuse=True)
+            ):
                 for copy in copies:
                     copy.run(flat)
         else:  # fresh buffers: vLLM's loader may keep references (the reload path does, per layer)

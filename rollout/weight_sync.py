@@ -7,6 +7,7 @@ a model costs a few large collectives instead of one per parameter. NCCL on GPU,
 bucket plan (a list of TensorMeta lists) is fixed by the sender; after the first sync a tensor the
 engines store transposed travels transposed (TensorMeta.transposed, RolloutPool.wire_plan).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -140,8 +141,9 @@ def send_weights(group: SyncGroup, buckets: list[list[TensorMeta]], get: Callabl
     return sent
 
 
-def stage_buckets(buckets: list[list[TensorMeta]], get: Callable[[str], torch.Tensor],
-                  out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def stage_buckets(
+    buckets: list[list[TensorMeta]], get: Callable[[str], torch.Tensor], out: list[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
     """A copy of every bucket in wire layout, into `out`'s tensors where they fit: what a background
     broadcast sends while the weights it copied go on training (asynchronous training)."""
     staged = []
@@ -165,7 +167,7 @@ def _flatten(bucket: list[TensorMeta], get: Callable[[str], torch.Tensor], flat:
     offset = 0
     for m in bucket:
         t = get(m.name).detach()
-        flat[offset: offset + m.numel].view(m.wire_shape).copy_(t.t() if m.transposed else t)
+        flat[offset : offset + m.numel].view(m.wire_shape).copy_(t.t() if m.transposed else t)
         offset += m.numel
 
 
@@ -202,7 +204,9 @@ def receive_buckets(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bo
         yield ready
 
 
-def receive_weights(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+def receive_weights(
+    group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) as the buckets arrive (see receive_buckets)."""
     for bucket, flat in zip(buckets, receive_buckets(group, buckets, reuse)):
         yield from _split(bucket, flat)
@@ -211,6 +215,6 @@ def receive_weights(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bo
 def _split(bucket: list[TensorMeta], flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     offset = 0
     for m in bucket:
-        t = flat[offset: offset + m.numel].view(m.wire_shape)
+        t = flat[offset : offset + m.numel].view(m.wire_shape)
         yield m.name, t.t() if m.transposed else t  # in Hugging Face layout, as loaders expect
         offset += m.numel

@@ -1,4 +1,5 @@
 """RolloutWorker: one vLLM engine in its own process (a Ray actor), called by method."""
+
 from __future__ import annotations
 
 import logging
@@ -14,8 +15,8 @@ from rollout.device import process_device
 from rollout.engine import completion_text, engine_env, make_engine, sampled_logprobs, sampling_params
 from rollout.episodes import play, start_episodes, to_batch
 from rollout.profiling import Busy, Profiled
-from rollout.seeds import env_seed, request_seed, stream_seed
 from rollout.prompts import encode_prompt
+from rollout.seeds import env_seed, request_seed, stream_seed
 from rollout.types import Prompt, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,16 @@ class RolloutWorker(Profiled, Busy):
     """Create with `ray.remote(RolloutWorker).options(...).remote(cfg, model_path, seed)`;
     RolloutPool does this for N workers."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: str, seed: int, threads: int = 0, sleep_mode: bool = False,
-                 step_samples: int = 0, env: EnvConfig | None = None):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        seed: int,
+        threads: int = 0,
+        sleep_mode: bool = False,
+        step_samples: int = 0,
+        env: EnvConfig | None = None,
+    ):
         """env: the environment its samples play (multi-turn episodes); None or no name = single-turn."""
         self.env = env if env is not None and env.name else None
         self.env_factory = make_factory(self.env.name, self.env.options) if self.env else None
@@ -49,9 +58,16 @@ class RolloutWorker(Profiled, Busy):
     def get_device(self) -> torch.device:
         return self.device
 
-    def generate(self, prompts: list[Prompt], step: int, first_index: int = 0, greedy: bool = False,
-                 sampling: SamplingConfig | None = None, tasks: list[dict] | None = None,
-                 draw: int = 0) -> RolloutBatch:
+    def generate(
+        self,
+        prompts: list[Prompt],
+        step: int,
+        first_index: int = 0,
+        greedy: bool = False,
+        sampling: SamplingConfig | None = None,
+        tasks: list[dict] | None = None,
+        draw: int = 0,
+    ) -> RolloutBatch:
         """Sample for `prompts`, whose global indices start at `first_index`, with the configured
         sampling (or `sampling`, e.g. for evaluation), seeded by (step, draw, index): rollout.seeds.
         Unusable prompts are skipped and listed with their reason; the n samples of one prompt come
@@ -63,15 +79,19 @@ class RolloutWorker(Profiled, Busy):
                 batch = self._episodes(prompts, tasks, key, first_index, greedy, sampling or self.cfg.sampling)
             else:
                 batch = self._generate(prompts, key, first_index, greedy, sampling or self.cfg.sampling)
-        batch.version_first, batch.version_last = [self.version] * len(batch), [self.version] * len(batch)  # new weights come between calls
+        batch.version_first, batch.version_last = (
+            [self.version] * len(batch),
+            [self.version] * len(batch),
+        )  # new weights come between calls
         return batch
 
     @ray.method(concurrency_group="stats")
     def busy_seconds(self) -> float:
         return Busy.busy_seconds(self)
 
-    def _generate(self, prompts: list[Prompt], key: tuple[int, int], first_index: int, greedy: bool,
-                  sampling: SamplingConfig) -> RolloutBatch:
+    def _generate(
+        self, prompts: list[Prompt], key: tuple[int, int], first_index: int, greedy: bool, sampling: SamplingConfig
+    ) -> RolloutBatch:
         self._reset_stale_prefix()
         requests, params, kept, skipped = [], [], [], []
         for offset, prompt in enumerate(prompts):
@@ -98,19 +118,41 @@ class RolloutWorker(Profiled, Busy):
             batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
 
-    def _episodes(self, prompts: list[Prompt], tasks: list[dict] | None, key: tuple[int, int], first_index: int,
-                  greedy: bool, sampling: SamplingConfig) -> RolloutBatch:
+    def _episodes(
+        self,
+        prompts: list[Prompt],
+        tasks: list[dict] | None,
+        key: tuple[int, int],
+        first_index: int,
+        greedy: bool,
+        sampling: SamplingConfig,
+    ) -> RolloutBatch:
         if tasks is None or len(tasks) != len(prompts):
             raise ValueError(f"env {self.env.name}: every prompt needs its task (answer, metadata) to reset an episode")
         self._reset_stale_prefix()
         samples = 1 if greedy else sampling.n_samples_per_prompt
         step, draw = key
-        episodes, skipped = start_episodes(self.env_factory, prompts, tasks, first_index, samples,
-                                           lambda index: self._request_seed(sampling, key, index),
-                                           lambda index, k: env_seed(self.seed, step, index, draw, k),
-                                           self.tokenizer, self.cfg, self.env.step_timeout_s)
-        play(self.llm, self.tokenizer, episodes, sampling, greedy, self.env,
-             self.env.response_tokens(sampling.max_new_tokens))
+        episodes, skipped = start_episodes(
+            self.env_factory,
+            prompts,
+            tasks,
+            first_index,
+            samples,
+            lambda index: self._request_seed(sampling, key, index),
+            lambda index, k: env_seed(self.seed, step, index, draw, k),
+            self.tokenizer,
+            self.cfg,
+            self.env.step_timeout_s,
+        )
+        play(
+            self.llm,
+            self.tokenizer,
+            episodes,
+            sampling,
+            greedy,
+            self.env,
+            self.env.response_tokens(sampling.max_new_tokens),
+        )
         return to_batch(episodes, skipped)
 
     def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:
@@ -120,8 +162,15 @@ class RolloutWorker(Profiled, Busy):
             self._reset_stale_prefix()
             params = [sampling_params(s, s.seed) for s in sampling]
             outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
-        out = [(list(c.token_ids), sampled_logprobs(c), completion_text(c, self.tokenizer),
-                "length" if c.finish_reason == "length" else "stop") for c in (o.outputs[0] for o in outputs)]
+        out = [
+            (
+                list(c.token_ids),
+                sampled_logprobs(c),
+                completion_text(c, self.tokenizer),
+                "length" if c.finish_reason == "length" else "stop",
+            )
+            for c in (o.outputs[0] for o in outputs)
+        ]
         return out, self.version
 
     def _request_seed(self, sampling: SamplingConfig, key: tuple[int, int], index: int) -> int:
@@ -136,8 +185,9 @@ class RolloutWorker(Profiled, Busy):
             self.prefix_stale = False
 
     # ---- weights: see rollout/weight_sync.py for the protocol
-    def init_weight_sync(self, host: str, port: int, first_rank: int, world_size: int, backend: str,
-                         timeout_s: float = 300.0) -> None:
+    def init_weight_sync(
+        self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float = 300.0
+    ) -> None:
         """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
         self.llm.collective_rpc("relay_init_sync", args=(host, port, first_rank, world_size, backend, timeout_s))
 

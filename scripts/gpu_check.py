@@ -11,6 +11,7 @@ Sections, each printing one JSON line (and "skipped" with the reason when it can
 On a CPU (`--device cpu`, what tests/test_gpu_check.py runs) the same code runs with gloo, so the
 script itself is tested; the figures that matter come from a GPU (docs/gpu.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,6 +56,7 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
         return report("learner", skipped="deepspeed is not installed")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from conftest import make_scored_batch
+
     from learner.config import AlgorithmConfig, Dtype, LearnerConfig
     from learner.worker import Learner
     from rollout.config import SamplingConfig
@@ -80,10 +82,18 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
         flops = 8 * params * tokens  # forward for old logprobs + forward/backward of the update
         name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
         peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-        report("learner", device=name, zero_stage=zero, dtype=dtype.value, params_m=round(params / 1e6, 1),
-               tokens_per_s=round(tokens / seconds, 1), peak_memory_gb=peak_memory_gb(device),
-               mfu=round(flops / seconds / (peak * 1e12), 4) if peak else None,
-               surrogate_before=before, surrogate_after=surrogate(rank, batch, advantages))
+        report(
+            "learner",
+            device=name,
+            zero_stage=zero,
+            dtype=dtype.value,
+            params_m=round(params / 1e6, 1),
+            tokens_per_s=round(tokens / seconds, 1),
+            peak_memory_gb=peak_memory_gb(device),
+            mfu=round(flops / seconds / (peak * 1e12), 4) if peak else None,
+            surrogate_before=before,
+            surrogate_after=surrogate(rank, batch, advantages),
+        )
 
 
 def surrogate(rank, batch, advantages: list[float]) -> float:
@@ -106,14 +116,21 @@ def check_logprobs(device: torch.device, quick: bool) -> None:
     reset_peak(device)
     mask = torch.ones(B, T, device=device)
     want_lp, want_ent = logprobs_from_logits(logits, labels), entropy_from_logits(logits, mask)
-    report("logprobs", shape=[B, T, V], dtype=str(dtype), max_diff_logprobs=float((lp - want_lp).abs().max()),
-           max_diff_entropy=float((ent - want_ent).abs().max()), peak_gb_chunked=chunked_peak,
-           peak_gb_unchunked=peak_memory_gb(device))
+    report(
+        "logprobs",
+        shape=[B, T, V],
+        dtype=str(dtype),
+        max_diff_logprobs=float((lp - want_lp).abs().max()),
+        max_diff_entropy=float((ent - want_ent).abs().max()),
+        peak_gb_chunked=chunked_peak,
+        peak_gb_unchunked=peak_memory_gb(device),
+    )
 
 
 def check_scoring(device: torch.device, model: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from conftest import make_scored_batch
+
     from reward_service.reference import ReferenceModel
 
     batch, _ = make_scored_batch(model, n_prompts=4, group=4, seed=1)
@@ -159,8 +176,13 @@ def check_sync(device: torch.device, quick: bool) -> None:
     seconds = out.get(timeout=120)
     for p in procs:
         p.join(60)
-    report("sync", backend=backend, bytes=numel * 4, arrived=seconds is not None,
-           gb_per_s=round(numel * 4 / seconds / 1e9, 2) if seconds else None)
+    report(
+        "sync",
+        backend=backend,
+        bytes=numel * 4,
+        arrived=seconds is not None,
+        gb_per_s=round(numel * 4 / seconds / 1e9, 2) if seconds else None,
+    )
 
 
 def main() -> int:

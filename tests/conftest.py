@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny real model on disk and one local Ray cluster per test session."""
+
 import os
 
 import pytest
@@ -28,8 +29,9 @@ def policy(tmp_path_factory):
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}})
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}}
+    )
     yield ray
     ray.shutdown()
 
@@ -51,8 +53,15 @@ def make_scored_batch(model_path, n_prompts=4, group=4, seed=0, rewards=None):
             prompts.append(p)
             responses.append(torch.randint(3, 60, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
     n = len(prompts)
-    batch = RolloutBatch([i // group for i in range(n)], prompts, responses, [[-1.0] * len(r) for r in responses],
-                         ["x"] * n, ["stop"] * n)
+    batch = RolloutBatch(
+        [i // group for i in range(n)],
+        prompts,
+        responses,
+        [[-1.0] * len(r) for r in responses],
+        ["x"] * n,
+        ["stop"] * n,
+    )
     scores = rewards if rewards is not None else torch.rand(n, generator=g).tolist()
-    return batch, ScoredBatch(scores, {}, [True] * n, [False] * n, ReferenceModel(model_path).logprobs(batch),
-                              raw=list(scores))
+    return batch, ScoredBatch(
+        scores, {}, [True] * n, [False] * n, ReferenceModel(model_path).logprobs(batch), raw=list(scores)
+    )

@@ -1,4 +1,5 @@
 """The math core drives REINFORCE-with-baseline on CartPole: a task with a known answer."""
+
 import sys
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """scripts/gpu_check.py on the CPU (gloo, float32, small shapes): the script a GPU machine runs is
 itself tested here, so a lent GPU is spent on figures, not on fixing the script."""
+
 import json
 import subprocess
 import sys
@@ -12,8 +13,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_check_runs_every_section_on_the_cpu():
-    out = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick"], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     by = {(r["section"], r.get("zero_stage")): r for r in rows}

@@ -7,6 +7,7 @@ Mask shapes: "single_turn" (right padding of ragged responses, one invalid sampl
 and "episode" (the same, with observation tokens inside the responses masked out, as
 RolloutBatch.action_mask makes them). Masked positions hold garbage (inf, nan, huge numbers).
 """
+
 import itertools
 import json
 import math
@@ -15,17 +16,26 @@ import pytest
 import torch
 
 from learner import algorithms as A
-from learner import losses as L
-from learner.config import (AlgorithmConfig, Baseline, Estimator, KLPlacement, LossAggregation, Method,
-                            OffPolicyConfig, OffPolicyKind, PolicyLoss, RatioLevel)
+from learner.config import (
+    AlgorithmConfig,
+    Baseline,
+    Estimator,
+    KLPlacement,
+    LossAggregation,
+    Method,
+    OffPolicyConfig,
+    OffPolicyKind,
+    PolicyLoss,
+    RatioLevel,
+)
 from learner.engine import update_metrics
 from learner.experience import advantages
 from learner.worker import micro_metrics, policy_loss
-from orchestrator.methods import RECIPES
-from reward_service.combine import SourceRun, combine
 from orchestrator.config import DataConfig
 from orchestrator.data import PromptSampler, load_split
+from orchestrator.methods import RECIPES
 from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS
+from reward_service.combine import SourceRun, combine
 from rollout.config import SamplingConfig
 from rollout.seeds import EVALUATION, stream_seed
 
@@ -64,7 +74,7 @@ def masks(shape: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     if shape == "episode":  # an observation of 1-2 tokens after the first model turn
         for i in range(B):
             start = int(torch.randint(1, max(int(lengths[i]) - 1, 2), (1,), generator=g))
-            mask[i, start: start + 1 + i % 2] = 0.0
+            mask[i, start : start + 1 + i % 2] = 0.0
             mask[i, 0] = 1.0
     valid = torch.ones(B, dtype=torch.bool)
     valid[2] = False
@@ -116,15 +126,17 @@ def test_a_named_recipe_gives_an_all_equal_group_exactly_zero(method, shape, see
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", sorted(GROUP_CENTRED) + ["reinforce_baseline_batch", "reinforce_pp",
-                                                         "reinforce_pp_group_baseline"])
+@pytest.mark.parametrize(
+    "name", sorted(GROUP_CENTRED) + ["reinforce_baseline_batch", "reinforce_pp", "reinforce_pp_group_baseline"]
+)
 def test_an_invalid_samples_score_changes_no_advantage(name, seed):
     """A sample no source could judge (valid False) is out of every baseline and the normalisation:
     whatever score it carries, every advantage is the same."""
-    kw = {"reinforce_baseline_batch": dict(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.batch),
-          "reinforce_pp": dict(estimator=Estimator.reinforce_pp),
-          "reinforce_pp_group_baseline": dict(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True),
-          }.get(name) or GROUP_CENTRED[name]
+    kw = {
+        "reinforce_baseline_batch": dict(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.batch),
+        "reinforce_pp": dict(estimator=Estimator.reinforce_pp),
+        "reinforce_pp_group_baseline": dict(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True),
+    }.get(name) or GROUP_CENTRED[name]
     cfg = AlgorithmConfig(**kw, kl_placement=KLPlacement.loss)
     mask, valid = masks("single_turn", seed)
     s = scores(seed, False)
@@ -138,8 +150,12 @@ def test_an_invalid_samples_score_changes_no_advantage(name, seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_failed_source_marks_the_sample_invalid_and_never_adds_a_score(seed):
     g = torch.Generator().manual_seed(seed)
-    runs = {name: SourceRun([None if torch.rand(1, generator=g) < 0.3 else float(torch.rand(1, generator=g))
-                             for _ in range(B)]) for name in ("a", "b")}
+    runs = {
+        name: SourceRun(
+            [None if torch.rand(1, generator=g) < 0.3 else float(torch.rand(1, generator=g)) for _ in range(B)]
+        )
+        for name in ("a", "b")
+    }
     total, invalid = combine(runs, {"a": 1.0, "b": 0.5})
     for i in range(B):
         failed = runs["a"].scores[i] is None or runs["b"].scores[i] is None
@@ -151,7 +167,10 @@ def test_a_failed_source_marks_the_sample_invalid_and_never_adds_a_score(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_weight_zero_source_changes_nothing(seed):
     g = torch.Generator().manual_seed(seed)
-    draw = lambda p: [None if torch.rand(1, generator=g) < p else float(torch.rand(1, generator=g)) for _ in range(B)]
+
+    def draw(p):
+        return [None if torch.rand(1, generator=g) < p else float(torch.rand(1, generator=g)) for _ in range(B)]
+
     trained = {"rm": SourceRun(draw(0.2))}
     reported = SourceRun(draw(0.5))  # fails on about half the samples: a metric, it must not matter
     assert combine(trained | {"math": reported}, {"rm": 1.0, "math": 0.0}) == combine(trained, {"rm": 1.0})
@@ -166,10 +185,13 @@ def micro_batch(shape: str, seed: int, requires_grad: bool = True):
     logits = torch.randn(B, T, V, generator=g)
     ids = torch.randint(0, V, (B, T + 1), generator=g)
     lp = A.logprobs_from_logits(logits, ids[:, 1:])
-    mb = {"input_ids": ids, "mask": mask,
-          "old_logprobs": garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed),
-          "ref_logprobs": garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed + 1),
-          "advantages": garbage(torch.randn(B, T, generator=g), mask, seed + 2)}
+    mb = {
+        "input_ids": ids,
+        "mask": mask,
+        "old_logprobs": garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed),
+        "ref_logprobs": garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed + 1),
+        "advantages": garbage(torch.randn(B, T, generator=g), mask, seed + 2),
+    }
     # the sampler's logprobs, and the learner's under its filter: -inf on one response token per row
     # (a token the sampler kept that the learner's filter excludes)
     mb["behaviour_logprobs"] = garbage(lp + 0.2 * torch.randn(B, T, generator=g), mask, seed + 3)
@@ -234,8 +256,7 @@ def test_every_named_recipe_gets_no_gradient_on_masked_tokens_with_its_kl(method
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("level", list(RatioLevel))
 @pytest.mark.parametrize("correction", CORRECTIONS)
-def test_a_token_outside_the_learners_filter_gets_weight_zero_counts_cut_and_leaves_the_rest(correction, level,
-                                                                                           seed):
+def test_a_token_outside_the_learners_filter_gets_weight_zero_counts_cut_and_leaves_the_rest(correction, level, seed):
     """In sync mode mu = pi_prox on every token inside the filter; one token per row is outside
     (pi_prox -inf). That token: weight 0, counted in clipped_frac; every other token: ratio 1, weight
     1 (its sequence's ratio is over the inside tokens only); ratio_mean 1."""
@@ -280,8 +301,10 @@ def test_every_metric_is_a_per_token_mean_over_the_update_in_every_aggregation(l
     logits, mb = micro_batch(shape, seed, requires_grad=False)
     mask = mb["mask"]
     lp = A.logprobs_from_logits(logits / 0.7, mb["input_ids"][:, 1:])
-    want = {"learner/entropy": A.masked_mean(A.entropy_from_logits(logits / 0.7, mask), mask),
-            "loss/kl": A.masked_mean(A.kl_penalty(lp, mb["ref_logprobs"], "k3", mask), mask)}
+    want = {
+        "learner/entropy": A.masked_mean(A.entropy_from_logits(logits / 0.7, mask), mask),
+        "loss/kl": A.masked_mean(A.kl_penalty(lp, mb["ref_logprobs"], "k3", mask), mask),
+    }
     ratio = (lp - mb["old_logprobs"]).where(mask > 0, 0.0)
     want["learner/approx_kl"] = A.masked_mean(ratio.exp() - 1 - ratio, mask)
     seen = []
@@ -318,14 +341,20 @@ def run_streams(run_seed: int) -> dict[str, list]:
     worker = object.__new__(RolloutWorker)
     worker.seed = run_seed
     train, held_out, _ = load_split(DataConfig(task="addition_2digit", task_size=64, eval_size=16), run_seed)
-    return {"sampling": [worker._request_seed(SamplingConfig(), (step, draw), index)
-                         for step in range(2) for draw in (EVALUATION, 0, 8) for index in range(4)],
-            "data_order": PromptSampler(64, run_seed, shuffle=True).next(64),
-            "task": [e["prompt"] for e in train], "held_out": [e["prompt"] for e in held_out],
-            "env": env_reset_seeds(worker),
-            "learner": [stream_seed(run_seed, "learner", rank) for rank in range(2)],
-            "mini_batches": [stream_seed(run_seed, "mini_batches", step, epoch) for step in range(2)
-                             for epoch in range(2)]}
+    return {
+        "sampling": [
+            worker._request_seed(SamplingConfig(), (step, draw), index)
+            for step in range(2)
+            for draw in (EVALUATION, 0, 8)
+            for index in range(4)
+        ],
+        "data_order": PromptSampler(64, run_seed, shuffle=True).next(64),
+        "task": [e["prompt"] for e in train],
+        "held_out": [e["prompt"] for e in held_out],
+        "env": env_reset_seeds(worker),
+        "learner": [stream_seed(run_seed, "learner", rank) for rank in range(2)],
+        "mini_batches": [stream_seed(run_seed, "mini_batches", step, epoch) for step in range(2) for epoch in range(2)],
+    }
 
 
 def env_reset_seeds(worker) -> list[int]:
@@ -388,8 +417,9 @@ def test_held_out_and_training_sets_are_disjoint_for_every_builtin_task(task, se
     assert not prompt_set(train) & prompt_set(held_out) and len(prompt_set(held_out)) == 64
     # and of every other seed's training set: held-out membership is per prompt (tasks.reserved), not per seed
     for other in SEEDS:
-        assert not prompt_set(load_split(DataConfig(task=task, task_size=500, eval_size=64), other)[0]) \
-            & prompt_set(held_out)
+        assert not prompt_set(load_split(DataConfig(task=task, task_size=500, eval_size=64), other)[0]) & prompt_set(
+            held_out
+        )
 
 
 @pytest.mark.parametrize("seed", SEEDS)

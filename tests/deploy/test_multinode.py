@@ -1,5 +1,6 @@
 """relay on a real two-node Ray cluster on one machine: roles pinned to nodes by custom resources,
 weights crossing nodes. And (fast) the placement knobs reaching the bundles and actor options."""
+
 import json
 import os
 import signal
@@ -22,10 +23,20 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def test_placement_knobs_reach_bundles_and_actor_options():
-    c = ClusterConfig(rollout_workers=2, learner_ranks=1, colocate=False, gpus_per_learner=1.0,
-                      rollout_resource="rollout_node", learner_resource="learner_node")
-    assert bundles(c) == [{"CPU": 1, "rollout_node": 1}, {"CPU": 1, "rollout_node": 1},
-                          {"CPU": 1, "GPU": 1.0, "learner_node": 1}, {"CPU": 1}]
+    c = ClusterConfig(
+        rollout_workers=2,
+        learner_ranks=1,
+        colocate=False,
+        gpus_per_learner=1.0,
+        rollout_resource="rollout_node",
+        learner_resource="learner_node",
+    )
+    assert bundles(c) == [
+        {"CPU": 1, "rollout_node": 1},
+        {"CPU": 1, "rollout_node": 1},
+        {"CPU": 1, "GPU": 1.0, "learner_node": 1},
+        {"CPU": 1},
+    ]
     assert bundles(ClusterConfig(colocate=False)) == [{"CPU": 1}, {"CPU": 1}, {"CPU": 1}]
     assert unit("") == {} and unit("scoring_node") == {"scoring_node": 1}
     assert worker_options(0, 0, 2, {}, unit("rollout_node"))["resources"] == {"rollout_node": 1}
@@ -39,8 +50,13 @@ class Node:
 
     def __init__(self, args: list[str], env: dict, log: Path):
         self.log = log
-        self.proc = subprocess.Popen([RAY, "start", "--block", *args], env=env, stdout=log.open("w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [RAY, "start", "--block", *args],
+            env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 180
         while "Ray runtime started" not in log.read_text():
             assert self.proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -59,8 +75,23 @@ class Node:
 
 
 def ray_list(kind: str, env: dict, dashboard: int) -> list[dict]:
-    out = subprocess.run([RAY, "list", kind, "--format", "json", "--detail", "--limit", "1000",
-                          f"--address=http://127.0.0.1:{dashboard}"], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            RAY,
+            "list",
+            kind,
+            "--format",
+            "json",
+            "--detail",
+            "--limit",
+            "1000",
+            f"--address=http://127.0.0.1:{dashboard}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -73,20 +104,58 @@ def test_train_on_two_nodes_rollout_on_one_learner_on_the_other(policy, tmp_path
     small = ["--num-cpus=2", "--object-store-memory=300000000", f"--dashboard-agent-listen-port={free_port()}"]
     nodes = []
     try:
-        nodes.append(Node(["--head", "--node-ip-address=127.0.0.1", f"--port={port}", f"--dashboard-port={dash}",
-                           "--include-dashboard=true", f"--ray-client-server-port={free_port()}", f"--temp-dir={ray_tmp}",
-                           '--resources={"rollout_node": 4}', *small], env, tmp_path / "head.log"))
+        nodes.append(
+            Node(
+                [
+                    "--head",
+                    "--node-ip-address=127.0.0.1",
+                    f"--port={port}",
+                    f"--dashboard-port={dash}",
+                    "--include-dashboard=true",
+                    f"--ray-client-server-port={free_port()}",
+                    f"--temp-dir={ray_tmp}",
+                    '--resources={"rollout_node": 4}',
+                    *small,
+                ],
+                env,
+                tmp_path / "head.log",
+            )
+        )
         small[-1] = f"--dashboard-agent-listen-port={free_port()}"
         # 127.0.0.2 is loopback too, but another address: a rendezvous at the wrong node's IP fails
-        nodes.append(Node([f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.2",
-                           '--resources={"learner_node": 4}', *small], env, tmp_path / "worker.log"))
-        cmd = [sys.executable, "-m", "orchestrator.cli", "train", "configs/grpo_tiny_cpu.yaml", "cluster.address=auto",
-               "cluster.rollout_resource=rollout_node", "cluster.learner_resource=learner_node", "total_steps=3",
-               f"learner.model_path={policy}", f"run_root={tmp_path / 'runs'}", "logging.wandb.mode=disabled",
-               "data.rollout_batch_size=16", "data.eval_size=16", "algorithm.mini_batch_size=64",
-               "algorithm.micro_batch_size=64"]
-        run = subprocess.run(cmd, env=dict(env, RAY_ADDRESS=f"127.0.0.1:{port}"), capture_output=True, text=True,
-                             timeout=900, cwd=REPO)
+        nodes.append(
+            Node(
+                [
+                    f"--address=127.0.0.1:{port}",
+                    "--node-ip-address=127.0.0.2",
+                    '--resources={"learner_node": 4}',
+                    *small,
+                ],
+                env,
+                tmp_path / "worker.log",
+            )
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "train",
+            "configs/grpo_tiny_cpu.yaml",
+            "cluster.address=auto",
+            "cluster.rollout_resource=rollout_node",
+            "cluster.learner_resource=learner_node",
+            "total_steps=3",
+            f"learner.model_path={policy}",
+            f"run_root={tmp_path / 'runs'}",
+            "logging.wandb.mode=disabled",
+            "data.rollout_batch_size=16",
+            "data.eval_size=16",
+            "algorithm.mini_batch_size=64",
+            "algorithm.micro_batch_size=64",
+        ]
+        run = subprocess.run(
+            cmd, env=dict(env, RAY_ADDRESS=f"127.0.0.1:{port}"), capture_output=True, text=True, timeout=900, cwd=REPO
+        )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
         by_id = {n["node_id"]: n for n in ray_list("nodes", env, dash)}
@@ -97,7 +166,10 @@ def test_train_on_two_nodes_rollout_on_one_learner_on_the_other(policy, tmp_path
         placed = {(a["class_name"], a["node_id"]) for a in actors if a["class_name"] in ("RolloutWorker", "Learner")}
         assert placed == {("RolloutWorker", head), ("Learner", other)}
 
-        rows = [json.loads(line) for line in (tmp_path / "runs" / "grpo_tiny_cpu" / "metrics.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)
+            for line in (tmp_path / "runs" / "grpo_tiny_cpu" / "metrics.jsonl").read_text().splitlines()
+        ]
         steps = [r for r in rows if "rollout/logprob_gap" in r]
         assert len(steps) == 3
         # the engines' logprobs match the learner's after every sync: the weights crossed the nodes

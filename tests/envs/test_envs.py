@@ -1,5 +1,6 @@
 """The environment interface: loading by name, the deadline and failure isolation of calls, the
 built-in environments, and the observation tokens the chat template gives."""
+
 import asyncio
 import time
 
@@ -29,8 +30,15 @@ class Async(Environment):
 
 def test_call_all_isolates_a_hanging_and_a_raising_step_within_the_deadline():
     start = time.monotonic()
-    out = call_all([(Hangs().step, ("a",)), (Raises().step, ("b",)), (Async().step, ("c",)),
-                    (lambda a: ("ok", 1.0, True, {}), ("d",))], timeout_s=1.0)
+    out = call_all(
+        [
+            (Hangs().step, ("a",)),
+            (Raises().step, ("b",)),
+            (Async().step, ("c",)),
+            (lambda a: ("ok", 1.0, True, {}), ("d",)),
+        ],
+        timeout_s=1.0,
+    )
     assert time.monotonic() - start < 3.0  # the hanging call is abandoned, not waited for
     assert out[0][0] == "timeout" and out[1] == ("error", "RuntimeError: tool crashed")
     assert out[2] == ("", ("echo c", 0.5, False, {})) and out[3] == ("", ("ok", 1.0, True, {}))
@@ -39,8 +47,9 @@ def test_call_all_isolates_a_hanging_and_a_raising_step_within_the_deadline():
     assert results[2].observation == "echo c" and results[2].reward == 0.5 and not results[2].done
 
 
-@pytest.mark.parametrize("bad", [None, ("obs", float("nan"), True, {}), ("obs", "x", True, {}), (3, 1.0, False, {}),
-                                 ("obs", 1.0)])
+@pytest.mark.parametrize(
+    "bad", [None, ("obs", float("nan"), True, {}), ("obs", "x", True, {}), (3, 1.0, False, {}), ("obs", 1.0)]
+)
 def test_malformed_step_results_are_errors(bad):
     r = step_result(("", bad))
     assert r.failure == "error" and r.message
@@ -82,18 +91,29 @@ def test_guess_number_answers_higher_lower_and_ends_on_the_secret():
 def test_observation_tokens_follow_the_template_and_do_not_repeat_the_turns_end():
     tok = char_tokenizer(DEFAULT_ALPHABET + "<|>")
     # a ChatML-like template whose assistant turn ends with EOS, as Qwen's and SmolLM2's do
-    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     eos = tok.eos_token_id
     model_turn = tok.encode("call 1+2", add_special_tokens=False) + [eos]  # as sampled: closed by EOS
     obs = observation_ids(tok, "3", "tool", last_token=eos)
     assert tok.decode(obs) == "\n<|tool|>3<eos>\n<|assistant|>"  # EOS not written twice
     prompt = tok.apply_chat_template([{"role": "user", "content": "1+2="}], tokenize=False, add_generation_prompt=True)
     episode = tok.encode(prompt, add_special_tokens=False) + model_turn + obs
-    whole = tok.apply_chat_template([{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "call 1+2"},
-                                     {"role": "tool", "content": "3"}], tokenize=False, add_generation_prompt=True)
+    whole = tok.apply_chat_template(
+        [
+            {"role": "user", "content": "1+2="},
+            {"role": "assistant", "content": "call 1+2"},
+            {"role": "tool", "content": "3"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert episode == tok.encode(whole, add_special_tokens=False)  # the episode is the conversation, token for token
-    cut = observation_ids(tok, "3", "tool", last_token=tok.encode("2", add_special_tokens=False)[0])  # turn cut by length
+    cut = observation_ids(
+        tok, "3", "tool", last_token=tok.encode("2", add_special_tokens=False)[0]
+    )  # turn cut by length
     assert tok.decode(cut) == "<eos>\n<|tool|>3<eos>\n<|assistant|>"  # the template closes it
     plain = char_tokenizer()  # relay's tiny models: contents one per line
     assert plain.decode(observation_ids(plain, "higher", "user", plain.eos_token_id)) == "\nhigher\n"

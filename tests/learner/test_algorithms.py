@@ -1,4 +1,5 @@
 """The math core against small examples computed by hand (worked out in the comments)."""
+
 import math
 
 import pytest
@@ -255,6 +256,7 @@ def test_ppo_policy_loss_padding_never_changes_the_result():
     lp, old, adv = (torch.randn(2, 4, generator=g) for _ in range(3))
     mask = torch.ones(2, 4)
     loss, _ = A.ppo_policy_loss(lp, old, adv, mask, 0.2)
+
     def pad(x, fill):
         return torch.cat([x, torch.full((2, 3), fill)], -1)
 
@@ -291,9 +293,10 @@ def test_micro_batch_losses_with_the_global_total_add_up_to_the_global_loss():
     for mode in ("token_mean", "seq_mean", "seq_sum_norm"):  # norm_tokens is seq_sum_norm's (Dr. GRPO) only
         whole, _ = A.ppo_policy_loss(lp, old, adv, mask, 0.2, aggregation=mode, norm_tokens=5)
         total = A.aggregate_total(mask, mode)
-        parts = sum(A.ppo_policy_loss(lp[s], old[s], adv[s], mask[s], 0.2, aggregation=mode, total=total,
-                                      norm_tokens=5)[0]
-                    for s in (slice(0, 1), slice(1, 4), slice(4, 6)))
+        parts = sum(
+            A.ppo_policy_loss(lp[s], old[s], adv[s], mask[s], 0.2, aggregation=mode, total=total, norm_tokens=5)[0]
+            for s in (slice(0, 1), slice(1, 4), slice(4, 6))
+        )
         assert close(parts, whole), mode
     # hand example: tokens [1, 2 | 3] -> token total 3: (1 + 2) / 3 + 3 / 3 = 2 = mean of all
     x, m = t([[1.0, 2.0], [3.0, 0.0]]), t([[1.0, 1.0], [1.0, 0.0]])
@@ -303,7 +306,9 @@ def test_micro_batch_losses_with_the_global_total_add_up_to_the_global_loss():
     assert close(A.aggregate(x[:1], m[:1], "seq_mean", 2.0) + A.aggregate(x[1:], m[1:], "seq_mean", 2.0), 2.25)
     # seq_sum_norm, norm_tokens 4: sums 3 and 3 over 4, over 2 sequences: 0.375 + 0.375
     assert A.aggregate_total(m, "seq_sum_norm") == 2.0
-    assert close(A.aggregate(x[:1], m[:1], "seq_sum_norm", 2.0, 4) + A.aggregate(x[1:], m[1:], "seq_sum_norm", 2.0, 4), 0.75)
+    assert close(
+        A.aggregate(x[:1], m[:1], "seq_sum_norm", 2.0, 4) + A.aggregate(x[1:], m[1:], "seq_sum_norm", 2.0, 4), 0.75
+    )
 
 
 def test_bradley_terry_hand_example():

@@ -1,6 +1,7 @@
 """Chunked logprobs/entropy (rollout/logprobs.py) against the unchunked math core: the same numbers
 and gradients, no float32 (B, T, V) tensor, the entropy out of the graph when unused; and
 gradient checkpointing in the supervised learner's model."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -32,8 +33,12 @@ def unchunked(logits, labels, mask):
 
 def test_chunk_spans_cover_every_token_once_within_the_budget():
     assert list(chunk_spans(4, 2, 5)) == [(slice(0, 2), slice(0, 2)), (slice(2, 4), slice(0, 2))]  # 2 rows of 2
-    assert list(chunk_spans(2, 5, 3)) == [(slice(0, 1), slice(0, 3)), (slice(0, 1), slice(3, 6)),
-                                         (slice(1, 2), slice(0, 3)), (slice(1, 2), slice(3, 6))]
+    assert list(chunk_spans(2, 5, 3)) == [
+        (slice(0, 1), slice(0, 3)),
+        (slice(0, 1), slice(3, 6)),
+        (slice(1, 2), slice(0, 3)),
+        (slice(1, 2), slice(3, 6)),
+    ]
     for b, t, c in [(3, 7, 1), (3, 7, 4), (3, 7, 7), (3, 7, 15), (5, 1, 2)]:
         seen = torch.zeros(b, t)
         for rows, pos in chunk_spans(b, t, c):
@@ -53,8 +58,8 @@ def test_chunked_equals_unchunked_in_float32_with_gradients(chunk):
     torch.testing.assert_close(torch.where(mask > 0, ent, 0.0), ent0, atol=1e-6, rtol=0)
     torch.testing.assert_close(chunked_logprobs(logits, labels, TEMP, chunk), lp0, atol=1e-6, rtol=0)
     w1, w2 = torch.randn(B, T), torch.randn(B, T)
-    g0, = torch.autograd.grad((lp0 * w1 * mask).sum() + (ent0 * w2).sum(), logits)
-    g, = torch.autograd.grad((lp * w1 * mask).sum() + (ent * w2 * mask).sum(), logits)
+    (g0,) = torch.autograd.grad((lp0 * w1 * mask).sum() + (ent0 * w2).sum(), logits)
+    (g,) = torch.autograd.grad((lp * w1 * mask).sum() + (ent * w2 * mask).sum(), logits)
     torch.testing.assert_close(g, g0, atol=1e-6, rtol=0)
     assert (g[1] == 0).all()  # the padding row gets no gradient
 
@@ -68,8 +73,8 @@ def test_chunked_equals_unchunked_within_bf16_rounding(chunk):
     torch.testing.assert_close(lp, lp0, atol=1e-6, rtol=0)
     torch.testing.assert_close(torch.where(mask > 0, ent, 0.0), ent0, atol=1e-6, rtol=0)
     w = torch.randn(B, T)
-    g0, = torch.autograd.grad((lp0 * w).sum() + (ent0 * w).sum(), logits)
-    g, = torch.autograd.grad((lp * w).sum() + (ent * w * mask).sum(), logits)
+    (g0,) = torch.autograd.grad((lp0 * w).sum() + (ent0 * w).sum(), logits)
+    (g,) = torch.autograd.grad((lp * w).sum() + (ent * w * mask).sum(), logits)
     assert g.dtype == torch.bfloat16
     torch.testing.assert_close(g, g0)  # bf16 tolerances: one rounding of the same float32 gradient
 
@@ -88,8 +93,13 @@ def test_filtered_logprobs_by_chunks_equal_the_whole():
 def micro_batch(logits, labels, mask):
     g = torch.Generator().manual_seed(1)
     ids = torch.cat([torch.zeros(B, 1, dtype=torch.long), labels], 1)
-    return {"input_ids": ids, "mask": mask, "old_logprobs": -torch.rand(B, T, generator=g) * 3,
-            "ref_logprobs": -torch.rand(B, T, generator=g) * 3, "advantages": torch.randn(B, T, generator=g) * mask}
+    return {
+        "input_ids": ids,
+        "mask": mask,
+        "old_logprobs": -torch.rand(B, T, generator=g) * 3,
+        "ref_logprobs": -torch.rand(B, T, generator=g) * 3,
+        "advantages": torch.randn(B, T, generator=g) * mask,
+    }
 
 
 def old_policy_loss(logits, mb, algo, kl_coef):
@@ -115,10 +125,20 @@ def test_policy_loss_equals_the_unchunked_one_and_keeps_the_entropy_out_of_the_g
     loss, terms = new_policy_loss(logits, mb, algo, 0.1)
     want = old_policy_loss(logits, mb, algo, 0.1)
     torch.testing.assert_close(loss, want, atol=1e-6, rtol=0)
-    torch.testing.assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(want, logits)[0],
-                               atol=1e-6, rtol=0)
-    assert loss.grad_fn is not None and set(terms) == {"policy", "entropy", "clip_frac", "approx_kl", "kl", "logprobs",
-                                                   "entropy_token", "kl_token", "sampler_logprobs"}
+    torch.testing.assert_close(
+        torch.autograd.grad(loss, logits)[0], torch.autograd.grad(want, logits)[0], atol=1e-6, rtol=0
+    )
+    assert loss.grad_fn is not None and set(terms) == {
+        "policy",
+        "entropy",
+        "clip_frac",
+        "approx_kl",
+        "kl",
+        "logprobs",
+        "entropy_token",
+        "kl_token",
+        "sampler_logprobs",
+    }
     assert terms["logprobs"].grad_fn is None  # detached: the old logprobs of a single pass (experience.single_pass)
     assert (terms["entropy"].grad_fn is None) == (entropy_coef == 0)  # still reported, as a metric
     assert terms["entropy"].item() > 0
@@ -174,9 +194,16 @@ def test_old_logprobs_from_the_update_forward_give_the_same_loss_and_gradients()
         ids = torch.cat([torch.zeros(B, 1, dtype=torch.long), labels], 1)
         with torch.no_grad():
             old = chunked_logprobs(logits, labels, TEMP, 4)
-        mb = {"input_ids": ids, "mask": mask, "old_logprobs": old, "advantages": torch.randn(B, T, generator=g),
-              "ref_logprobs": old + 0.1 * torch.randn(B, T, generator=g)}
-        loss, terms = policy_loss(logits, mb, cfg, 0.05, TEMP, 4, float(mask.sum()), "token_mean", old_from_forward=fused)
+        mb = {
+            "input_ids": ids,
+            "mask": mask,
+            "old_logprobs": old,
+            "advantages": torch.randn(B, T, generator=g),
+            "ref_logprobs": old + 0.1 * torch.randn(B, T, generator=g),
+        }
+        loss, terms = policy_loss(
+            logits, mb, cfg, 0.05, TEMP, 4, float(mask.sum()), "token_mean", old_from_forward=fused
+        )
         loss.backward()
         results.append((loss.detach(), logits.grad, terms["logprobs"]))
     (loss0, grad0, lp0), (loss1, grad1, lp1) = results

@@ -2,14 +2,15 @@
 process moves tensors to its device. On a CPU a missing `.to(device)` cannot fail by accident, so
 these tests make it fail: to_device is replaced by a spy that records what it returned, and each
 model records what it was called with; an input that skipped the transfer is not in the record."""
+
 from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import make_scored_batch
 from transformers import GPT2Config, GPT2ForSequenceClassification
 
-from conftest import make_scored_batch
 from learner import experience as experience_module
 from learner import worker as worker_module
 from learner.config import AlgorithmConfig, LearnerConfig
@@ -111,11 +112,22 @@ def test_the_learner_moves_every_batch_it_computes_on(tiny_model, spy):
         def set_gradient_accumulation_boundary(self, last: bool):  # engine.step_micro_batches sets it
             pass
 
-    rank = SimpleNamespace(policy_engine=Engine(), critic_engine=None, algo=algo, rank=0, world=1, grad_accum=1,
-                           device=torch.device("cpu"), kl_ctl=SimpleNamespace(value=0.01), temperature=1.0,
-                           cfg=SimpleNamespace(logprob_chunk_tokens=16))
+    rank = SimpleNamespace(
+        policy_engine=Engine(),
+        critic_engine=None,
+        algo=algo,
+        rank=0,
+        world=1,
+        grad_accum=1,
+        device=torch.device("cpu"),
+        kl_ctl=SimpleNamespace(value=0.01),
+        temperature=1.0,
+        cfg=SimpleNamespace(logprob_chunk_tokens=16),
+    )
     rank.sampling = sampling
-    rank._policy_loss = lambda mb, total, agg, fill=None, idx=None: Learner._policy_loss(rank, mb, total, agg, fill, idx)
+    rank._policy_loss = lambda mb, total, agg, fill=None, idx=None: Learner._policy_loss(
+        rank, mb, total, agg, fill, idx
+    )
     rank._fill_old = lambda *args: Learner._fill_old(rank, *args)
     for one_pass in (False, True):  # old logprobs recomputed, or taken from this forward (experience.single_pass)
         sums = defaultdict(float)
@@ -132,8 +144,17 @@ def test_the_scoring_models_get_their_inputs_on_their_device(tiny_model, spy, tm
 
     tok = char_tokenizer()
     rm_path = tmp_path / "rm"
-    GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1, n_head=2,
-                                             num_labels=1, pad_token_id=tok.pad_token_id)).save_pretrained(rm_path)
+    GPT2ForSequenceClassification(
+        GPT2Config(
+            vocab_size=len(tok),
+            n_positions=64,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            num_labels=1,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).save_pretrained(rm_path)
     tok.save_pretrained(rm_path)
     rm = sources_module.build_source(RewardSource(kind=SourceKind.reward_model, model_path=str(rm_path)), 2)
     checked(rm.model, spy)

@@ -1,5 +1,6 @@
 """Advantages as the learner builds them from a config (learner/experience.py): batch normalisation
 per estimator, and samples dropped as invalid (reward.invalid: drop) leaving their groups."""
+
 import math
 
 import torch
@@ -72,6 +73,11 @@ def test_reinforce_pp_baseline_subtracts_the_group_mean_then_whitens_over_the_ba
     unbiased token variance (2 * .6^2 + 5 * .4^2 + 8 * .1^2) / 14: group 1 gets +.1 / std, not 0."""
     scores, std = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], math.sqrt(1.6 / 14)
     want = (t([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]) + 0.1) / std
-    adv = outcome(AlgorithmConfig(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True,
-                                  kl_placement=KLPlacement.loss), scores, 4)
+    adv = outcome(
+        AlgorithmConfig(
+            estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True, kl_placement=KLPlacement.loss
+        ),
+        scores,
+        4,
+    )
     assert torch.allclose(adv, want, atol=1e-5)

@@ -1,4 +1,5 @@
 """The KL coefficient controllers against hand-computed updates, and their state across a resume."""
+
 import torch
 
 from learner import algorithms as A

@@ -1,13 +1,14 @@
 """The DeepSpeed learner on a real tiny model, as Ray actors: updates, ZeRO invariance, critics,
 LoRA, non-finite batches, and bit-identical resume."""
+
 import math
 
 import pytest
 import ray
 import torch
+from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
-from conftest import make_scored_batch
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Dtype, Estimator, LearnerConfig, LoraConfig, ValueHead
 from learner.group import LearnerGroup
@@ -24,8 +25,9 @@ def algo(**kw):
 
 def learners(model, world=1, zero=0, a=None, **cfg_kw):
     cfg = LearnerConfig(model_path=model, lr=1e-3, zero_stage=zero, **cfg_kw)
-    return LearnerGroup(cfg, a or algo(), SamplingConfig(n_samples_per_prompt=GROUP), world, seed=0,
-                         num_cpus=0, threads=1)
+    return LearnerGroup(
+        cfg, a or algo(), SamplingConfig(n_samples_per_prompt=GROUP), world, seed=0, num_cpus=0, threads=1
+    )
 
 
 def changed(a: dict, b: dict) -> set[str]:
@@ -57,8 +59,17 @@ def test_one_update_changes_parameters_and_lowers_the_surrogate_loss(ray_cluster
     assert loss_after < loss_before - 0.01
     # the controller's KL is per sequence: the per-token mean times tokens per sample
     assert metrics["kl/ref_seq"] == pytest.approx(metrics["kl/ref"] * float(mask.sum()) / len(batch), rel=1e-5)
-    for key in ("loss/policy", "learner/entropy", "learner/approx_kl", "learner/clip_frac", "learner/grad_norm",
-                "kl/ref", "kl/coef", "advantages/mean", "learner/tokens_per_s"):
+    for key in (
+        "loss/policy",
+        "learner/entropy",
+        "learner/approx_kl",
+        "learner/clip_frac",
+        "learner/grad_norm",
+        "kl/ref",
+        "kl/coef",
+        "advantages/mean",
+        "learner/tokens_per_s",
+    ):
         assert math.isfinite(metrics[key]), key
     assert metrics["learner/grad_norm"] > 0 and metrics["learner/skipped_steps"] == 0
 
@@ -115,8 +126,15 @@ def test_a_short_last_mini_batch_trains_the_same_on_two_ranks(ray_cluster, tiny_
     a = algo(mini_batch_size=32, micro_batch_size=8)
     states = []
     for world in (1, 2):
-        group = LearnerGroup(LearnerConfig(model_path=tiny_model, lr=1e-3, zero_stage=zero if world == 2 else 0), a,
-                             SamplingConfig(n_samples_per_prompt=3), world, seed=0, num_cpus=0, threads=1)
+        group = LearnerGroup(
+            LearnerConfig(model_path=tiny_model, lr=1e-3, zero_stage=zero if world == 2 else 0),
+            a,
+            SamplingConfig(n_samples_per_prompt=3),
+            world,
+            seed=0,
+            num_cpus=0,
+            threads=1,
+        )
         try:
             group.update(batch, scored, step=0)
             states.append(group.policy_state())
@@ -129,14 +147,20 @@ def test_a_short_last_mini_batch_trains_the_same_on_two_ranks(ray_cluster, tiny_
 @pytest.mark.parametrize("value_head", [ValueHead.shared, ValueHead.separate])
 def test_both_critics_train(ray_cluster, tiny_model, value_head):
     batch, scored = make_scored_batch(tiny_model, seed=3)
-    group = learners(tiny_model, a=algo(estimator=Estimator.gae, value_clip_eps=10.0, vf_coef=1.0), value_head=value_head,
-                     critic_lr=3e-3)
+    group = learners(
+        tiny_model,
+        a=algo(estimator=Estimator.gae, value_clip_eps=10.0, vf_coef=1.0),
+        value_head=value_head,
+        critic_lr=3e-3,
+    )
     try:
         built = group.describe()
         losses = [group.update(batch, scored, step=s)["loss/value"] for s in range(6)]
     finally:
         group.shutdown()
-    assert built["critic"] == (value_head == ValueHead.separate) and built["value_head"] == (value_head == ValueHead.shared)
+    assert built["critic"] == (value_head == ValueHead.separate) and built["value_head"] == (
+        value_head == ValueHead.shared
+    )
     assert losses[-1] < 0.5 * losses[0], losses
 
 
@@ -170,7 +194,6 @@ def test_a_nan_batch_is_skipped_and_counted(ray_cluster, tiny_model):
     scored.rewards[3] = float("nan")
     group = learners(tiny_model)
     try:
-        before = group.policy_state()
         metrics = group.update(batch, scored, step=0)
         after = group.policy_state()
     finally:
@@ -204,7 +227,9 @@ def test_resume_is_bit_identical(ray_cluster, tiny_model, tmp_path):
     finally:
         second.shutdown()
     assert not changed(want_state, got_state)
-    assert {k: v for k, v in got.items() if k != "learner/tokens_per_s"} == {k: v for k, v in want.items() if k != "learner/tokens_per_s"}
+    assert {k: v for k, v in got.items() if k != "learner/tokens_per_s"} == {
+        k: v for k, v in want.items() if k != "learner/tokens_per_s"
+    }
     assert got["kl/coef"] != 0.01  # the adaptive coefficient came back from the checkpoint
     # the checkpoint's policy is a plain Hugging Face folder with the weights at save time
     hf = AutoModelForCausalLM.from_pretrained(saved / "policy").state_dict()
@@ -223,16 +248,31 @@ def test_the_single_pass_update_equals_the_recompute_forward(ray_cluster, tiny_m
     assert single_pass(a, len(batch))
     runs = []
     for fused in (True, False):
-        group = LearnerGroup(LearnerConfig(model_path=tiny_model, lr=1e-3), a,
-                             SamplingConfig(n_samples_per_prompt=GROUP, top_k=20), 1, seed=0, num_cpus=0, threads=1)
+        group = LearnerGroup(
+            LearnerConfig(model_path=tiny_model, lr=1e-3),
+            a,
+            SamplingConfig(n_samples_per_prompt=GROUP, top_k=20),
+            1,
+            seed=0,
+            num_cpus=0,
+            threads=1,
+        )
         try:
             group.ranks[0].__ray_call__.remote(lambda self, f=fused: setattr(self, "single_pass", f))
             runs.append((group.update(batch, scored, step=0), group.policy_state()))
         finally:
             group.shutdown()
     (m1, w1), (m0, w0) = runs
-    for key in ("loss/policy", "loss/kl", "kl/ref", "kl/ref_seq", "rollout/logprob_gap", "rollout/outside_filter_frac",
-                "learner/grad_norm", "learner/approx_kl"):
+    for key in (
+        "loss/policy",
+        "loss/kl",
+        "kl/ref",
+        "kl/ref_seq",
+        "rollout/logprob_gap",
+        "rollout/outside_filter_frac",
+        "learner/grad_norm",
+        "learner/approx_kl",
+    ):
         assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
     assert m1["rollout/outside_filter_frac"] > 0  # the filter did exclude tokens
     # Adam's first step is lr * g / (|g| + eps): a gradient entry near eps turns float rounding of the

@@ -1,10 +1,11 @@
 """The sending side of weight sync: learner ranks (ZeRO 0 and ZeRO-3 over 2 ranks) to real vLLM
 engines; and a learner checkpoint served by vLLM as is."""
+
 import pytest
 import ray
 import torch
-
 from conftest import make_scored_batch
+
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.group import LearnerGroup
 from rollout.config import RolloutConfig, SamplingConfig
@@ -29,8 +30,15 @@ def close_logprobs(a, b, tol=1e-4):
 @pytest.mark.parametrize("world, zero", [(1, 0), (2, 3)])
 def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero):
     algo = AlgorithmConfig(estimator=Estimator.grpo, mini_batch_size=8, micro_batch_size=4)
-    group = LearnerGroup(LearnerConfig(model_path=tiny_model, lr=5e-3, zero_stage=zero), algo, SamplingConfig(n_samples_per_prompt=4), world, seed=0,
-                         num_cpus=0, threads=1)
+    group = LearnerGroup(
+        LearnerConfig(model_path=tiny_model, lr=5e-3, zero_stage=zero),
+        algo,
+        SamplingConfig(n_samples_per_prompt=4),
+        world,
+        seed=0,
+        num_cpus=0,
+        threads=1,
+    )
     try:
         for step in range(2):  # move the policy away from the engines (other seeds than the other case)
             group.update(*make_scored_batch(tiny_model, seed=10 + step + 100 * zero), step=step)
@@ -54,8 +62,15 @@ def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero):
 
 def test_a_learner_checkpoint_is_served_by_vllm_as_is(ray_cluster, tiny_model, tmp_path):
     algo = AlgorithmConfig(estimator=Estimator.grpo, mini_batch_size=8, micro_batch_size=4)
-    group = LearnerGroup(LearnerConfig(model_path=tiny_model, lr=5e-3), algo, SamplingConfig(n_samples_per_prompt=4), 1,
-                         seed=0, num_cpus=0, threads=1)
+    group = LearnerGroup(
+        LearnerConfig(model_path=tiny_model, lr=5e-3),
+        algo,
+        SamplingConfig(n_samples_per_prompt=4),
+        1,
+        seed=0,
+        num_cpus=0,
+        threads=1,
+    )
     try:
         group.update(*make_scored_batch(tiny_model, seed=20), step=0)
         ckpt = group.save(tmp_path / "ckpt")

@@ -2,6 +2,7 @@
 small examples computed by hand from each paper's formula (worked out in the comments).
 
 The running example: 2 sequences x 3 tokens, the second padded after 2 tokens."""
+
 import math
 
 import pytest
@@ -54,8 +55,9 @@ def test_seq_sum_norm_gives_every_token_the_same_gradient_whatever_its_sequences
     # ratio 1, A = 1 everywhere: the loss is -(3 + 2) / 4 / 2 = -0.625 and d loss / d logp = -1 / (4 * 2)
     # on every response token. seq_mean would give -1/6 (length 3) and -1/4 (length 2): Dr. GRPO's length bias.
     lp = t([[-1.0, -2.0, -0.5], [-1.5, -0.25, 0.0]])
-    loss, g, _ = grad(A.ppo_policy_loss, lp, lp.clone(), MASK.clone(), MASK, 0.2, aggregation="seq_sum_norm",
-                      norm_tokens=4)
+    loss, g, _ = grad(
+        A.ppo_policy_loss, lp, lp.clone(), MASK.clone(), MASK, 0.2, aggregation="seq_sum_norm", norm_tokens=4
+    )
     assert close(loss, -0.625) and close(g, -0.125 * MASK)
     _, g_seq, _ = grad(A.ppo_policy_loss, lp, lp.clone(), MASK.clone(), MASK, 0.2, aggregation="seq_mean")
     assert close(g_seq, t([[-1 / 6, -1 / 6, -1 / 6], [-0.25, -0.25, 0.0]]))
@@ -100,8 +102,9 @@ def test_gspo_gradient_is_the_sequence_objectives():
 
 def test_gspo_padding_and_weights():
     loss, m = L.gspo_policy_loss(GSPO_LP, GSPO_OLD, GSPO_ADV, MASK, 0.2, aggregation="seq_mean")
-    padded, mp = L.gspo_policy_loss(pad(GSPO_LP, -math.inf), pad(GSPO_OLD, 1e6), pad(GSPO_ADV, 1e6), pad(MASK, 0.0),
-                                    0.2, aggregation="seq_mean")
+    padded, mp = L.gspo_policy_loss(
+        pad(GSPO_LP, -math.inf), pad(GSPO_OLD, 1e6), pad(GSPO_ADV, 1e6), pad(MASK, 0.0), 0.2, aggregation="seq_mean"
+    )
     assert close(loss, padded) and all(close(m[k], mp[k]) for k in m)
     # off-policy weights multiply each token's term, as in PPO: weight 2 on row 1 -> (-1.2 + 2 * 0.818731) / 2
     w = t([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
@@ -139,8 +142,9 @@ def test_cispo_optional_lower_bound():
 
 def test_cispo_padding_never_changes_the_result():
     loss, m = L.cispo_policy_loss(CISPO_LP, CISPO_OLD, CISPO_ADV, MASK, None, 0.2)
-    padded, mp = L.cispo_policy_loss(pad(CISPO_LP, -math.inf), pad(CISPO_OLD, 1e6), pad(CISPO_ADV, 1e6),
-                                     pad(MASK, 0.0), None, 0.2)
+    padded, mp = L.cispo_policy_loss(
+        pad(CISPO_LP, -math.inf), pad(CISPO_OLD, 1e6), pad(CISPO_ADV, 1e6), pad(MASK, 0.0), None, 0.2
+    )
     assert close(loss, padded) and all(close(m[k], mp[k]) for k in m)
 
 
@@ -186,15 +190,26 @@ def test_policy_loss_dispatches_on_algorithm_policy_loss(kind, agg):
     g = torch.Generator().manual_seed(0)
     logits, temperature = torch.randn(2, 3, 5, generator=g), 0.7
     ids = torch.randint(0, 5, (2, 4), generator=g)
-    mb = {"input_ids": ids, "mask": MASK, "old_logprobs": -torch.rand(2, 3, generator=g),
-          "advantages": torch.randn(2, 3, generator=g) * MASK}
-    algo = AlgorithmConfig(policy_loss=kind, kl_placement=KLPlacement.reward, clip_eps=0.1, clip_eps_high=0.3,
-                           cispo_clip_low=0.4, loss_aggregation=LossAggregation(agg))
+    mb = {
+        "input_ids": ids,
+        "mask": MASK,
+        "old_logprobs": -torch.rand(2, 3, generator=g),
+        "advantages": torch.randn(2, 3, generator=g) * MASK,
+    }
+    algo = AlgorithmConfig(
+        policy_loss=kind,
+        kl_placement=KLPlacement.reward,
+        clip_eps=0.1,
+        clip_eps_high=0.3,
+        cispo_clip_low=0.4,
+        loss_aggregation=LossAggregation(agg),
+    )
     loss, terms = policy_loss(logits, mb, algo, 0.0, temperature, 4, A.aggregate_total(MASK, agg), agg, norm_tokens=6)
     lp = A.logprobs_from_logits(logits / temperature, ids[:, 1:])
     low = 0.4 if kind == PolicyLoss.cispo else 0.1  # cispo's lower bound is its own key
-    want, wm = L.POLICY_LOSSES[kind.value](lp, mb["old_logprobs"], mb["advantages"], MASK, low, 0.3, agg,
-                                           A.aggregate_total(MASK, agg), None, 6)
+    want, wm = L.POLICY_LOSSES[kind.value](
+        lp, mb["old_logprobs"], mb["advantages"], MASK, low, 0.3, agg, A.aggregate_total(MASK, agg), None, 6
+    )
     assert close(loss, want, 1e-6) and close(terms["clip_frac"], wm["clip_frac"])
     assert L.POLICY_LOSSES["ppo"] is A.ppo_policy_loss
 
@@ -206,15 +221,20 @@ def test_seq_sum_norm_defaults_to_the_longest_response():
 
 
 def test_an_update_with_reinforce_pp_gspo_and_seq_sum_norm_adds_up_over_micro_batches(tiny_model):
+    from conftest import make_scored_batch
     from transformers import AutoModelForCausalLM
 
-    from conftest import make_scored_batch
     from learner.models import PolicyValue
 
     batch, scored = make_scored_batch(tiny_model, n_prompts=2, group=4, seed=4)
     policy = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False)
-    cfg = AlgorithmConfig(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True, kl_placement=KLPlacement.reward,
-                          policy_loss=PolicyLoss.gspo, loss_aggregation=LossAggregation.seq_sum_norm)
+    cfg = AlgorithmConfig(
+        estimator=Estimator.reinforce_pp,
+        reinforce_pp_group_baseline=True,
+        kl_placement=KLPlacement.reward,
+        policy_loss=PolicyLoss.gspo,
+        loss_aggregation=LossAggregation.seq_sum_norm,
+    )
     sampling = SamplingConfig(n_samples_per_prompt=4)
     exp = make_experience(policy, None, batch, scored, cfg, 0.05, sampling, 0, 4, 0, 1)
     # REINFORCE++-baseline: whitened over the batch after the group mean (Hu 2025)

@@ -1,9 +1,10 @@
 """Micro-batches of similar lengths, each cut to its own longest row (Experience.by_length, .rows):
 the same loss, gradients and recomputed logprobs as full-width micro-batches in batch order."""
+
 import torch
+from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
-from conftest import make_scored_batch
 from learner.config import AlgorithmConfig
 from learner.experience import make_experience
 from learner.models import PolicyValue
@@ -18,7 +19,9 @@ def setup(tiny_model):
     batch, scored = make_scored_batch(tiny_model, n_prompts=4, group=4, seed=4)  # ragged prompts and responses
     policy = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False)
     cfg = AlgorithmConfig(init_kl_coef=0.05)
-    exp = make_experience(policy, None, batch, scored, cfg, 0.05, SamplingConfig(n_samples_per_prompt=4), 0, MICRO, 0, 1)
+    exp = make_experience(
+        policy, None, batch, scored, cfg, 0.05, SamplingConfig(n_samples_per_prompt=4), 0, MICRO, 0, 1
+    )
     return policy, cfg, exp
 
 
@@ -44,10 +47,12 @@ def test_bucketed_trimmed_micro_batches_give_the_padded_loss_and_gradients(tiny_
             loss += float(part)
         return loss, [p.grad.clone() for p in policy.parameters()]
 
-    full = [{k: v[i: i + MICRO] if isinstance(v, torch.Tensor) else v for k, v in vars(exp).items()}
-            for i in range(0, n, MICRO)]
+    full = [
+        {k: v[i : i + MICRO] if isinstance(v, torch.Tensor) else v for k, v in vars(exp).items()}
+        for i in range(0, n, MICRO)
+    ]
     order = exp.by_length(torch.arange(n))
-    bucketed = [exp.rows(order[i: i + MICRO]) for i in range(0, n, MICRO)]
+    bucketed = [exp.rows(order[i : i + MICRO]) for i in range(0, n, MICRO)]
     widths = [mb["input_ids"].shape[1] for mb in bucketed]
     assert widths == sorted(widths, reverse=True) and widths[-1] < exp.input_ids.shape[1]  # padding was cut
     (loss0, grads0), (loss1, grads1) = run(full), run(bucketed)

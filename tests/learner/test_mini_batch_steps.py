@@ -2,12 +2,13 @@
 optimizer step on the gradient of that mini-batch's own loss, even a short last one (33 rows with
 mini_batch_size 32, as an endpoint batch of whole episodes could be), and nothing carries over to
 the next update. A real DeepSpeed engine (ZeRO 0, gloo, one rank) in this process."""
+
 import math
 
 import pytest
 import torch
-
 from conftest import make_scored_batch
+
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.worker import Learner, loss_norm_tokens, policy_loss
@@ -19,10 +20,20 @@ GROUP = 3
 
 @pytest.fixture(scope="module")
 def learner(tiny_model):
-    algo = AlgorithmConfig(estimator=Estimator.grpo, mini_batch_size=32, micro_batch_size=8, ppo_epochs=1,
-                           init_kl_coef=0.01)
-    return Learner(LearnerConfig(model_path=tiny_model, lr=1e-3), algo, SamplingConfig(n_samples_per_prompt=GROUP),
-                   rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), seed=0, threads=1)
+    algo = AlgorithmConfig(
+        estimator=Estimator.grpo, mini_batch_size=32, micro_batch_size=8, ppo_epochs=1, init_kl_coef=0.01
+    )
+    return Learner(
+        LearnerConfig(model_path=tiny_model, lr=1e-3),
+        algo,
+        SamplingConfig(n_samples_per_prompt=GROUP),
+        rank=0,
+        world_size=1,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        seed=0,
+        threads=1,
+    )
 
 
 def reference_grads(learner: Learner, exp, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -37,9 +48,17 @@ def reference_grads(learner: Learner, exp, rows: torch.Tensor) -> list[torch.Ten
     mb = exp.rows(rows)
     with torch.enable_grad():
         logits, _ = learner.policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-        loss, _ = policy_loss(logits, mb, a, learner.kl_ctl.value, learner.temperature,
-                              learner.cfg.logprob_chunk_tokens, max(A.aggregate_total(exp.mask[rows], agg), 1e-8), agg,
-                              norm_tokens=loss_norm_tokens(a, learner.sampling))
+        loss, _ = policy_loss(
+            logits,
+            mb,
+            a,
+            learner.kl_ctl.value,
+            learner.temperature,
+            learner.cfg.logprob_chunk_tokens,
+            max(A.aggregate_total(exp.mask[rows], agg), 1e-8),
+            agg,
+            norm_tokens=loss_norm_tokens(a, learner.sampling),
+        )
         loss.backward()
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
     for p, g in zip(params, saved):

@@ -2,10 +2,11 @@
 policy's logprobs stay within a stated tolerance of float32's, the reference computes exactly the
 policy's function (KL 0 at step 0), the forward really runs its matmuls in bf16, and the weights,
 gradients and optimizer stay float32."""
+
 import torch
+from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
-from conftest import make_scored_batch
 from learner.config import Dtype, LearnerConfig
 from learner.experience import ragged_to_dense
 from learner.models import PolicyValue, build_policy

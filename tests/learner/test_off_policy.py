@@ -4,6 +4,7 @@ Two samples: the first has 3 tokens with pi_prox = (.5, .2, .3) and mu = (.25, .
 ratios pi_prox/mu are (2, .5, 1); the second has 1 token, .9 against .3 (ratio 3), then padding whose
 logprobs are garbage and must change nothing.
 """
+
 import math
 
 import pytest
@@ -49,11 +50,17 @@ def test_truncated_importance_sampling_caps_the_ratio():
 
 def test_icepop_masks_ratios_outside_the_band_and_keeps_the_rest_as_weights():
     # band [.45, 2.05]: 2, .5 and 1 stay; 3 is masked (bounds off the ratios: .5 computes as .49999997)
-    assert close(A.off_policy_weights(PROX, MU, MASK, "icepop", low=0.45, high=2.05), t([[2.0, 0.5, 1.0], [0.0, 0.0, 0.0]]))
-    assert close(A.off_policy_weights(PROX, MU, MASK, "icepop", low=0.6, high=2.05), t([[2.0, 0.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert close(
+        A.off_policy_weights(PROX, MU, MASK, "icepop", low=0.45, high=2.05), t([[2.0, 0.5, 1.0], [0.0, 0.0, 0.0]])
+    )
+    assert close(
+        A.off_policy_weights(PROX, MU, MASK, "icepop", low=0.6, high=2.05), t([[2.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    )
     # at the sequence level the first sample (product 1) keeps all its tokens at weight 1
-    assert close(A.off_policy_weights(PROX, MU, MASK, "icepop", "sequence", low=0.6, high=2.05),
-                 t([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert close(
+        A.off_policy_weights(PROX, MU, MASK, "icepop", "sequence", low=0.6, high=2.05),
+        t([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+    )
     assert close(A.ratio_stats(PROX, MU, MASK, "icepop", low=0.6, high=2.05)["clipped_frac"], 2 / 4)
 
 
@@ -106,8 +113,9 @@ def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_s
     filtered = A.filtered_logprobs(logits, ids[:, 1:], top_k=2)
     assert float(A.logprobs_from_logits(logits, ids[:, 1:]).exp().max()) < 0.5 * float(filtered.exp().min())
     plain = AlgorithmConfig(kl_placement=KLPlacement.reward)
-    ice = AlgorithmConfig(kl_placement=KLPlacement.reward,
-                          off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop, low=0.5, high=2.0))
+    ice = AlgorithmConfig(
+        kl_placement=KLPlacement.reward, off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop, low=0.5, high=2.0)
+    )
     mb = {"input_ids": ids, "mask": mask, "advantages": adv, "behaviour_logprobs": filtered.clone()}
     want, _ = policy_loss(logits, mb, plain, 0.0, 1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
     # single pass: pi_prox (and its filtered view) come from this forward

@@ -6,6 +6,7 @@ group all equal). The policy gives every token logprob -log 4 (zero logits over 
 logprobs put the ratio pi/pi_old at 1.5 on the first sample's token and 1 elsewhere; the reference
 sits 0.1 below the old logprobs (k1 KL 0.1 per token).
 """
+
 import math
 
 import pytest
@@ -55,13 +56,35 @@ def advantages_and_loss(cfg, kl_coef: float = 0.0):
     (kl_coef: the KL term's coefficient in the loss, where the recipe places it there)."""
     a = cfg.algorithm
     kl = A.kl_penalty(OLD, REF, a.kl_estimator.value, MASK)
-    adv, _ = advantages(a, SCORES, kl, a.init_kl_coef, MASK, None, cfg.rollout.sampling.n_samples_per_prompt,
-                        torch.ones(4, dtype=torch.bool))
-    mb = {"input_ids": torch.zeros(4, 4, dtype=torch.long), "mask": MASK, "old_logprobs": OLD, "advantages": adv,
-          "ref_logprobs": REF}
+    adv, _ = advantages(
+        a,
+        SCORES,
+        kl,
+        a.init_kl_coef,
+        MASK,
+        None,
+        cfg.rollout.sampling.n_samples_per_prompt,
+        torch.ones(4, dtype=torch.bool),
+    )
+    mb = {
+        "input_ids": torch.zeros(4, 4, dtype=torch.long),
+        "mask": MASK,
+        "old_logprobs": OLD,
+        "advantages": adv,
+        "ref_logprobs": REF,
+    }
     agg = a.loss_aggregation.value
-    loss, _ = policy_loss(torch.zeros(4, 3, 4), mb, a, kl_coef, cfg.rollout.sampling.temperature, 16,
-                          A.aggregate_total(MASK, agg), agg, norm_tokens=a.loss_norm_tokens)
+    loss, _ = policy_loss(
+        torch.zeros(4, 3, 4),
+        mb,
+        a,
+        kl_coef,
+        cfg.rollout.sampling.temperature,
+        16,
+        A.aggregate_total(MASK, agg),
+        agg,
+        norm_tokens=a.loss_norm_tokens,
+    )
     return adv, float(loss)
 
 
@@ -151,12 +174,18 @@ def test_rloo_leaves_one_out_of_the_kl_penalised_sequence_reward_unnormalised(tm
 
 
 def test_a_key_that_contradicts_the_method_is_refused_naming_it(tmp_path):
-    with pytest.raises(ConfigError, match=r"command line 'algorithm.normalize_advantages=true': "
-                                          r"algorithm.normalize_advantages: algorithm.method=dr_grpo sets it to false"):
+    with pytest.raises(
+        ConfigError,
+        match=r"command line 'algorithm.normalize_advantages=true': "
+        r"algorithm.normalize_advantages: algorithm.method=dr_grpo sets it to false",
+    ):
         load(tmp_path, "dr_grpo", "algorithm.normalize_advantages=true")
     # in the file too, with its line; a value equal to the recipe's is fine
-    with pytest.raises(ConfigError, match=r"c.yaml:\d+: algorithm.loss_aggregation: "
-                                          r"algorithm.method=gspo sets it to seq_mean"):
+    with pytest.raises(
+        ConfigError,
+        match=r"c.yaml:\d+: algorithm.loss_aggregation: "
+        r"algorithm.method=gspo sets it to seq_mean",
+    ):
         load(tmp_path, "gspo", yaml_extra="  loss_aggregation: token_mean\n")
     assert load(tmp_path, "gspo", "algorithm.loss_aggregation=seq_mean").algorithm.clip_eps == 3e-4
 
@@ -174,12 +203,16 @@ def load_config_without_method(tmp_path):
     return load_config(path)
 
 
-
-@pytest.mark.parametrize("overrides, key", [
-    (["rollout.sampling.repetition_penalty=1.2"],
-     "rollout.sampling.repetition_penalty: must be 1.0 \\(off\\) for training"),
-    (["learner.lora.rank=4", "learner.lora.dropout=0.1"], "learner.lora.dropout: must be 0 for RL"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (
+            ["rollout.sampling.repetition_penalty=1.2"],
+            "rollout.sampling.repetition_penalty: must be 1.0 \\(off\\) for training",
+        ),
+        (["learner.lora.rank=4", "learner.lora.dropout=0.1"], "learner.lora.dropout: must be 0 for RL"),
+    ],
+)
 def test_training_refuses_what_the_learner_cannot_reproduce(tmp_path, overrides, key):
     """A sampling penalty the learner does not model, or LoRA dropout, makes the behaviour/old/reference
     logprobs another function than the one the update differentiates."""
@@ -207,14 +240,24 @@ def test_a_method_set_in_code_is_checked_against_its_recipe_naming_the_key(tmp_p
 def test_a_group_recipe_with_the_agent_endpoint_gets_one_error_that_names_the_method(tmp_path, method):
     """Not "data.dynamic_sampling: turn it off" (the recipe sets it) nor "needs >= 2" then "must be 1"."""
     for n in ("1", "2"):
-        with pytest.raises(ConfigError, match=f"algorithm.method: algorithm.method={method} is incompatible with "
-                                              "the agent endpoint"):
+        with pytest.raises(
+            ConfigError, match=f"algorithm.method: algorithm.method={method} is incompatible with the agent endpoint"
+        ):
             load(tmp_path, method, "rollout.endpoint.enabled=true", f"rollout.sampling.n_samples_per_prompt={n}")
 
 
 def test_a_group_estimator_with_the_agent_endpoint_is_refused_without_asking_for_more_samples(tmp_path):
-    with pytest.raises(ConfigError, match="algorithm.estimator: compares the samples of one prompt, and each agent "
-                                          "endpoint episode is its own prompt") as e:
-        load(tmp_path, "none", "rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1",
-             "algorithm.mini_batch_size=2", "algorithm.micro_batch_size=2")
+    with pytest.raises(
+        ConfigError,
+        match="algorithm.estimator: compares the samples of one prompt, and each agent "
+        "endpoint episode is its own prompt",
+    ) as e:
+        load(
+            tmp_path,
+            "none",
+            "rollout.endpoint.enabled=true",
+            "rollout.sampling.n_samples_per_prompt=1",
+            "algorithm.mini_batch_size=2",
+            "algorithm.micro_batch_size=2",
+        )
     assert "needs >= 2" not in str(e.value)

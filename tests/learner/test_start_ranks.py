@@ -1,4 +1,5 @@
 """Starting the learner ranks survives the rendezvous port being taken between probe and bind."""
+
 import pytest
 
 from learner.group import start_ranks
@@ -16,8 +17,11 @@ def test_a_taken_rendezvous_port_is_retried_with_another_and_other_errors_are_ra
             return self.port
 
     flag = tmp_path / "taken"
-    ranks = start_ranks(Rank, 1, lambda rank, addr, port, threads: (rank, addr, port, threads, flag,
-                                                                      "EADDRINUSE: address already in use"))
+    ranks = start_ranks(
+        Rank,
+        1,
+        lambda rank, addr, port, threads: (rank, addr, port, threads, flag, "EADDRINUSE: address already in use"),
+    )
     assert ray_cluster.get(ranks[0].ready.remote()) > 0 and flag.exists()
     flag.unlink()
     with pytest.raises(ray_cluster.exceptions.RayActorError, match="out of memory"):

@@ -1,15 +1,16 @@
 """The learner's update metrics on a real DeepSpeed rank: per-token units under every loss aggregation,
 and the off-policy ratio taken between like and like under a top-k filter."""
+
 import dataclasses
 import math
 
 import pytest
 import torch
+from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
-from conftest import make_scored_batch
 from learner import algorithms as A
-from learner.config import (AlgorithmConfig, LearnerConfig, LossAggregation, OffPolicyConfig, OffPolicyKind)
+from learner.config import AlgorithmConfig, LearnerConfig, LossAggregation, OffPolicyConfig, OffPolicyKind
 from learner.group import LearnerGroup
 from learner.models import PolicyValue
 from rollout.config import SamplingConfig
@@ -32,7 +33,7 @@ def greedy_batch(model_path):
             ids = list(prompt)
             for _ in range(2 + i % 5):
                 ids.append(int(lm(torch.tensor([ids])).logits[0, -1].argmax()))
-            responses.append(ids[len(prompt):])
+            responses.append(ids[len(prompt) :])
     input_ids, attention, positions, mask = pack(batch.prompt_ids, responses, 0)
     with torch.no_grad():
         logits, _ = PolicyValue(lm, False)(input_ids, attention, positions)
@@ -47,10 +48,23 @@ def greedy_batch(model_path):
 @pytest.mark.parametrize("agg", [LossAggregation.seq_sum_norm, LossAggregation.seq_mean])
 def test_entropy_and_kl_are_per_token_and_the_filtered_ratio_is_one_in_sync(ray_cluster, tiny_model, agg):
     batch, scored, entropy = greedy_batch(tiny_model)
-    a = AlgorithmConfig(loss_aggregation=agg, loss_norm_tokens=16, mini_batch_size=8, micro_batch_size=4,
-                        init_kl_coef=0.01, off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop))
-    group = LearnerGroup(LearnerConfig(model_path=tiny_model, lr=1e-3), a,
-                         SamplingConfig(n_samples_per_prompt=GROUP, top_k=TOP_K), 1, seed=0, num_cpus=0, threads=1)
+    a = AlgorithmConfig(
+        loss_aggregation=agg,
+        loss_norm_tokens=16,
+        mini_batch_size=8,
+        micro_batch_size=4,
+        init_kl_coef=0.01,
+        off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop),
+    )
+    group = LearnerGroup(
+        LearnerConfig(model_path=tiny_model, lr=1e-3),
+        a,
+        SamplingConfig(n_samples_per_prompt=GROUP, top_k=TOP_K),
+        1,
+        seed=0,
+        num_cpus=0,
+        threads=1,
+    )
     try:
         m = group.update(batch, scored, step=0)
     finally:

@@ -1,5 +1,6 @@
 """The built-in agents' demonstrations are laid out exactly as episodes are played, and play the game
 by its rules (orchestrator/agent_policies.py)."""
+
 import random
 
 from learner.tiny_gpt import char_tokenizer
@@ -11,7 +12,10 @@ def test_a_demonstration_is_the_episode_token_for_token_with_the_models_tokens_m
     tok = char_tokenizer()
     ids, acts = transcript(tok, "12+34=", ["call 12+34", "46", "46"])
     eos = tok.eos_token_id
-    call, answer = tok.encode("call 12+34", add_special_tokens=False) + [eos], tok.encode("46", add_special_tokens=False) + [eos]
+    call, answer = (
+        tok.encode("call 12+34", add_special_tokens=False) + [eos],
+        tok.encode("46", add_special_tokens=False) + [eos],
+    )
     obs = observation_ids(tok, "46", "user", eos)  # what rollout/episodes.py appends after the call
     prompt = tok.encode("12+34=", add_special_tokens=False)
     assert ids == prompt + call + obs + answer

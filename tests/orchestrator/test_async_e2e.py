@@ -2,6 +2,7 @@
 runs ahead of the learner by a bounded number of policy versions, which every sample records; an
 async run resumes to the same metrics as an uninterrupted one; a rollout worker killed mid-generation
 loses and repeats no sample."""
+
 import json
 import shutil
 
@@ -20,9 +21,17 @@ def rows(run_dir):
     return [r for r in metrics(run_dir) if "timing/total" in r]
 
 
-def test_full_async_keeps_the_staleness_bound_corrects_off_policy_and_resumes_identically(ray_cluster, policy, tmp_path):
-    over = {"async_training.mode": "full", "async_training.max_staleness": 2, "algorithm.off_policy.correction": "tis",
-            "total_steps": 5, "checkpoint.every_n_steps": 2, "checkpoint.keep_last": 5}
+def test_full_async_keeps_the_staleness_bound_corrects_off_policy_and_resumes_identically(
+    ray_cluster, policy, tmp_path
+):
+    over = {
+        "async_training.mode": "full",
+        "async_training.max_staleness": 2,
+        "algorithm.off_policy.correction": "tis",
+        "total_steps": 5,
+        "checkpoint.every_n_steps": 2,
+        "checkpoint.keep_last": 5,
+    }
     Trainer(config(policy, tmp_path, name="whole", **over)).run()
     whole = rows(tmp_path / "whole")
     assert [r["step"] for r in whole] == [1, 2, 3, 4, 5]
@@ -43,7 +52,9 @@ def test_full_async_keeps_the_staleness_bound_corrects_off_policy_and_resumes_id
     shutil.copytree(tmp_path / "whole" / "checkpoints" / "step_2", crashed / "checkpoints" / "step_2")
     for name in ("eval_before.json", "eval_reference_samples.json"):
         shutil.copy(tmp_path / "whole" / name, crashed)
-    (crashed / "metrics.jsonl").write_text("".join(line + "\n" for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:2]))
+    (crashed / "metrics.jsonl").write_text(
+        "".join(line + "\n" for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:2])
+    )
     Trainer(config(policy, tmp_path, name="crashed", **over, **{"checkpoint.resume": "auto"})).run()
     got = rows(crashed)
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5]

@@ -1,5 +1,6 @@
 """Built-in starting policies: SmolLM2-135M-Instruct converted from the PyPI wheel's GGUF into a plain
 HF folder that transformers and vLLM both load, and the preset that trains it."""
+
 from pathlib import Path
 
 import pytest
@@ -43,9 +44,9 @@ def test_smollm2_converts_to_a_plain_hf_folder_that_vllm_serves(ray_cluster, smo
         assert tok.decode(prompt_ids).startswith("<|im_start|>")  # its own chat template
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=8, do_sample=False)
-            logits = hf(out[:, :-1]).logits[0, len(prompt_ids) - 1:]
-        assert out[0, len(prompt_ids):].tolist() == response_ids
-        expected = torch.log_softmax(logits.float(), -1).gather(-1, out[0, len(prompt_ids):, None]).squeeze(-1)
+            logits = hf(out[:, :-1]).logits[0, len(prompt_ids) - 1 :]
+        assert out[0, len(prompt_ids) :].tolist() == response_ids
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, out[0, len(prompt_ids) :, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(logprobs), expected, atol=1e-3)
 
 

@@ -1,4 +1,5 @@
 """The typed config tree: loading, overrides and one-line errors that name key and source."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -48,39 +49,66 @@ def write(tmp_path, text):
 BASE = "data:\n  task: t\nlearner:\n  model_path: m\n"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algorithm.clip_epss=0.1"], "command line 'algorithm.clip_epss=0.1': algorithm.clip_epss: unknown key; did you mean 'clip_eps'?"),
-    (["algorithm.clip_eps=abc"], "algorithm.clip_eps: Value 'abc' of type 'str' could not be converted to Float"),
-    (["algorithm.estimator=ppo2"], "algorithm.estimator: Invalid value 'ppo2', expected one of [gae, grpo, rloo, reinforce_baseline, reinforce_pp]"),
-    (["rollout.sampling.n_samples_per_prompt=1"], "grpo compares samples of one prompt: needs >= 2, got 1"),
-    (["algorithm.mini_batch_size=100"], "algorithm.mini_batch_size: 100 must divide the samples per step"),
-    (["algorithm.micro_batch_size=48"], "algorithm.micro_batch_size: micro_batch_size (48) x cluster.learner_ranks (1) must divide"),
-    (["reward.sources.0.kindd=remote"], "reward.sources.0.kindd: unknown key; did you mean 'kind'?"),
-    (["reward.sources.x.kind=remote"], "reward.sources is a list; index it by number"),
-    (["reward.sources.0.kind=function"], "reward.sources.0.function: a function source needs function"),
-    (["algorithm.kl_controller=adaptive", "algorithm.target_kl=0"], "command line 'algorithm.target_kl=0': algorithm.target_kl"),
-    (["novalue"], "overrides are key=value"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["algorithm.clip_epss=0.1"],
+            "command line 'algorithm.clip_epss=0.1': algorithm.clip_epss: unknown key; did you mean 'clip_eps'?",
+        ),
+        (["algorithm.clip_eps=abc"], "algorithm.clip_eps: Value 'abc' of type 'str' could not be converted to Float"),
+        (
+            ["algorithm.estimator=ppo2"],
+            "algorithm.estimator: Invalid value 'ppo2', expected one of "
+            "[gae, grpo, rloo, reinforce_baseline, reinforce_pp]",
+        ),
+        (["rollout.sampling.n_samples_per_prompt=1"], "grpo compares samples of one prompt: needs >= 2, got 1"),
+        (["algorithm.mini_batch_size=100"], "algorithm.mini_batch_size: 100 must divide the samples per step"),
+        (
+            ["algorithm.micro_batch_size=48"],
+            "algorithm.micro_batch_size: micro_batch_size (48) x cluster.learner_ranks (1) must divide",
+        ),
+        (["reward.sources.0.kindd=remote"], "reward.sources.0.kindd: unknown key; did you mean 'kind'?"),
+        (["reward.sources.x.kind=remote"], "reward.sources is a list; index it by number"),
+        (["reward.sources.0.kind=function"], "reward.sources.0.function: a function source needs function"),
+        (
+            ["algorithm.kl_controller=adaptive", "algorithm.target_kl=0"],
+            "command line 'algorithm.target_kl=0': algorithm.target_kl",
+        ),
+        (["novalue"], "overrides are key=value"),
+    ],
+)
 def test_bad_overrides_fail_with_one_line_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
         load_config(DEFAULT, overrides)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("algorithm:\n  lrr: 3\n", "c.yaml:2: algorithm.lrr: unknown key"),
-    ("learner:\n  model_path: m\n  lrr: 3\n", "c.yaml:3: learner.lrr: unknown key; did you mean 'lr'?"),
-    (BASE + "reward:\n  sources:\n    - kind: math_answer\n    - kind: remote\n      weight: abc\n",
-     "c.yaml:9: reward.sources.1.weight: Value 'abc'"),
-    (BASE + "reward:\n  sources:\n    - kind: remote\n      bogus: 1\n", "c.yaml:8: reward.sources.0.bogus: unknown key"),
-    (BASE + "algorithm:\n  estimator: grpoo\n", "c.yaml:6: algorithm.estimator: Invalid value 'grpoo'"),
-    ("data:\n  task: t\n", "c.yaml: learner.model_path: required, but no value was given"),
-    (BASE + "rollout:\n  sampling:\n    top_p: 1.5\n", "c.yaml:7: rollout.sampling.top_p: must be in (0, 1]"),
-    ("learner:\n  model_path: m\n", "data.train_files: give prompt files"),
-    ("a: [\n", "c.yaml:2: not valid YAML"),
-    (BASE + "learner:\n  zero_stage: 4\n", "c.yaml:5: learner: duplicate key (first at line 3)"),
-    ("learner:\n  model_path: m\n  model_path: n\n", "c.yaml:3: learner.model_path: duplicate key (first at line 2)"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("algorithm:\n  lrr: 3\n", "c.yaml:2: algorithm.lrr: unknown key"),
+        ("learner:\n  model_path: m\n  lrr: 3\n", "c.yaml:3: learner.lrr: unknown key; did you mean 'lr'?"),
+        (
+            BASE + "reward:\n  sources:\n    - kind: math_answer\n    - kind: remote\n      weight: abc\n",
+            "c.yaml:9: reward.sources.1.weight: Value 'abc'",
+        ),
+        (
+            BASE + "reward:\n  sources:\n    - kind: remote\n      bogus: 1\n",
+            "c.yaml:8: reward.sources.0.bogus: unknown key",
+        ),
+        (BASE + "algorithm:\n  estimator: grpoo\n", "c.yaml:6: algorithm.estimator: Invalid value 'grpoo'"),
+        ("data:\n  task: t\n", "c.yaml: learner.model_path: required, but no value was given"),
+        (BASE + "rollout:\n  sampling:\n    top_p: 1.5\n", "c.yaml:7: rollout.sampling.top_p: must be in (0, 1]"),
+        ("learner:\n  model_path: m\n", "data.train_files: give prompt files"),
+        ("a: [\n", "c.yaml:2: not valid YAML"),
+        (BASE + "learner:\n  zero_stage: 4\n", "c.yaml:5: learner: duplicate key (first at line 3)"),
+        (
+            "learner:\n  model_path: m\n  model_path: n\n",
+            "c.yaml:3: learner.model_path: duplicate key (first at line 2)",
+        ),
+    ],
+)
 def test_bad_files_fail_with_one_line_naming_file_line_and_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, text))
@@ -117,14 +145,22 @@ def test_cli_help_lists_the_commands():
 
 
 def test_async_and_off_policy_settings_are_checked_by_key():
-    cfg = load_config(DEFAULT, ["async_training.mode=full", "async_training.max_staleness=3",
-                                "algorithm.off_policy.correction=icepop", "algorithm.off_policy.level=geometric"])
+    cfg = load_config(
+        DEFAULT,
+        [
+            "async_training.mode=full",
+            "async_training.max_staleness=3",
+            "algorithm.off_policy.correction=icepop",
+            "algorithm.off_policy.level=geometric",
+        ],
+    )
     assert cfg.async_training.mode.value == "full" and cfg.algorithm.off_policy.level.value == "geometric"
     with pytest.raises(ConfigError, match="async_training.max_staleness: must be >= 1"):
         load_config(DEFAULT, ["async_training.max_staleness=0"])
     with pytest.raises(ConfigError, match="async_training.mode: engines colocated with the learner on GPUs"):
-        load_config(DEFAULT, ["async_training.mode=one_step", "cluster.gpus_per_rollout_worker=1",
-                              "cluster.gpus_per_learner=1"])
+        load_config(
+            DEFAULT, ["async_training.mode=one_step", "cluster.gpus_per_rollout_worker=1", "cluster.gpus_per_learner=1"]
+        )
     with pytest.raises(ConfigError, match=r"algorithm.off_policy.low: need 0 <= low < 1 < high"):
         load_config(DEFAULT, ["algorithm.off_policy.high=0.9"])
     with pytest.raises(ConfigError, match="algorithm.off_policy.cap: must be > 0"):
@@ -132,19 +168,27 @@ def test_async_and_off_policy_settings_are_checked_by_key():
 
 
 def test_policy_losses_and_their_keys_are_checked_by_key():
-    cfg = load_config(DEFAULT, ["algorithm.policy_loss=gspo", "algorithm.clip_eps=0.9", "algorithm.loss_aggregation=seq_mean"])
+    cfg = load_config(
+        DEFAULT, ["algorithm.policy_loss=gspo", "algorithm.clip_eps=0.9", "algorithm.loss_aggregation=seq_mean"]
+    )
     assert cfg.algorithm.policy_loss.value == "gspo"  # a large clip is fine: a sequence ratio moves less than a token's
     cfg = load_config(DEFAULT, ["algorithm.grpo_scale_by_std=false", "algorithm.loss_aggregation=seq_sum_norm"])
     assert cfg.algorithm.loss_aggregation.value == "seq_sum_norm" and cfg.algorithm.loss_norm_tokens == 0  # Dr. GRPO
-    assert load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.clip_eps_high=4"]).algorithm.clip_eps_high == 4
+    assert (
+        load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.clip_eps_high=4"]).algorithm.clip_eps_high == 4
+    )
     with pytest.raises(ConfigError, match="algorithm.policy_loss: Invalid value 'sapo', expected one of"):
         load_config(DEFAULT, ["algorithm.policy_loss=sapo"])
     with pytest.raises(ConfigError, match="algorithm.loss_norm_tokens: must be >= 0"):
         load_config(DEFAULT, ["algorithm.loss_norm_tokens=-1"])
     with pytest.raises(ConfigError, match=r"algorithm.cispo_clip_low: must be in \[0, 1\)"):
         load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.cispo_clip_low=1"])
-    over = ["algorithm.estimator=reinforce_pp", "rollout.sampling.n_samples_per_prompt=1",
-            "algorithm.mini_batch_size=64", "algorithm.micro_batch_size=64"]
+    over = [
+        "algorithm.estimator=reinforce_pp",
+        "rollout.sampling.n_samples_per_prompt=1",
+        "algorithm.mini_batch_size=64",
+        "algorithm.micro_batch_size=64",
+    ]
     assert load_config(DEFAULT, over).algorithm.estimator.value == "reinforce_pp"  # REINFORCE++ needs no groups
     with pytest.raises(ConfigError, match="algorithm.reinforce_pp_group_baseline: a group baseline needs >= 2"):
         load_config(DEFAULT, over + ["algorithm.reinforce_pp_group_baseline=true"])
@@ -158,8 +202,9 @@ def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monke
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert cpu_threads(load_config(DEFAULT)) == (0, 0, 8)  # sync: roles take turns, each on every core
     assert cpu_threads(load_config(DEFAULT, ["async_training.mode=one_step"])) == (4, 4, 4)
-    assert cpu_threads(load_config(DEFAULT, ["async_training.mode=full", "cluster.rollout_workers=2",
-                                             "learner.threads=3"])) == (2, 3, 4)
+    assert cpu_threads(
+        load_config(DEFAULT, ["async_training.mode=full", "cluster.rollout_workers=2", "learner.threads=3"])
+    ) == (2, 3, 4)
 
 
 def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
@@ -172,30 +217,69 @@ def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
     assert malloc_env(False, gpu=False, threaded=True) == {} == malloc_env(True, gpu=True, threaded=True)
 
 
-ENDPOINT = ["rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1",
-            "algorithm.estimator=reinforce_baseline", "algorithm.reinforce_baseline=batch", "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32",
-            "reward.sources=[{kind: environment}]"]  # a valid endpoint run of the grpo preset
+ENDPOINT = [
+    "rollout.endpoint.enabled=true",
+    "rollout.sampling.n_samples_per_prompt=1",
+    "algorithm.estimator=reinforce_baseline",
+    "algorithm.reinforce_baseline=batch",
+    "algorithm.mini_batch_size=32",
+    "algorithm.micro_batch_size=32",
+    "reward.sources=[{kind: environment}]",
+]  # a valid endpoint run of the grpo preset
 
 
-@pytest.mark.parametrize("preset, overrides, message", [
-    ("calculator_tiny_cpu", ["env.name=nope"], "env.name: 'nope' is neither a built-in"),
-    ("calculator_tiny_cpu", ["env.name=envs.builtin:Nope"], "env.name: cannot load 'envs.builtin:Nope'"),
-    ("guess_number_tiny_cpu", ["env.options={lowest: 1}"], "env.options: guess_number does not take these options"),
-    ("calculator_tiny_cpu", ["env.step_timeout_s=0"], "env.step_timeout_s: an environment needs a deadline > 0"),
-    ("calculator_tiny_cpu", ["env.max_turns=10"], r"rollout.max_model_len: 80 < max_prompt_tokens \(16\) \+ the episode's tokens \(160"),
-    ("grpo_tiny_cpu", ["reward.sources=[{kind: environment}]"], "reward.sources: an environment source needs an environment"),
-    ("grpo_tiny_cpu", ["rollout.endpoint.enabled=true"], "rollout.sampling.n_samples_per_prompt: must be 1 with the agent endpoint"),
-    ("calculator_tiny_cpu", ["rollout.endpoint.enabled=true", "rollout.sampling.n_samples_per_prompt=1",
-                             "algorithm.estimator=reinforce_baseline", "algorithm.reinforce_baseline=batch",
-                             "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32"],
-     "env.name: the agent endpoint's episodes are the agent program's own"),
-    ("grpo_tiny_cpu", ["reward.overlong_buffer=4"], r"reward.overlong_max_tokens: overlong shaping needs overlong_max_tokens >= overlong_buffer \(4\)"),
-    # engines colocated with the learner on GPUs sleep during the update, when agents still call them
-    ("grpo_tiny_cpu",
-     [*ENDPOINT, "cluster.colocate=true", "cluster.gpus_per_rollout_worker=1", "cluster.gpus_per_learner=1"],
-     "cluster.colocate: the agent endpoint serves agents while the learner trains"),
-    ("grpo_tiny_cpu", [*ENDPOINT, "rollout.endpoint.max_staleness=-1"], "rollout.endpoint.max_staleness: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "preset, overrides, message",
+    [
+        ("calculator_tiny_cpu", ["env.name=nope"], "env.name: 'nope' is neither a built-in"),
+        ("calculator_tiny_cpu", ["env.name=envs.builtin:Nope"], "env.name: cannot load 'envs.builtin:Nope'"),
+        ("guess_number_tiny_cpu", ["env.options={lowest: 1}"], "env.options: guess_number does not take these options"),
+        ("calculator_tiny_cpu", ["env.step_timeout_s=0"], "env.step_timeout_s: an environment needs a deadline > 0"),
+        (
+            "calculator_tiny_cpu",
+            ["env.max_turns=10"],
+            r"rollout.max_model_len: 80 < max_prompt_tokens \(16\) \+ the episode's tokens \(160",
+        ),
+        (
+            "grpo_tiny_cpu",
+            ["reward.sources=[{kind: environment}]"],
+            "reward.sources: an environment source needs an environment",
+        ),
+        (
+            "grpo_tiny_cpu",
+            ["rollout.endpoint.enabled=true"],
+            "rollout.sampling.n_samples_per_prompt: must be 1 with the agent endpoint",
+        ),
+        (
+            "calculator_tiny_cpu",
+            [
+                "rollout.endpoint.enabled=true",
+                "rollout.sampling.n_samples_per_prompt=1",
+                "algorithm.estimator=reinforce_baseline",
+                "algorithm.reinforce_baseline=batch",
+                "algorithm.mini_batch_size=32",
+                "algorithm.micro_batch_size=32",
+            ],
+            "env.name: the agent endpoint's episodes are the agent program's own",
+        ),
+        (
+            "grpo_tiny_cpu",
+            ["reward.overlong_buffer=4"],
+            r"reward.overlong_max_tokens: overlong shaping needs overlong_max_tokens >= overlong_buffer \(4\)",
+        ),
+        # engines colocated with the learner on GPUs sleep during the update, when agents still call them
+        (
+            "grpo_tiny_cpu",
+            [*ENDPOINT, "cluster.colocate=true", "cluster.gpus_per_rollout_worker=1", "cluster.gpus_per_learner=1"],
+            "cluster.colocate: the agent endpoint serves agents while the learner trains",
+        ),
+        (
+            "grpo_tiny_cpu",
+            [*ENDPOINT, "rollout.endpoint.max_staleness=-1"],
+            "rollout.endpoint.max_staleness: must be >= 0",
+        ),
+    ],
+)
 def test_environment_endpoint_and_overlong_settings_are_checked_by_key(preset, overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(REPO / "configs" / f"{preset}.yaml", overrides)
@@ -208,9 +292,11 @@ def test_a_model_folder_that_is_not_here_is_a_config_error_naming_the_key(tmp_pa
     assert str(e.value).startswith(f"command line 'learner.model_path={missing}': learner.model_path: '{missing}'")
     # a plain load: shown anywhere
     assert load_config(DEFAULT, [f"learner.model_path={missing}"]).learner.model_path == missing
-    text = (f"data:\n  task: addition_2digit\nlearner:\n  model_path: {tmp_path}\nreward:\n"
-            f"  reference_model_path: {missing}\n  sources:\n    - kind: reward_model\n      model_path: {tmp_path}\n"
-            f"    - kind: reward_model\n      model_path: {missing}\n")
+    text = (
+        f"data:\n  task: addition_2digit\nlearner:\n  model_path: {tmp_path}\nreward:\n"
+        f"  reference_model_path: {missing}\n  sources:\n    - kind: reward_model\n      model_path: {tmp_path}\n"
+        f"    - kind: reward_model\n      model_path: {missing}\n"
+    )
     for key, line in (("reward.reference_model_path", 6), ("reward.sources.1.model_path", 11)):
         with pytest.raises(ConfigError, match=rf"c.yaml:{line}: {key}: .*no such folder"):
             load_config(write(tmp_path, text), local=True)
@@ -218,17 +304,24 @@ def test_a_model_folder_that_is_not_here_is_a_config_error_naming_the_key(tmp_pa
     from orchestrator.config import PipelineConfig, StageConfig
 
     with pytest.raises(ConfigError, match="learner.model_path: .*no such folder"):
-        load_config(REPO / "configs" / "rm_tiny_cpu.yaml", [f"learner.model_path={missing}"], root=StageConfig,
-                    local=True)
+        load_config(
+            REPO / "configs" / "rm_tiny_cpu.yaml", [f"learner.model_path={missing}"], root=StageConfig, local=True
+        )
     with pytest.raises(ConfigError, match="ppo.learner.critic_model_path: .*no such folder"):
-        load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [f"ppo.learner.critic_model_path={missing}"],
-                    root=PipelineConfig, local=True)
+        load_config(
+            REPO / "configs" / "pipeline_tiny_cpu.yaml",
+            [f"ppo.learner.critic_model_path={missing}"],
+            root=PipelineConfig,
+            local=True,
+        )
 
 
 def test_a_critic_path_is_checked_only_where_a_critic_reads_it(tmp_path):
     """Review A, item 14: a leftover learner.critic_model_path failed a GRPO run, which has no critic."""
     missing = str(tmp_path / "no_critic")
-    assert load_config(DEFAULT, [f"learner.critic_model_path={missing}"], local=True).learner.critic_model_path == missing
+    assert (
+        load_config(DEFAULT, [f"learner.critic_model_path={missing}"], local=True).learner.critic_model_path == missing
+    )
     ppo = ["algorithm.estimator=gae", f"learner.critic_model_path={missing}"]
     assert load_config(DEFAULT, ppo, local=True)  # critic_init: policy, the path unread
     with pytest.raises(ConfigError, match="learner.critic_model_path: .*no such folder"):
@@ -242,8 +335,13 @@ def test_the_unjudged_steps_limit_is_checked_by_key():
 
 
 def test_relay_train_with_a_missing_model_fails_before_ray_starts(tmp_path):
-    out = relay("train", "configs/grpo_tiny_cpu.yaml", f"learner.model_path={tmp_path / 'no_model'}",
-                f"run_root={tmp_path}", "logging.wandb.mode=disabled")
+    out = relay(
+        "train",
+        "configs/grpo_tiny_cpu.yaml",
+        f"learner.model_path={tmp_path / 'no_model'}",
+        f"run_root={tmp_path}",
+        "logging.wandb.mode=disabled",
+    )
     assert out.returncode == 2 and "relay: config error: " in out.stderr and "learner.model_path: " in out.stderr
     assert "Traceback" not in out.stderr and "Ray" not in out.stderr + out.stdout
 
@@ -263,18 +361,21 @@ def test_seq_sum_norms_constant_defaults_to_a_samples_whole_budget():
     assert learner_algorithm(agents).loss_norm_tokens == agents.rollout.max_model_len  # a conversation's limit
 
 
-@pytest.mark.parametrize("path, overrides, message", [
-    # before, each of these passed: eval_size -1 held out all prompts but one, task_size 0 made the
-    # sampler loop forever, and a task's eval_files were silently ignored
-    ("grpo_tiny_cpu.yaml", ["data.eval_size=-1"], "data.eval_size: must be >= 1, got -1"),
-    ("grpo_tiny_cpu.yaml", ["data.eval_size=0"], "data.eval_size: must be >= 1, got 0"),
-    ("grpo_tiny_cpu.yaml", ["data.task_size=0"], "data.task_size: must be >= 1, got 0"),
-    ("grpo_tiny_cpu.yaml", ["data.eval_files=[e.jsonl]"], "data.eval_files: a task draws its own held-out set"),
-    ("sft_tiny_cpu.yaml", ["data.eval_size=-1"], "data.eval_size: must be >= 1, got -1"),
-    ("rm_tiny_cpu.yaml", ["data.task_size=0"], "data.task_size: must be >= 1, got 0"),
-    ("sft_tiny_cpu.yaml", ["data.eval_files=[e.jsonl]"], "data.eval_files: a task draws its own held-out set"),
-    ("pipeline_tiny_cpu.yaml", ["rm.data.eval_size=-2"], "rm.data.eval_size: must be >= 1, got -2"),
-])
+@pytest.mark.parametrize(
+    "path, overrides, message",
+    [
+        # before, each of these passed: eval_size -1 held out all prompts but one, task_size 0 made the
+        # sampler loop forever, and a task's eval_files were silently ignored
+        ("grpo_tiny_cpu.yaml", ["data.eval_size=-1"], "data.eval_size: must be >= 1, got -1"),
+        ("grpo_tiny_cpu.yaml", ["data.eval_size=0"], "data.eval_size: must be >= 1, got 0"),
+        ("grpo_tiny_cpu.yaml", ["data.task_size=0"], "data.task_size: must be >= 1, got 0"),
+        ("grpo_tiny_cpu.yaml", ["data.eval_files=[e.jsonl]"], "data.eval_files: a task draws its own held-out set"),
+        ("sft_tiny_cpu.yaml", ["data.eval_size=-1"], "data.eval_size: must be >= 1, got -1"),
+        ("rm_tiny_cpu.yaml", ["data.task_size=0"], "data.task_size: must be >= 1, got 0"),
+        ("sft_tiny_cpu.yaml", ["data.eval_files=[e.jsonl]"], "data.eval_files: a task draws its own held-out set"),
+        ("pipeline_tiny_cpu.yaml", ["rm.data.eval_size=-2"], "rm.data.eval_size: must be >= 1, got -2"),
+    ],
+)
 def test_bad_data_sizes_and_eval_files_with_a_task_are_refused_naming_the_key(path, overrides, message):
     from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
 

@@ -1,5 +1,6 @@
 """Every config field explains itself: its comment is read from its dataclass, printed beside its
 value by `relay config show`, and written with the resolved tree to the run folder at launch."""
+
 import sys
 import types
 import typing
@@ -20,32 +21,45 @@ PIPELINE = REPO / "configs" / "pipeline_tiny_cpu.yaml"
 
 
 def undocumented(*roots) -> list[str]:
-    return [f"{cls.__module__}.{cls.__name__}.{name}" for root in roots for cls in config_types(root)
-            for name, comment in field_comments(cls).items() if not comment]
+    return [
+        f"{cls.__module__}.{cls.__name__}.{name}"
+        for root in roots
+        for cls in config_types(root)
+        for name, comment in field_comments(cls).items()
+        if not comment
+    ]
 
 
 def test_every_config_field_has_a_comment():
     missing = undocumented(TrainConfig, StageConfig, PipelineConfig)
-    assert not missing, "config fields need a one-line `# ...` comment on their line: " + ", ".join(missing)
+    assert not missing, "config fields need a docstring under them: " + ", ".join(missing)
 
 
 @dataclass
 class _Item:
-    weight: float = 1.0  # how much it counts
+    weight: float = 1.0
+    """how much it counts"""
 
 
 @dataclass
 class _Example:
-    plain: int = 0
-    hashed: str = "#### N"  # the "#" inside the string is no comment
-    wrapped: list[str] = field(
-        default_factory=lambda: ["a"])  # on the last line
-    items: list[_Item] = field(default_factory=list)  # a list of sections
+    plain: int = 0  # a comment is no documentation
+    hashed: str = "#### N"
+    """the "#" inside the string is no comment"""
+    wrapped: list[str] = field(default_factory=lambda: ["a"])
+    """a docstring that
+    wraps over lines"""
+    items: list[_Item] = field(default_factory=list)
+    """a list of sections"""
 
 
-def test_field_comments_reads_the_comment_on_each_fields_line():
-    assert field_comments(_Example) == {"plain": "", "hashed": 'the "#" inside the string is no comment',
-                                        "wrapped": "on the last line", "items": "a list of sections"}
+def test_field_comments_reads_the_docstring_under_each_field():
+    assert field_comments(_Example) == {
+        "plain": "",
+        "hashed": 'the "#" inside the string is no comment',
+        "wrapped": "a docstring that wraps over lines",
+        "items": "a list of sections",
+    }
     assert config_types(_Example) == [_Example, _Item]
     assert undocumented(_Example) == [f"{__name__}._Example.plain"]  # the check above fails on a new bare field
 
@@ -85,8 +99,12 @@ def test_config_show_prints_every_field_with_its_comment(capsys):
 
 
 def test_config_show_keeps_awkward_values_valid_yaml(capsys):
-    overrides = ["rollout.sampling.stop=['</answer>', '# end', 'a: b', \"it's\"]", "data.prompt_key=" + "k" * 300,
-                 'reward.sources.0.pattern="<think>\\n.*#.*"', "reward.sources.0.name=':{x}'"]
+    overrides = [
+        "rollout.sampling.stop=['</answer>', '# end', 'a: b', \"it's\"]",
+        "data.prompt_key=" + "k" * 300,
+        'reward.sources.0.pattern="<think>\\n.*#.*"',
+        "reward.sources.0.name=':{x}'",
+    ]
     out = show(capsys, DEFAULT, *overrides)
     assert yaml.safe_load(out) == yaml.safe_load(to_yaml(load_config(DEFAULT, overrides)))
     assert yaml.safe_load(out)["reward"]["sources"][0]["pattern"] == "<think>\n.*#.*"
@@ -109,14 +127,17 @@ def test_record_launch_writes_the_config_and_returns_a_short_summary(tmp_path):
     cfg = load_config(DEFAULT, [f"run_root={tmp_path}"])
     summary = record_launch(cfg, "train")
     run = tmp_path / "grpo_tiny_cpu"
-    assert summary == "\n".join([
-        "relay train",
-        f"  run folder  {run}",
-        "  model       builtin://tiny-addition-gpt",
-        "  algorithm   grpo, KL k3 in the loss, fixed coef 0.01",
-        "  workers     1 rollout worker(s), 1 learner rank(s), colocated",
-        "  steps       25 steps x 64 prompts x 8 samples",
-        f"  config      {run / 'config.yaml'}"])
+    assert summary == "\n".join(
+        [
+            "relay train",
+            f"  run folder  {run}",
+            "  model       builtin://tiny-addition-gpt",
+            "  algorithm   grpo, KL k3 in the loss, fixed coef 0.01",
+            "  workers     1 rollout worker(s), 1 learner rank(s), colocated",
+            "  steps       25 steps x 64 prompts x 8 samples",
+            f"  config      {run / 'config.yaml'}",
+        ]
+    )
     written = (run / "config.yaml").read_text()
     assert written.startswith("# relay train: ") and written.endswith(commented_yaml(cfg))
     assert load_config(run / "config.yaml") == cfg  # the written file is a config that runs again
@@ -129,7 +150,8 @@ def test_record_launch_of_stages_and_pipeline(tmp_path):
         "  model       scratch GPT-2 (2 layers x 128, char tokenizer)",
         "  data        task addition_2digit (5000 examples)",
         "  workers     1 learner rank(s)",
-        "  steps       600 steps x 64 sequences"]
+        "  steps       600 steps x 64 sequences",
+    ]
     pipe = load_config(PIPELINE, [f"run_root={tmp_path}", "ppo.algorithm.init_kl_coef=0"], root=PipelineConfig)
     lines = record_launch(pipe, "pipeline").splitlines()
     assert lines[3] == "  rm          800 steps x 64 pairs, model the SFT model"
@@ -153,7 +175,9 @@ def test_launch_commands_print_the_summary_not_the_config(command, tmp_path, cap
             pass
 
     monkeypatch.setitem(sys.modules, "orchestrator.trainer", types.SimpleNamespace(Trainer=Trainer))
-    monkeypatch.setitem(sys.modules, "orchestrator.stages", types.SimpleNamespace(run_stage=lambda cfg, kind: ran.append(cfg)))
+    monkeypatch.setitem(
+        sys.modules, "orchestrator.stages", types.SimpleNamespace(run_stage=lambda cfg, kind: ran.append(cfg))
+    )
     monkeypatch.setitem(sys.modules, "orchestrator.pipeline", types.SimpleNamespace(run_pipeline=ran.append))
     config = {"train": DEFAULT, "sft": REPO / "configs" / "sft_tiny_cpu.yaml", "pipeline": PIPELINE}[command]
     assert main([command, str(config), f"run_root={tmp_path}"]) == 0

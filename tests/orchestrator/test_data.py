@@ -1,4 +1,5 @@
 """Prompt data: files, bad lines named by file and line, tasks, the resumable sampler."""
+
 import json
 
 import pytest
@@ -25,18 +26,24 @@ def test_jsonl_fields_answer_and_metadata(tmp_path):
     assert examples[0] == {"prompt": "1+1=", "answer": "2", "metadata": {"source": "hand"}}
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("{not json", "not valid JSON"),
-    (json.dumps({"text": "x"}), "no 'prompt' field (data.prompt_key)"),
-    (json.dumps({"prompt": ""}), "must be non-empty text"),
-    (json.dumps({"prompt": 5}), "must be non-empty text"),
-    (json.dumps([1, 2]), "expected a JSON object, got list"),
-    (json.dumps({"prompt": []}), "'prompt' must be non-empty text, a list of chat messages or a list of non-negative token ids"),
-    (json.dumps({"prompt": [3, -1]}), "'prompt' must be non-empty text"),
-    (json.dumps({"prompt": [3, 1.5]}), "'prompt' must be non-empty text"),
-    (json.dumps({"prompt": [True, 2]}), "'prompt' must be non-empty text"),
-    (json.dumps({"prompt": [3, "4"]}), "'prompt' must be non-empty text"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"text": "x"}), "no 'prompt' field (data.prompt_key)"),
+        (json.dumps({"prompt": ""}), "must be non-empty text"),
+        (json.dumps({"prompt": 5}), "must be non-empty text"),
+        (json.dumps([1, 2]), "expected a JSON object, got list"),
+        (
+            json.dumps({"prompt": []}),
+            "'prompt' must be non-empty text, a list of chat messages or a list of non-negative token ids",
+        ),
+        (json.dumps({"prompt": [3, -1]}), "'prompt' must be non-empty text"),
+        (json.dumps({"prompt": [3, 1.5]}), "'prompt' must be non-empty text"),
+        (json.dumps({"prompt": [True, 2]}), "'prompt' must be non-empty text"),
+        (json.dumps({"prompt": [3, "4"]}), "'prompt' must be non-empty text"),
+    ],
+)
 def test_a_bad_line_is_named_by_file_and_line(tmp_path, bad, why):
     path = write(tmp_path, [GOOD, "", bad, GOOD])
     with pytest.raises(DataError) as e:
@@ -49,8 +56,10 @@ def test_a_bad_line_is_named_by_file_and_line(tmp_path, bad, why):
 def test_token_id_prompts_load_unchanged(tmp_path):
     lines = [json.dumps({"ids": [5, 6, 7], "answer": 1}), json.dumps({"ids": [0], "source": "x"})]
     examples, skipped = load_examples([write(tmp_path, lines)], DataConfig(prompt_key="ids"))
-    assert skipped == 0 and examples == [{"prompt": [5, 6, 7], "answer": "1", "metadata": {}},
-                                         {"prompt": [0], "answer": None, "metadata": {"source": "x"}}]
+    assert skipped == 0 and examples == [
+        {"prompt": [5, 6, 7], "answer": "1", "metadata": {}},
+        {"prompt": [0], "answer": None, "metadata": {"source": "x"}},
+    ]
 
 
 def test_token_id_prompts_display_as_numbers():
@@ -96,28 +105,37 @@ def test_sampler_epochs_and_resume():
 
 def config_task_sizes():
     """(task, task_size, eval_size) of every task a shipped config generates, RL and SFT/RM stages."""
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     sections = []
     for path in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())
         sections += [raw.get("data", {})] + [raw[s].get("data", {}) for s in ("sft", "rm", "ppo") if s in raw]
     stage = {"task_size": 2000, "eval_size": 200}  # StageConfig's defaults (RL: 1000, 64)
-    return sorted({(d["task"], d.get("task_size", stage["task_size"]), d.get("eval_size", stage["eval_size"]))
-                   for d in sections if d.get("task")})
+    return sorted(
+        {
+            (d["task"], d.get("task_size", stage["task_size"]), d.get("eval_size", stage["eval_size"]))
+            for d in sections
+            if d.get("task")
+        }
+    )
 
 
 def prompts(rows, key="prompt"):
     return {json.dumps(r[key], sort_keys=True) for r in rows}
 
 
-BUILTIN_SIZES = [t for t in config_task_sizes() if t[0] in {"addition_2digit", "addition_3digit", "chat_addition_2digit"}]
+BUILTIN_SIZES = [
+    t for t in config_task_sizes() if t[0] in {"addition_2digit", "addition_3digit", "chat_addition_2digit"}
+]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("task, task_size, eval_size",
-                         [*BUILTIN_SIZES, ("basic_arithmetic", 2000, 128), ("gsm_symbolic", 100, 20)])
+@pytest.mark.parametrize(
+    "task, task_size, eval_size", [*BUILTIN_SIZES, ("basic_arithmetic", 2000, 128), ("gsm_symbolic", 100, 20)]
+)
 def test_held_out_prompts_of_a_task_are_never_training_prompts(task, task_size, eval_size, seed):
     if task not in TINY_TASKS:
         pytest.importorskip("reasoning_gym")
@@ -146,8 +164,11 @@ def test_a_task_with_too_few_distinct_prompts_fails_naming_the_keys():
     # addition_2digit has 90 x 90 = 8100 prompts, of which 1035 are reserved for held-out sets (1 in 8)
     assert sum(reserved(f"{a}+{b}=") for a in range(10, 100) for b in range(10, 100)) == 1035
     assert len(load_split(DataConfig(task="addition_2digit", task_size=10, eval_size=1035), seed=0)[1]) == 1035
-    with pytest.raises(DataError, match=r"data.task 'addition_2digit': .* only 1035 distinct prompts reserved .*"
-                                        r"data.task_size: 2000, data.eval_size: 1036"):
+    with pytest.raises(
+        DataError,
+        match=r"data.task 'addition_2digit': .* only 1035 distinct prompts reserved .*"
+        r"data.task_size: 2000, data.eval_size: 1036",
+    ):
         load_split(DataConfig(task="addition_2digit", task_size=2000, eval_size=1036), seed=0)
 
 
@@ -196,8 +217,10 @@ def test_the_builtin_starting_policies_never_train_on_a_held_out_prompt(seed):
     from orchestrator.builtin_models import builtin_folder, tiny_policy_data
 
     sft_set, probe, _ = tiny_policy_data("addition_2digit", seed=0)  # what build_tiny_policy trains and stops on
-    sets = {"tiny-addition-gpt": ("addition_2digit", sft_set + probe),
-            **{name: (AGENTS[name][0], agent_examples(name, seed=0)) for name in AGENTS}}
+    sets = {
+        "tiny-addition-gpt": ("addition_2digit", sft_set + probe),
+        **{name: (AGENTS[name][0], agent_examples(name, seed=0)) for name in AGENTS},
+    }
     for name, (task, seen) in sets.items():
         assert len(seen) >= 5000
         if task in ONE_PROMPT_TASKS:

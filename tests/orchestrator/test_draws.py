@@ -2,6 +2,7 @@
 top-ups of skipped prompts, dynamic-sampling rounds) has its own draw, so none repeats another's seeds,
 and evaluation has a stream of its own, the same for every evaluation. Through the real Trainer.generate,
 _launch, _resubmit, RolloutPool.submit and RolloutWorker._request_seed, on engines that record seeds."""
+
 from types import SimpleNamespace
 
 from orchestrator import trainer as trainer_module
@@ -32,8 +33,15 @@ class Engine:
         self.calls.append(seeds)
         keep = len(prompts) - 1 if len(self.calls) == 1 else len(prompts)
         n = keep
-        batch = RolloutBatch(list(range(first, first + n)), [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n,
-                             [(first + n, "too long")] if keep < len(prompts) else [])
+        batch = RolloutBatch(
+            list(range(first, first + n)),
+            [[1]] * n,
+            [[2]] * n,
+            [[0.0]] * n,
+            ["x"] * n,
+            ["stop"] * n,
+            [(first + n, "too long")] if keep < len(prompts) else [],
+        )
         batch.version_first = batch.version_last = [step] * n  # fresh: no staleness drop
         return batch
 
@@ -41,12 +49,20 @@ class Engine:
 def loop_for(run_seed: int) -> SimpleNamespace:
     engine = Engine(run_seed)
     pool = SimpleNamespace(workers=[engine])
-    loop = SimpleNamespace(cfg=SimpleNamespace(data=SimpleNamespace(rollout_batch_size=B)), step=3, lead=0,
-                           sampler=PromptSampler(50, run_seed, shuffle=True), counters={"async/dropped_stale": 0},
-                           train=[{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(50)],
-                           _prompt=lambda e: e["prompt"], _meta=lambda e: e,
-                           rollout=SimpleNamespace(submit=lambda *a, **k: RolloutPool.submit(pool, *a, **k),
-                                                   collect=lambda pending: RolloutBatch.concat(pending)))
+    loop = SimpleNamespace(
+        cfg=SimpleNamespace(data=SimpleNamespace(rollout_batch_size=B)),
+        step=3,
+        lead=0,
+        sampler=PromptSampler(50, run_seed, shuffle=True),
+        counters={"async/dropped_stale": 0},
+        train=[{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(50)],
+        _prompt=lambda e: e["prompt"],
+        _meta=lambda e: e,
+        rollout=SimpleNamespace(
+            submit=lambda *a, **k: RolloutPool.submit(pool, *a, **k),
+            collect=lambda pending: RolloutBatch.concat(pending),
+        ),
+    )
     for name in ("_launch", "_resubmit", "_collect"):
         setattr(loop, name, getattr(Trainer, name).__get__(loop))
     return loop, engine
@@ -76,7 +92,7 @@ def test_a_batch_launched_ahead_keeps_its_draw_through_a_checkpoint():
     restored = Ahead.from_state(job.state_dict())
     assert restored.draw == job.draw == loop.sampler.drawn == B
     Trainer._resubmit(loop, restored)  # e.g. its engine died after the resume: generated again alike
-    assert engine.calls[-1] == engine.calls[0][:len(engine.calls[-1])]
+    assert engine.calls[-1] == engine.calls[0][: len(engine.calls[-1])]
 
 
 def test_evaluation_samples_from_its_own_stream_the_same_every_time(monkeypatch):
@@ -85,8 +101,9 @@ def test_evaluation_samples_from_its_own_stream_the_same_every_time(monkeypatch)
     loop.held_out = loop.train[:3]
     loop.rollout.generate = lambda prompts, step, greedy, tasks, draw: calls.append((step, draw))
     loop._sample_table = lambda *a: []
-    monkeypatch.setattr(trainer_module, "evaluate_policy",
-                        lambda generate, *a: (generate(["p"], False), SimpleNamespace(metrics={}))[1])
+    monkeypatch.setattr(
+        trainer_module, "evaluate_policy", lambda generate, *a: (generate(["p"], False), SimpleNamespace(metrics={}))[1]
+    )
     monkeypatch.setattr(trainer_module, "shown", lambda ev: (None, None))
     loop.cfg = SimpleNamespace(eval=SimpleNamespace(greedy=True), **vars(loop.cfg))
     loop._temperature, loop.scoring = 1.0, SimpleNamespace(evaluate=None)

@@ -1,10 +1,11 @@
 """Parts of the training loop that need no Ray: batch statistics with dropped samples, dynamic
 sampling's choice, the non-finite stop, held-out splits, checkpoint publishing, sampling checks."""
+
 import json
 import math
 import os
-from pathlib import Path
 from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -28,8 +29,14 @@ def test_dropped_samples_are_counted_and_left_out_of_reward_statistics():
     n = 6
     batch = RolloutBatch([0, 0, 0, 1, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
     valid = [True, True, False, False, False, True]
-    scored = ScoredBatch([1.0, 0.0, 0.0, 0.0, 0.0, 1.0], {}, valid, [not v for v in valid], [[0.0]] * n,
-                         raw=[1.0, 0.0, nan, nan, nan, 1.0])
+    scored = ScoredBatch(
+        [1.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        {},
+        valid,
+        [not v for v in valid],
+        [[0.0]] * n,
+        raw=[1.0, 0.0, nan, nan, nan, 1.0],
+    )
     m = batch_metrics(batch, scored)
     assert m["reward/dropped_samples"] == 3 and m["reward/dropped_groups"] == 1
     assert m["reward/mean"] == pytest.approx(2 / 3) and m["reward/min"] == 0.0  # over the 3 that train
@@ -46,8 +53,11 @@ def test_dynamic_sampling_counts_every_generated_group_it_does_not_train_on():
 
 
 def stats(skipped: bool, **nonfinite):
-    return {"learner/skipped_steps": float(skipped), "learner/nonfinite_losses": float(skipped),
-            **{f"learner/nonfinite/{k}": 1.0 for k in nonfinite}}
+    return {
+        "learner/skipped_steps": float(skipped),
+        "learner/nonfinite_losses": float(skipped),
+        **{f"learner/nonfinite/{k}": 1.0 for k in nonfinite},
+    }
 
 
 def judged(n=2):
@@ -75,29 +85,49 @@ def test_a_run_of_skipped_updates_stops_the_run_naming_the_cause():
 def unjudged_loop(max_unjudged: int, scores):
     """A Trainer whose phases are stubs: every step's batch is scored by `scores(step)`."""
     n = 4
-    batch = RolloutBatch([0, 0, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n,
-                         version_first=[0] * n)
+    batch = RolloutBatch(
+        [0, 0, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n, version_first=[0] * n
+    )
     stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
-    cfg = SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0),
-                          algorithm=SimpleNamespace(max_skipped_updates=0),
-                          reward=SimpleNamespace(max_unjudged_steps=max_unjudged))
+    cfg = SimpleNamespace(
+        data=SimpleNamespace(dynamic_sampling=False),
+        logging=SimpleNamespace(profile_step=0),
+        algorithm=SimpleNamespace(max_skipped_updates=0),
+        reward=SimpleNamespace(max_unjudged_steps=max_unjudged),
+    )
     loop = SimpleNamespace(
-        cfg=cfg, step=0, counters={"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0},
-        sleep_engines=False, lead=0, gateway=None, endpoint=SimpleNamespace(max_staleness=0),
-        next_batch=lambda: (batch, [{}, {}], None), score=lambda b, e, judged: scores(loop.step),
-        _judge_next=lambda: None, _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
-        rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()), scoring=SimpleNamespace(restarts=0),
+        cfg=cfg,
+        step=0,
+        counters={"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0},
+        sleep_engines=False,
+        lead=0,
+        gateway=None,
+        endpoint=SimpleNamespace(max_staleness=0),
+        next_batch=lambda: (batch, [{}, {}], None),
+        score=lambda b, e, judged: scores(loop.step),
+        _judge_next=lambda: None,
+        _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
+        rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()),
+        scoring=SimpleNamespace(restarts=0),
         learner=SimpleNamespace(update=lambda b, s, step: stats, update_kl=lambda kl, n: 0.0),
-        push=lambda version: None)
+        push=lambda version: None,
+    )
     loop.check_progress = lambda s, scored: Trainer.check_progress(loop, s, scored)
     return loop
 
 
 def nobody_answered(step):
     n = 4
-    return ScoredBatch([0.0] * n, {"remote": [nan] * n, "format": [1.0, 0.0, nan, 1.0]}, [False] * n, [True] * n,
-                       [[0.0]] * n, raw=[nan] * n, metrics={"reward/timeouts": 1.0},
-                       errors={"remote": "http://rm:8000/score: unreachable: [Errno 111] Connection refused"})
+    return ScoredBatch(
+        [0.0] * n,
+        {"remote": [nan] * n, "format": [1.0, 0.0, nan, 1.0]},
+        [False] * n,
+        [True] * n,
+        [[0.0]] * n,
+        raw=[nan] * n,
+        metrics={"reward/timeouts": 1.0},
+        errors={"remote": "http://rm:8000/score: unreachable: [Errno 111] Connection refused"},
+    )
 
 
 def test_steps_in_which_no_sample_could_be_judged_stop_the_run_naming_the_source_and_its_error():
@@ -107,10 +137,13 @@ def test_steps_in_which_no_sample_could_be_judged_stop_the_run_naming_the_source
     for step in range(2):
         Trainer.train_step(loop)
         loop.step += 1
-    with pytest.raises(TrainingError, match=r"no sample could be judged in 3 steps in a row "
-                                            r"\(reward.max_unjudged_steps: 3\); remote failed on 4 of 4 samples: "
-                                            r"http://rm:8000/score: unreachable.*refused; "
-                                            r"format failed on 1 of 4 samples: no error raised"):
+    with pytest.raises(
+        TrainingError,
+        match=r"no sample could be judged in 3 steps in a row "
+        r"\(reward.max_unjudged_steps: 3\); remote failed on 4 of 4 samples: "
+        r"http://rm:8000/score: unreachable.*refused; "
+        r"format failed on 1 of 4 samples: no error raised",
+    ):
         Trainer.train_step(loop)
     # one step with a judged sample resets the count; 0 never stops
     loop = unjudged_loop(2, lambda step: judged(4) if step == 1 else nobody_answered(step))
@@ -128,22 +161,34 @@ def test_dynamic_sampling_reports_the_trained_batch_and_every_rounds_calls():
     """Review A, item 5: the reward metrics of a dynamic-sampling step were those of the first chosen
     group's whole round. Round 0: group 0 all correct (not informative), group 1 [1, 0]; round 1:
     one group [0, 1]. Trained: groups [1, 0] and [0, 1], so accuracy 0.5 (round 0's batch: 0.75)."""
+
     def scored_of(values, timeouts):
         n = len(values)
-        return ScoredBatch(list(values), {"math_answer": list(values)}, [True] * n, [False] * n, [[0.0]] * n,
-                           raw=list(values), metrics={"reward/timeouts": timeouts, "reward/errors": timeouts},
-                           errors={"math_answer": f"round with {timeouts} timeouts"})
+        return ScoredBatch(
+            list(values),
+            {"math_answer": list(values)},
+            [True] * n,
+            [False] * n,
+            [[0.0]] * n,
+            raw=list(values),
+            metrics={"reward/timeouts": timeouts, "reward/errors": timeouts},
+            errors={"math_answer": f"round with {timeouts} timeouts"},
+        )
 
     def batch_of(groups):
         n = 2 * groups
         return RolloutBatch([i // 2 for i in range(n)], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
 
     second = (batch_of(1), [{"prompt": "c"}])
-    loop = SimpleNamespace(cfg=SimpleNamespace(data=SimpleNamespace(rollout_batch_size=2, dynamic_sampling_rounds=1)),
-                           counters={"rollout/dropped_groups": 0}, generate=lambda want: second,
-                           score=lambda b, e: scored_of([0.0, 1.0], 2.0))
-    batch, examples, scored = Trainer.keep_informative(loop, batch_of(2), [{"prompt": "a"}, {"prompt": "b"}],
-                                                       scored_of([1.0, 1.0, 1.0, 0.0], 1.0))
+    loop = SimpleNamespace(
+        cfg=SimpleNamespace(data=SimpleNamespace(rollout_batch_size=2, dynamic_sampling_rounds=1)),
+        counters={"rollout/dropped_groups": 0},
+        generate=lambda want: second,
+        score=lambda b, e: scored_of([0.0, 1.0], 2.0),
+    )
+    batch, examples, scored = Trainer.keep_informative(
+        loop, batch_of(2), [{"prompt": "a"}, {"prompt": "b"}], scored_of([1.0, 1.0, 1.0, 0.0], 1.0)
+    )
     assert [e["prompt"] for e in examples] == ["b", "c"] and loop.counters["rollout/dropped_groups"] == 1
     m = batch_metrics(batch, scored)
     assert m["reward/accuracy"] == 0.5 and m["reward/math_answer/mean"] == 0.5 and m["reward/mean"] == 0.5
@@ -155,8 +200,14 @@ def test_accuracy_and_reward_mean_are_over_the_same_samples():
     """Review A, item 13: accuracy was over every sample the verifiable source judged, including one
     dropped because another (trained) source failed on it. Sample 2: math right, format failed."""
     n = 3
-    scored = ScoredBatch([0.0] * n, {"math_answer": [1.0, 0.0, 1.0], "format": [0.5, 0.5, nan]}, [True, True, False],
-                         [False, False, True], [[0.0]] * n, raw=[1.5, 0.5, nan])
+    scored = ScoredBatch(
+        [0.0] * n,
+        {"math_answer": [1.0, 0.0, 1.0], "format": [0.5, 0.5, nan]},
+        [True, True, False],
+        [False, False, True],
+        [[0.0]] * n,
+        raw=[1.5, 0.5, nan],
+    )
     batch = RolloutBatch([0, 0, 0], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
     m = batch_metrics(batch, scored)
     assert m["reward/accuracy"] == 0.5 and m["reward/mean"] == 1.0  # samples 0 and 1 both
@@ -174,8 +225,12 @@ def test_a_scored_batch_needs_its_raw_reward():
         ScoredBatch([0.5], {}, [True], [False], [[0.0]])
     with pytest.raises(ValueError, match="raw has 0 entries for 1 rewards"):
         ScoredBatch([0.5], {}, [True], [False], [[0.0]], raw=[])
-    assert math.isnan(batch_metrics(RolloutBatch([0], [[1]], [[2]], [[0.0]], ["x"], ["stop"]),
-                                    ScoredBatch([0.0], {}, [False], [True], [[0.0]], raw=[nan]))["reward/mean"])
+    assert math.isnan(
+        batch_metrics(
+            RolloutBatch([0], [[1]], [[2]], [[0.0]], ["x"], ["stop"]),
+            ScoredBatch([0.0], {}, [False], [True], [[0.0]], raw=[nan]),
+        )["reward/mean"]
+    )
 
 
 def test_temperature_zero_is_rejected_for_training_with_the_reason():
@@ -225,30 +280,63 @@ def test_evaluation_honours_eval_greedy_and_reads_only_raw_scores():
     def generate(prompts, greedy):
         calls.append(("generate", greedy))
         n = len(prompts) * (1 if greedy else 2)
-        return RolloutBatch([i // (1 if greedy else 2) for i in range(n)], [[1]] * n, [[2, 3]] * n, [[-0.5, -0.5]] * n,
-                            ["7"] * n, ["stop"] * n)
+        return RolloutBatch(
+            [i // (1 if greedy else 2) for i in range(n)],
+            [[1]] * n,
+            [[2, 3]] * n,
+            [[-0.5, -0.5]] * n,
+            ["7"] * n,
+            ["stop"] * n,
+        )
 
     def score(batch, meta, temperature, with_reference):
         calls.append(("score", with_reference))
         n = len(batch)
-        return ScoredBatch([1.0] * n, {"math_answer": [1.0] * n}, [True] * n, [False] * n,
-                           [[-1.0, -1.0] if with_reference else [] for _ in range(n)], raw=[1.0] * n)
+        return ScoredBatch(
+            [1.0] * n,
+            {"math_answer": [1.0] * n},
+            [True] * n,
+            [False] * n,
+            [[-1.0, -1.0] if with_reference else [] for _ in range(n)],
+            raw=[1.0] * n,
+        )
 
     def policy_logprobs(batch):  # the learner's own, not the engine's -0.5
         calls.append(("policy_logprobs", len(batch)))
         return [[-0.75, -0.25]] * len(batch)
 
-    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=True, temperature=1.0,
-                         policy_logprobs=policy_logprobs)
+    ev = evaluate_policy(
+        generate,
+        score,
+        ["1+6="] * 3,
+        [{"answer": "7"}] * 3,
+        greedy=True,
+        temperature=1.0,
+        policy_logprobs=policy_logprobs,
+    )
     assert calls == [("generate", True), ("score", False), ("generate", False), ("score", True), ("policy_logprobs", 6)]
     # KL per token from the policy's logprobs (mean of -0.75+1 and -0.25+1), not from the engine's
     assert ev.metrics["eval/greedy/reward/accuracy"] == 1.0 and ev.metrics["eval/sampled/kl_ref"] == pytest.approx(0.5)
-    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=True, temperature=1.0,
-                         policy_logprobs=lambda b: [[-1.0, -1.0]] * len(b))
+    ev = evaluate_policy(
+        generate,
+        score,
+        ["1+6="] * 3,
+        [{"answer": "7"}] * 3,
+        greedy=True,
+        temperature=1.0,
+        policy_logprobs=lambda b: [[-1.0, -1.0]] * len(b),
+    )
     assert ev.metrics["eval/sampled/kl_ref"] == 0.0  # a policy equal to its reference: exactly 0
     calls.clear()
-    ev = evaluate_policy(generate, score, ["1+6="] * 3, [{"answer": "7"}] * 3, greedy=False, temperature=1.0,
-                         policy_logprobs=policy_logprobs)
+    ev = evaluate_policy(
+        generate,
+        score,
+        ["1+6="] * 3,
+        [{"answer": "7"}] * 3,
+        greedy=False,
+        temperature=1.0,
+        policy_logprobs=policy_logprobs,
+    )
     assert calls == [("generate", False), ("score", True), ("policy_logprobs", 6)] and ev.greedy is None
     assert not any(k.startswith("eval/greedy/") for k in ev.metrics) and ev.metrics["eval/sampled/reward/mean"] == 1.0
 
@@ -260,11 +348,18 @@ def test_dapo_clip_higher_is_set_from_config():
 
 
 def test_a_group_baseline_needs_groups():
-    over = ["algorithm.estimator=reinforce_baseline", "rollout.sampling.n_samples_per_prompt=1",
-            "algorithm.mini_batch_size=64", "algorithm.micro_batch_size=64"]
+    over = [
+        "algorithm.estimator=reinforce_baseline",
+        "rollout.sampling.n_samples_per_prompt=1",
+        "algorithm.mini_batch_size=64",
+        "algorithm.micro_batch_size=64",
+    ]
     with pytest.raises(ConfigError, match="algorithm.reinforce_baseline: a group baseline needs >= 2"):
         load_config(DEFAULT, over)
-    assert load_config(DEFAULT, over + ["algorithm.reinforce_baseline=batch"]).algorithm.reinforce_baseline.value == "batch"
+    assert (
+        load_config(DEFAULT, over + ["algorithm.reinforce_baseline=batch"]).algorithm.reinforce_baseline.value
+        == "batch"
+    )
 
 
 @pytest.mark.parametrize("sleep", [True, False])
@@ -282,15 +377,24 @@ def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(slee
     batch.version_first = [0] * n
     loop = SimpleNamespace(
         cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0)),
-        step=0, counters={}, sleep_engines=sleep, lead=0, gateway=None,
+        step=0,
+        counters={},
+        sleep_engines=sleep,
+        lead=0,
+        gateway=None,
         next_batch=lambda: (calls.append("generate"), (batch, [{}, {}], None))[1],
         score=lambda b, e, judged: (calls.append("score"), scored)[1],
-        _judge_next=lambda: calls.append("judge_next"), _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
+        _judge_next=lambda: calls.append("judge_next"),
+        _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
         rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled)),
         scoring=SimpleNamespace(restarts=0),
-        learner=SimpleNamespace(update=lambda b, s, step: (calls.append("update"), stats)[1],
-                                update_kl=lambda kl, n: (calls.append("update_kl"), 0.01)[1]),
-        check_progress=lambda s, scored: None, push=lambda version: calls.append(("sync", version)))
+        learner=SimpleNamespace(
+            update=lambda b, s, step: (calls.append("update"), stats)[1],
+            update_kl=lambda kl, n: (calls.append("update_kl"), 0.01)[1],
+        ),
+        check_progress=lambda s, scored: None,
+        push=lambda version: calls.append(("sync", version)),
+    )
     Trainer.train_step(loop)
     middle = ["sleep", "update", "wake_up"] if sleep else ["update"]
     # the next batch's scoring is launched after this one's (the service runs its calls in order)
@@ -307,9 +411,13 @@ def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or
 
     launched = []
     loop = SimpleNamespace(
-        train=[{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}], _temperature=1.0, _meta=lambda e: e["prompt"],
+        train=[{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}],
+        _temperature=1.0,
+        _meta=lambda e: e["prompt"],
         scoring=SimpleNamespace(judge_ahead=lambda parts, meta, t: launched.append((parts, meta)) or len(launched)),
-        rollout=SimpleNamespace(submit=lambda prompts, step, tasks, draw: ["regenerated"]), _prompt=lambda e: e["prompt"])
+        rollout=SimpleNamespace(submit=lambda prompts, step, tasks, draw: ["regenerated"]),
+        _prompt=lambda e: e["prompt"],
+    )
     nxt, after = Ahead(1, [0, 2], ["gen1"]), Ahead(2, [1], ["gen2"])
     loop.ahead = deque([nxt, after])
     Trainer._judge_next(loop)
@@ -345,8 +453,9 @@ def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_p
 
     monkeypatch.setattr(reference, "ReferenceModel", Counted)
     n = 2
-    batch = RolloutBatch([0, 1], [[5, 6], [7]], [[8, 9], [10, 11, 12]], [[-1.0, -1.0], [-1.0] * 3], ["x"] * n,
-                         ["stop"] * n)
+    batch = RolloutBatch(
+        [0, 1], [[5, 6], [7]], [[8, 9], [10, 11, 12]], [[-1.0, -1.0], [-1.0] * 3], ["x"] * n, ["stop"] * n
+    )
 
     class Pool:
         def __init__(self, path):
@@ -365,8 +474,9 @@ def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_p
         ref = service_model.logprobs(b, temperature) if with_reference else [[] for _ in range(len(b))]
         return ScoredBatch([1.0] * n, {}, [True] * n, [False] * n, ref, raw=[1.0] * n)
 
-    cfg = SimpleNamespace(rollout=SimpleNamespace(sampling=SimpleNamespace(temperature=1.0)),
-                          eval=SimpleNamespace(greedy=False))
+    cfg = SimpleNamespace(
+        rollout=SimpleNamespace(sampling=SimpleNamespace(temperature=1.0)), eval=SimpleNamespace(greedy=False)
+    )
     scoring = SimpleNamespace(reference=service_model, evaluate=score)
     evals = evaluate_roles(cfg, tiny_model, tiny_model, scoring, ["a", "b"], [{}, {}], lambda path: Pool(path))
     assert len(built) == 1  # the policy's copy; none for the reference

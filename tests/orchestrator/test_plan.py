@@ -1,5 +1,6 @@
 """`relay plan`: the memory arithmetic against hand-computed values, every preset, and the learner
 figure against the peak torch allocates in real optimizer steps on CPU."""
+
 import json
 from pathlib import Path
 
@@ -43,8 +44,14 @@ def test_lora_count_matches_peft():
     from learner.config import LoraConfig
     from learner.models import add_lora
 
-    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     lm = add_lora(LlamaForCausalLM(config), LoraConfig(rank=8))
     trained = sum(p.numel() for p in lm.parameters() if p.requires_grad)
     assert P.lora_params(P.shape_from_hf(config.to_dict()), 8, ["q_proj", "k_proj", "v_proj", "o_proj"]) == trained
@@ -60,12 +67,20 @@ def test_kv_bytes_per_token_by_hand():
 def test_param_count_matches_transformers(arch):
     from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
 
-    llama = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2)
-    config = {"gpt2": GPT2Config(vocab_size=100, n_positions=32, n_embd=64, n_layer=3, n_head=4),
-              "llama": LlamaConfig(**llama, tie_word_embeddings=True),
-              "llama_untied": LlamaConfig(**llama, tie_word_embeddings=False),
-              "qwen2": Qwen2Config(**llama, tie_word_embeddings=True)}[arch]
+    llama = dict(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    config = {
+        "gpt2": GPT2Config(vocab_size=100, n_positions=32, n_embd=64, n_layer=3, n_head=4),
+        "llama": LlamaConfig(**llama, tie_word_embeddings=True),
+        "llama_untied": LlamaConfig(**llama, tie_word_embeddings=False),
+        "qwen2": Qwen2Config(**llama, tie_word_embeddings=True),
+    }[arch]
     model = AutoModelForCausalLM.from_config(config)
     assert P.param_count(P.shape_from_hf(config.to_dict())) == sum(p.numel() for p in model.parameters())
 
@@ -104,8 +119,10 @@ def test_chunk_len_follows_chunk_spans():
     from rollout.logprobs import chunk_spans
 
     for b, t, chunk in [(8, 128, 256), (8, 128, 1024), (2, 2048, 1024), (16, 1536, 1024), (3, 100, 1024), (4, 50, 7)]:
-        biggest = max((r.stop - r.start if r.stop <= b else b - r.start) * (min(p.stop, t) - p.start)
-                      for r, p in chunk_spans(b, t, chunk))
+        biggest = max(
+            (r.stop - r.start if r.stop <= b else b - r.start) * (min(p.stop, t) - p.start)
+            for r, p in chunk_spans(b, t, chunk)
+        )
         assert P.chunk_len(b, t, chunk) == biggest, (b, t, chunk)
 
 
@@ -116,7 +133,8 @@ def test_ppo_llama_8b_on_80gb_by_hand(capsys):
     assert "built-in table (llama-3.1-8b)" in out and "8.030B params" in out
     rows = _rows(out)
     # policy 8.03B params, ZeRO-3 over 16 ranks, bf16 autocast over float32 weights: weights 8.03e9 x 4 B / 16
-    # = 2.01 GB, gradients the same, AdamW 2 moments 8 B x 8.03e9 / 16 = 4.02 GB; one gathered layer 218M x 4 B = 0.87 GB
+    # = 2.01 GB, gradients the same, AdamW 2 moments 8 B x 8.03e9 / 16 = 4.02 GB;
+    # one gathered layer 218M x 4 B = 0.87 GB
     assert rows["policy weights"] == "2.01 GB" and rows["policy gradients"] == "2.01 GB"
     assert rows["policy optimizer"] == "4.02 GB" and rows["policy gathered layer"] == "0.87 GB"
     # critic from the RM: 8.03B - 0.525B LM head = 7.505B: 4 B / 16 = 1.88 GB, 8 B / 16 = 3.75 GB
@@ -125,7 +143,8 @@ def test_ppo_llama_8b_on_80gb_by_hand(capsys):
     # chunks of 1024 tokens, 2 float32 temporaries (entropy_coef 0) 2 x 1024 x 128256 x 4 B = 1.05 GB -> 3.15 GB
     assert rows["policy logits"] == "3.15 GB"
     # checkpointed: 2 x 2048 x (32 x 4096 + 8 x 4096 + 5 x 14336 + 2 x 4096) x 2 B = 2.00 GB
-    # total: 2.01 + 2.01 + 4.02 + 0.87 + 2.00 + 3.15 + critic 1.88 + 1.88 + 3.75 + 0.87 + 2.00 = 24.44 GB (24.43 unrounded)
+    # total: 2.01 + 2.01 + 4.02 + 0.87 + 2.00 + 3.15 + critic 1.88 + 1.88 + 3.75 + 0.87 + 2.00
+    # = 24.44 GB (24.43 unrounded)
     assert rows["policy activations"] == "2.00 GB" and rows["total"] == "24.43 GB"
     # vLLM, TP 2: 16.06 GB bf16 / 2 = 8.03 GB; KV 0.85 x 80 - 8.03 = 59.97 GB at 65,536 B/token
     assert rows["vLLM weights"] == "8.03 GB" and rows["vLLM KV cache"] == "59.97 GB" and "915,066 tokens" in out
@@ -134,8 +153,11 @@ def test_ppo_llama_8b_on_80gb_by_hand(capsys):
     # chunks 2 x 1024 x 128256 x 4 B = 1.05 GB = 9.46 GB; 56.59 GB in all
     assert rows["reference weights"] == "32.12 GB" and rows["reward model 0 weights"] == "15.01 GB"
     assert rows["reference logits"] == "9.46 GB"
-    assert _devices(out) == {"learner GPU (1 rank(s) each)": "24.43 GB", "rollout GPU (1 worker(s) each)": "68.00 GB",
-                             "scoring GPU (reference + reward models)": "56.59 GB"}  # nothing left on the host
+    assert _devices(out) == {
+        "learner GPU (1 rank(s) each)": "24.43 GB",
+        "rollout GPU (1 worker(s) each)": "68.00 GB",
+        "scoring GPU (reference + reward models)": "56.59 GB",
+    }  # nothing left on the host
     assert "verdict: fits" in out
 
 
@@ -170,7 +192,10 @@ def test_scoring_joins_the_colocated_gpu(capsys):
     base = ["plan", str(REPO / "configs/grpo_qwen2.5-0.5b_1node_gpu.yaml"), "cluster.colocate=true"]
     assert main(base) == 1  # vLLM's 0.85 of the GPU leaves no room for the scoring service awake
     devices = _devices(capsys.readouterr().out)
-    assert list(devices) == ["GPU awake: vLLM + learner states + scoring", "GPU asleep: learner update + scoring weights"]
+    assert list(devices) == [
+        "GPU awake: vLLM + learner states + scoring",
+        "GPU asleep: learner update + scoring weights",
+    ]
     # awake: vLLM 68.00 + learner states (ZeRO-2 over 4, float32 master) 1.98 + 0.49 + 0.99 = 3.46 + scoring 10.69
     # = 82.15 GB (over 72); asleep: learner 13.52 (logits 1.25 GB below the old 4-temporary backward) + reference
     # weights 1.98 = 15.49 GB (15.50 from rounded parts)
@@ -249,17 +274,36 @@ def test_learner_figure_within_20_percent_of_measured_peak(tmp_path):
     from learner.models import PolicyValue
     from rollout.logprobs import chunked_logprobs
 
-    GPT2Config(vocab_size=8192, n_positions=128, n_embd=512, n_layer=4, n_head=8, resid_pdrop=0.0, embd_pdrop=0.0,
-               attn_pdrop=0.0, bos_token_id=0, eos_token_id=0).save_pretrained(tmp_path)
-    cfg = load_config(REPO / "configs/grpo_tiny_cpu.yaml", [
-        f"learner.model_path={tmp_path}", "rollout.max_prompt_tokens=64", "rollout.sampling.max_new_tokens=64",
-        "rollout.max_model_len=128", "algorithm.micro_batch_size=8", "learner.logprob_chunk_tokens=256"])
+    GPT2Config(
+        vocab_size=8192,
+        n_positions=128,
+        n_embd=512,
+        n_layer=4,
+        n_head=8,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    ).save_pretrained(tmp_path)
+    cfg = load_config(
+        REPO / "configs/grpo_tiny_cpu.yaml",
+        [
+            f"learner.model_path={tmp_path}",
+            "rollout.max_prompt_tokens=64",
+            "rollout.sampling.max_new_tokens=64",
+            "rollout.max_model_len=128",
+            "algorithm.micro_batch_size=8",
+            "learner.logprob_chunk_tokens=256",
+        ],
+    )
     learner = dict(P.plan_train(cfg, 80 * P.GB, None).sections)["learner rank (x1)"]
     planned, chunk = P.total(learner), cfg.learner.logprob_chunk_tokens
 
     torch.manual_seed(0)
     b, t = 8, 128
     ids, mask, pos = torch.randint(0, 8192, (b, t)), torch.ones(b, t, dtype=torch.long), torch.arange(t).expand(b, t)
+
     def train():
         model = PolicyValue(GPT2LMHeadModel(GPT2Config.from_pretrained(tmp_path)), value_head=False).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -273,7 +317,9 @@ def test_learner_figure_within_20_percent_of_measured_peak(tmp_path):
             del loss
 
     measured = _profiled_peak(train, tmp_path)
-    print(f"planned learner {planned / 1e6:.1f} MB, measured peak {measured / 1e6:.1f} MB, ratio {planned / measured:.3f}")
+    print(
+        f"planned learner {planned / 1e6:.1f} MB, measured peak {measured / 1e6:.1f} MB, ratio {planned / measured:.3f}"
+    )
     assert abs(planned - measured) <= 0.2 * measured
 
 
@@ -284,8 +330,10 @@ def test_episodes_are_planned_at_their_token_budget_not_one_turn():
     assert EnvConfig(name="calculator", max_turns=3).response_tokens(16) == 48
     assert EnvConfig(name="calculator", max_turns=3, max_episode_tokens=40).response_tokens(16) == 40
     single = ["env.name=", "reward.sources=[{kind: exact_match}]"]
-    cfgs = [load_config(REPO / "configs" / "calculator_tiny_cpu.yaml", over) for over in  # 3 turns x 16 tokens
-            ([], single, single + ["rollout.sampling.max_new_tokens=48"])]
+    cfgs = [
+        load_config(REPO / "configs" / "calculator_tiny_cpu.yaml", over)
+        for over in ([], single, single + ["rollout.sampling.max_new_tokens=48"])  # 3 turns x 16 tokens
+    ]
     lines = [{k: v for k, v, _ in dict(P.plan_train(c, 80 * P.GB, None).sections)["learner rank (x1)"]} for c in cfgs]
     episodes, one_turn, as_long = (x["policy logits"] for x in lines)
     assert episodes == as_long > one_turn  # planned as a response of the episode's 48 tokens

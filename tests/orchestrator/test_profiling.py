@@ -1,5 +1,6 @@
 """`relay train --profile` (logging.profile_step): one step profiled in every role, files written
 where the run keeps them; and the trainer profiles that step only."""
+
 import json
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -41,13 +42,24 @@ def test_the_trainer_profiles_only_the_configured_step_and_the_cli_flag_sets_it(
         run_dir = tmp_path / f"step{step}"
         batch.version_first = [step] * n
         loop = SimpleNamespace(
-            step=step, run_dir=run_dir, roles=lambda: {}, counters={}, sleep_engines=False, lead=0, gateway=None,
+            step=step,
+            run_dir=run_dir,
+            roles=lambda: {},
+            counters={},
+            sleep_engines=False,
+            lead=0,
+            gateway=None,
             cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=2)),
-            next_batch=lambda: (batch, [{}], None), score=lambda b, e, judged: scored, _judge_next=lambda: None,
-            _busy=lambda: {"rollout": [0.0], "scoring": [0.0]}, rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()),
+            next_batch=lambda: (batch, [{}], None),
+            score=lambda b, e, judged: scored,
+            _judge_next=lambda: None,
+            _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
+            rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()),
             scoring=SimpleNamespace(restarts=0),
             learner=SimpleNamespace(update=lambda b, s, step: stats, update_kl=lambda kl, n: 0.01),
-            check_progress=lambda s, scored: None, push=lambda version: None)
+            check_progress=lambda s, scored: None,
+            push=lambda version: None,
+        )
         Trainer.train_step(loop)
         profiled_here = step + 1 == 2
         assert (run_dir / "profile" / "driver.txt").exists() == profiled_here

@@ -1,12 +1,13 @@
 """The reward model reads the same tokens in `relay rm` (encode_rm) and in the scoring service
 (RewardModelSource), for text and chat prompts, with a BOS tokenizer and relay's char tokenizer."""
+
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
-
 from bos_tokenizer import bos_tokenizer
+
 from learner.supervised import SupervisedLearner
 from learner.tiny_gpt import char_tokenizer, init_tiny_gpt
 from orchestrator.config import StageConfig
@@ -87,7 +88,9 @@ def test_chat_template_config_matches_what_the_trainer_passes(tmp_path, rm_dir):
     """`relay rm` with data.apply_chat_template wraps text as one user message; so does the
     trainer's `_prompt`, whose result `_meta` hands the service."""
     source = RewardModelSource(RewardSource(kind=SourceKind.reward_model, model_path=str(rm_dir)), micro_batch_size=4)
-    batch, _ = encode_rm(source.tokenizer, [{"prompt": "12+3=", "chosen": "15", "rejected": "0"}], stage(tmp_path, True))
+    batch, _ = encode_rm(
+        source.tokenizer, [{"prompt": "12+3=", "chosen": "15", "rejected": "0"}], stage(tmp_path, True)
+    )
     seen, _ = service_inputs(source, ["x"], ["15"], [{"prompt": CHAT}])
     assert seen == stage_rows(batch)
 
@@ -108,11 +111,15 @@ def test_the_service_scores_what_the_stage_forward_computes(tmp_path, rm_dir):
 
     (rm_dir / REWARD_STATS_FILE).write_text(json.dumps({"mean": 0.5, "std": 2.0}))
     try:
-        source = RewardModelSource(RewardSource(kind=SourceKind.reward_model, model_path=str(rm_dir)), micro_batch_size=4)
+        source = RewardModelSource(
+            RewardSource(kind=SourceKind.reward_model, model_path=str(rm_dir)), micro_batch_size=4
+        )
     finally:
         (rm_dir / REWARD_STATS_FILE).unlink()
     tok = AutoTokenizer.from_pretrained(rm_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(rm_dir, num_labels=1, pad_token_id=tok.pad_token_id).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(
+        rm_dir, num_labels=1, pad_token_id=tok.pad_token_id
+    ).eval()
     rows = [{"prompt": "12+3=", "chosen": "15", "rejected": "0"}, {"prompt": CHAT, "chosen": "1", "rejected": "0"}]
     batch, _ = encode_rm(tok, rows, stage(tmp_path, False))
     with torch.no_grad():

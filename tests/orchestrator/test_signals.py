@@ -1,11 +1,12 @@
 """Stop signals: the handler only records the request; old handlers come back; a second Ctrl-C exits."""
+
 import os
 import signal
 from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.signals import StopRequest, Stopped, stop_on_signals
+from orchestrator.signals import Stopped, StopRequest, stop_on_signals
 
 
 def send(signum):
@@ -64,8 +65,10 @@ def test_ctrl_c_after_sigterm_exits_at_once_but_a_repeated_sigterm_does_not():
 
 def test_stopped_says_where_the_checkpoint_is():
     e = Stopped("SIGTERM", 3, 10, "runs/x/checkpoints/step_3")
-    assert str(e) == ("stopped by SIGTERM after step 3/10; checkpoint runs/x/checkpoints/step_3; "
-                      "checkpoint.resume=auto continues from it")
+    assert str(e) == (
+        "stopped by SIGTERM after step 3/10; checkpoint runs/x/checkpoints/step_3; "
+        "checkpoint.resume=auto continues from it"
+    )
     assert "nothing to save" in str(Stopped("SIGINT", 0, 10, None))
 
 
@@ -89,8 +92,9 @@ def loop(tmp_path, stop_during_step, every=0, total_steps=4):
     from orchestrator.trainer import Trainer  # imports vLLM and DeepSpeed: slow, only here
 
     t, stop, saved = object.__new__(Trainer), StopRequest(), []
-    t.cfg = SimpleNamespace(total_steps=total_steps, eval=SimpleNamespace(every_n_steps=0),
-                            checkpoint=SimpleNamespace(every_n_steps=every))
+    t.cfg = SimpleNamespace(
+        total_steps=total_steps, eval=SimpleNamespace(every_n_steps=0), checkpoint=SimpleNamespace(every_n_steps=every)
+    )
     t.step, t.run_dir, t.tracker, t.samples = 0, tmp_path, FakeTracker(), []
     t._write_json = lambda name, data: None
 

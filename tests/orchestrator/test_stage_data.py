@@ -1,4 +1,5 @@
 """The SFT/RM data path without Ray: generated sets, the reader's errors, encoding, metrics."""
+
 import json
 import random
 
@@ -33,12 +34,15 @@ def test_generated_sets_have_the_user_formats_and_pairs_disagree():
 
 def test_bad_lines_are_named_or_skipped_and_counted(tmp_path):
     path = tmp_path / "demos.jsonl"
-    path.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2="}\nnot json\n' +
-                    "".join(json.dumps({"prompt": f"{i}+0=", "response": str(i)}) + "\n" for i in range(10)))
+    path.write_text(
+        '{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2="}\nnot json\n'
+        + "".join(json.dumps({"prompt": f"{i}+0=", "response": str(i)}) + "\n" for i in range(10))
+    )
     with pytest.raises(DataError, match=r"demos.jsonl:2: field 'response' must be non-empty text"):
         load_supervised(stage(tmp_path, train_files=[str(path)], eval_size=2), "sft", tmp_path)
     train, held_out, skipped = load_supervised(
-        stage(tmp_path, train_files=[str(path)], eval_size=2, on_bad_line=BadLinePolicy.skip), "sft", tmp_path)
+        stage(tmp_path, train_files=[str(path)], eval_size=2, on_bad_line=BadLinePolicy.skip), "sft", tmp_path
+    )
     assert skipped == 2 and len(held_out) == 2 and len(train) == 9
 
 
@@ -54,6 +58,7 @@ def test_sft_encoding_masks_the_prompt_and_skips_overlong_samples(tmp_path):
 
 def test_sft_prompts_get_the_bos_the_rollout_workers_give_them(tmp_path):
     from bos_tokenizer import bos_tokenizer  # tests/, on the path through its conftest
+
     from rollout.config import PromptOverflow
     from rollout.prompts import encode_prompt
 
@@ -67,7 +72,7 @@ def test_sft_prompts_get_the_bos_the_rollout_workers_give_them(tmp_path):
         ids = encode_prompt(bt, prompt, 64, PromptOverflow.error)[0]  # what the policy is given in RL
         n = len(ids)
         assert batch["input_ids"][0, :n].tolist() == ids and ids.count(bt.bos_token_id) == 1
-        assert bt.decode(batch["input_ids"][0, n:n + 2]) == "3</s>"
+        assert bt.decode(batch["input_ids"][0, n : n + 2]) == "3</s>"
         assert batch["loss_mask"][0].nonzero().flatten().tolist() == [n - 1, n]  # targets "3" and EOS only
         if not chat:
             assert batch["input_ids"][1].tolist() == batch["input_ids"][0].tolist()  # its own BOS: not doubled
@@ -115,15 +120,26 @@ def test_cli_data_and_a_bad_sft_file_named_before_any_training(tmp_path):
     repo = Path(__file__).resolve().parents[2]
 
     def relay(*args):
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                              cwd=repo, timeout=120, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            timeout=120,
+            check=False,
+        )
 
     out = relay("data", "prefs", "--task", "addition_2digit", "--n", "5", "--out", str(tmp_path / "p.jsonl"))
     assert out.returncode == 0 and len((tmp_path / "p.jsonl").read_text().splitlines()) == 5
     bad = tmp_path / "demos.jsonl"
     bad.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "1+2=", "response": 3}\n')
-    out = relay("sft", str(repo / "configs" / "sft_tiny_cpu.yaml"), "data.task=", f"data.train_files=[{bad}]",
-                f"run_root={tmp_path}")
+    out = relay(
+        "sft",
+        str(repo / "configs" / "sft_tiny_cpu.yaml"),
+        "data.task=",
+        f"data.train_files=[{bad}]",
+        f"run_root={tmp_path}",
+    )
     assert out.returncode == 2 and f"{bad}:2: field 'response' must be non-empty text" in out.stderr
 
 
@@ -139,8 +155,13 @@ def test_stage_held_out_prompts_are_never_training_prompts(tmp_path, kind):
         assert len(train) == 5000 and len(held_out) == len(prompts(held_out)) == 200
         assert not prompts(train) & prompts(held_out)
     path = tmp_path / "demos.jsonl"  # a file with repeated prompts, no eval file: a held-out prompt takes every copy
-    path.write_text("".join(json.dumps({"prompt": f"{i}+0=", "response": str(i), "chosen": str(i), "rejected": "x"})
-                            + "\n" for i in range(20) for _ in range(1 + i % 2)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"{i}+0=", "response": str(i), "chosen": str(i), "rejected": "x"}) + "\n"
+            for i in range(20)
+            for _ in range(1 + i % 2)
+        )
+    )
     train, held_out, _ = load_supervised(stage(tmp_path, train_files=[str(path)], eval_size=5), kind, tmp_path)
     assert len(held_out) == len(prompts(held_out)) == 5 and not prompts(train) & prompts(held_out)
     assert prompts(held_out) != {f"{i}+0=" for i in range(5)}  # a random draw, not the first lines

@@ -1,5 +1,6 @@
 """Tracker through Trainer.run's loop (phases stubbed, no Ray): every wandb log carries its step, so
 nothing of the last step is dropped; a resumed run's metrics.jsonl holds each step once."""
+
 import json
 from types import SimpleNamespace
 
@@ -75,8 +76,11 @@ def trainer(tmp_path, total_steps, step=0, every_eval=0):
     from orchestrator.trainer import Trainer  # imports vLLM and DeepSpeed: slow, only here
 
     t = object.__new__(Trainer)
-    t.cfg = SimpleNamespace(total_steps=total_steps, eval=SimpleNamespace(every_n_steps=every_eval),
-                            checkpoint=SimpleNamespace(every_n_steps=0))
+    t.cfg = SimpleNamespace(
+        total_steps=total_steps,
+        eval=SimpleNamespace(every_n_steps=every_eval),
+        checkpoint=SimpleNamespace(every_n_steps=0),
+    )
     t.step, t.run_dir, t.samples = step, tmp_path, SAMPLES
     t.channel = SimpleNamespace(settle=lambda: None)
     t._write_json = lambda name, data: (tmp_path / name).write_text(json.dumps(data))

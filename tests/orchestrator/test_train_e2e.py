@@ -1,5 +1,6 @@
 """relay's loop end to end on the real stack (Ray + vLLM CPU + DeepSpeed CPU) with a tiny policy
 relay trained itself: learning, weight sync every step, metrics, resume, worker restarts, errors."""
+
 import json
 import shutil
 import signal
@@ -20,9 +21,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def overrides(policy, root, **over):
-    base = {"learner.model_path": policy, "run_root": str(root), "logging.wandb.mode": "disabled",
-            "logging.progress_bar": "false", "data.rollout_batch_size": 16, "data.eval_size": 32,
-            "algorithm.mini_batch_size": 64, "algorithm.micro_batch_size": 64, "learner.lr": 2e-4, "total_steps": 4}
+    base = {
+        "learner.model_path": policy,
+        "run_root": str(root),
+        "logging.wandb.mode": "disabled",
+        "logging.progress_bar": "false",
+        "data.rollout_batch_size": 16,
+        "data.eval_size": 32,
+        "algorithm.mini_batch_size": 64,
+        "algorithm.micro_batch_size": 64,
+        "learner.lr": 2e-4,
+        "total_steps": 4,
+    }
     return [f"{k}={v}" for k, v in (base | over).items()]
 
 
@@ -55,8 +65,13 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     # PPO learns more slowly per step than GRPO: 12 steps of 32 prompts x 2 samples, 64 held-out prompts.
     # Measured with this config on seeds 0-2 (2026-12-01): greedy accuracy +.125/+.094/+.094 and sampled
     # reward +.07/+.04/+.12; 6 steps of 16 prompts moved them by less than the held-out noise.
-    ppo = {"algorithm.mini_batch_size": 32, "algorithm.micro_batch_size": 32, "data.rollout_batch_size": 32,
-           "data.eval_size": 64, "total_steps": 12}
+    ppo = {
+        "algorithm.mini_batch_size": 32,
+        "algorithm.micro_batch_size": 32,
+        "data.rollout_batch_size": 32,
+        "data.eval_size": 64,
+        "total_steps": 12,
+    }
     steps = 12 if preset == "ppo_tiny_cpu" else 6
     cfg = config(policy, tmp_path, preset, name=preset, **(ppo if preset == "ppo_tiny_cpu" else {"total_steps": 6}))
     after = train(cfg)
@@ -72,11 +87,30 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     # weights reach the engines every step: the sampler's logprobs are the learner's own
     assert all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
     assert rows[-1]["kl/ref"] > 0  # and the policy did move away from the reference
-    for key in ("reward/mean", "reward/std", "reward/min", "reward/max", "reward/p50", "reward/accuracy",
-                "kl/ref", "kl/coef", "learner/entropy", "response/length_mean", "response/clipped_frac",
-                "loss/policy", "learner/clip_frac", "learner/grad_norm", "reward/invalid_frac",
-                "timing/generate", "timing/score", "timing/update", "timing/sync", "timing/total",
-                "throughput/tokens_per_s", "throughput/samples_per_s"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "reward/min",
+        "reward/max",
+        "reward/p50",
+        "reward/accuracy",
+        "kl/ref",
+        "kl/coef",
+        "learner/entropy",
+        "response/length_mean",
+        "response/clipped_frac",
+        "loss/policy",
+        "learner/clip_frac",
+        "learner/grad_norm",
+        "reward/invalid_frac",
+        "timing/generate",
+        "timing/score",
+        "timing/update",
+        "timing/sync",
+        "timing/total",
+        "throughput/tokens_per_s",
+        "throughput/samples_per_s",
+    ):
         assert rows[-1][key] is not None, key
     if preset == "ppo_tiny_cpu":
         assert rows[-1]["loss/value"] is not None and rows[-1]["learner/explained_variance"] is not None
@@ -121,6 +155,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, t
 def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupted_one(policy, tmp_path):
     """Preemption: SIGTERM mid-run finishes the step in flight, checkpoints it (no periodic checkpoints
     here) and exits 3; checkpoint.resume=auto then ends exactly where a run nobody stopped ends."""
+
     def args(name, **over):
         return ["train", "configs/grpo_tiny_cpu.yaml", *overrides(policy, tmp_path, name=name, **over)]
 
@@ -131,8 +166,13 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
 
     stopped, log = tmp_path / "stopped", tmp_path / "stopped.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args("stopped", **{"checkpoint.every_n_steps": 0})],
-                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", *args("stopped", **{"checkpoint.every_n_steps": 0})],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 600
             while 2 not in steps_done(stopped):
@@ -144,12 +184,17 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
             proc.kill()
     done = steps_done(stopped)[-1]  # the step in flight (3), or 2 if the signal came between steps
     assert steps_done(stopped) == list(range(1, done + 1)) and done >= 2
-    assert f"relay: stopped by SIGTERM after step {done}/4; checkpoint {stopped}/checkpoints/step_{done}" in log.read_text()
+    assert (
+        f"relay: stopped by SIGTERM after step {done}/4; checkpoint {stopped}/checkpoints/step_{done}"
+        in log.read_text()
+    )
     assert sorted(p.name for p in (stopped / "checkpoints").iterdir()) == [f"step_{done}"]
     assert not (stopped / "eval_after.json").exists()  # the run has not finished: the resumed one evaluates
 
     resumed = relay(*args("stopped", **{"checkpoint.resume": "auto"}), timeout=600)
-    assert resumed.returncode == 0 and f"resumed from {stopped}/checkpoints/step_{done}" in resumed.stdout, resumed.stderr[-3000:]
+    assert resumed.returncode == 0 and f"resumed from {stopped}/checkpoints/step_{done}" in resumed.stdout, (
+        resumed.stderr[-3000:]
+    )
     whole = relay(*args("whole"), timeout=600)
     assert whole.returncode == 0, whole.stderr[-3000:]
     want = [r for r in metrics(tmp_path / "whole") if "timing/total" in r]
@@ -158,7 +203,9 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     for w, g in zip(want, got):
         same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s", "pipeline/"))}
         assert {k: g[k] for k in same} == {k: w[k] for k in same}, g["step"]
-    assert json.loads((stopped / "eval_after.json").read_text()) == json.loads((tmp_path / "whole" / "eval_after.json").read_text())
+    assert json.loads((stopped / "eval_after.json").read_text()) == json.loads(
+        (tmp_path / "whole" / "eval_after.json").read_text()
+    )
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_run_completes(ray_cluster, policy, tmp_path):
@@ -182,8 +229,9 @@ def test_a_killed_scoring_service_is_restarted_with_its_state(ray_cluster, polic
 
 
 def relay(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_a_config_typo_fails_before_ray_starts():
@@ -195,16 +243,29 @@ def test_a_config_typo_fails_before_ray_starts():
 def test_a_malformed_data_line_is_reported_with_its_line_number(ray_cluster, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"\n')
-    out = relay("train", "configs/grpo_tiny_cpu.yaml", "data.task=", f"data.train_files=[{data}]",
-                f"run_root={tmp_path}", "logging.wandb.mode=disabled")
+    out = relay(
+        "train",
+        "configs/grpo_tiny_cpu.yaml",
+        "data.task=",
+        f"data.train_files=[{data}]",
+        f"run_root={tmp_path}",
+        "logging.wandb.mode=disabled",
+    )
     assert out.returncode == 2 and f"{data}:2: not valid JSON" in out.stderr
 
 
 def test_separate_placement_runs(ray_cluster, policy, tmp_path):
     """colocate: false puts each actor in its own placement-group bundle (1 CPU each here). With
     top-p sampling, the sampler-learner logprob gap is still ~0: both sides use the same filter."""
-    train(config(policy, tmp_path, name="separate", total_steps=2,
-                 **{"cluster.colocate": "false", "rollout.sampling.top_p": 0.7}))
+    train(
+        config(
+            policy,
+            tmp_path,
+            name="separate",
+            total_steps=2,
+            **{"cluster.colocate": "false", "rollout.sampling.top_p": 0.7},
+        )
+    )
     rows = [r for r in metrics(tmp_path / "separate") if "timing/total" in r]
     assert len(rows) == 2 and all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
     assert rows[-1]["rollout/outside_filter_frac"] < 0.01
@@ -212,9 +273,13 @@ def test_separate_placement_runs(ray_cluster, policy, tmp_path):
 
 def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp_path):
     # a cool temperature makes all-correct groups common
-    cfg = config(policy, tmp_path, name="dynamic", total_steps=2,
-                 **{"data.dynamic_sampling": "true", "rollout.sampling.temperature": 0.3,
-                    "reward.normalization": "running"})
+    cfg = config(
+        policy,
+        tmp_path,
+        name="dynamic",
+        total_steps=2,
+        **{"data.dynamic_sampling": "true", "rollout.sampling.temperature": 0.3, "reward.normalization": "running"},
+    )
     trainer = Trainer(cfg)
     try:
         # evaluation is read-only: the running reward normaliser does not move, and rewards are raw
@@ -227,7 +292,9 @@ def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp
         equal = sum(len({r for r, p in zip(scored.rewards, batch.prompt_index) if p == j}) == 1 for j in range(16))
         assert equal > 0
         kept, kept_examples, kept_scored = trainer.keep_informative(batch, examples, scored)
-        assert len(kept) == len(batch) and len(kept_examples) == 16 and sorted(set(kept.prompt_index)) == list(range(16))
+        assert (
+            len(kept) == len(batch) and len(kept_examples) == 16 and sorted(set(kept.prompt_index)) == list(range(16))
+        )
         groups = [[r for r, p in zip(kept_scored.rewards, kept.prompt_index) if p == j] for j in range(16)]
         informative = sum(len(set(g)) > 1 for g in groups)
         assert informative >= 16 - equal  # at least as informative as before, usually all 16

@@ -1,4 +1,5 @@
 """Failure isolation, weights and shaping of rewards, without any model."""
+
 import sys
 import threading
 from pathlib import Path
@@ -80,9 +81,13 @@ def test_combination_weights_and_invalid():
 
 
 def test_reward_function_combines_configured_sources():
-    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer, weight=1.0),
-                                RewardSource(kind=SourceKind.format, pattern=r"^#### ", weight=0.5),
-                                RewardSource(kind=SourceKind.length_penalty, target_length=10, weight=0.1)])
+    cfg = RewardConfig(
+        sources=[
+            RewardSource(kind=SourceKind.math_answer, weight=1.0),
+            RewardSource(kind=SourceKind.format, pattern=r"^#### ", weight=0.5),
+            RewardSource(kind=SourceKind.length_penalty, target_length=10, weight=0.1),
+        ]
+    )
     reward = RewardFunction(cfg)
     scores = reward(["q", "q", "q"], ["#### 42", "#### 41", "42"], [{"answer": "42"}, {"answer": "42"}, {}])
     # 1 + .5 + .1*(-3/10); 0 + .5 - .03; third: no reference -> cannot judge -> None
@@ -106,7 +111,9 @@ def test_a_weight_0_source_that_cannot_judge_changes_nothing():
 
 
 def test_source_names_are_unique():
-    cfg = RewardConfig(sources=[RewardSource(), RewardSource(), RewardSource(kind=SourceKind.format, pattern="x", name="fmt")])
+    cfg = RewardConfig(
+        sources=[RewardSource(), RewardSource(), RewardSource(kind=SourceKind.format, pattern="x", name="fmt")]
+    )
     assert source_names(cfg) == ["math_answer", "math_answer#2", "fmt"]
 
 
@@ -128,5 +135,8 @@ def test_running_normaliser_state_survives_resume():
     b = RunningMeanStd()
     b.load_state_dict(a.state_dict())
     a.update([4.0]), b.update([4.0])
-    assert (a.mean, a.std) == (b.mean, b.std) == pytest.approx((3.5, (sum((x - 3.5) ** 2 for x in [1, 2, 7, 4]) / 3) ** 0.5))
-
+    assert (
+        (a.mean, a.std)
+        == (b.mean, b.std)
+        == pytest.approx((3.5, (sum((x - 3.5) ** 2 for x in [1, 2, 7, 4]) / 3) ** 0.5))
+    )

@@ -9,6 +9,7 @@ Hand example used throughout: one prompt, 4 samples "a", "bb", "ccc", "dddd" sco
   zero: GRPO over [1, 0, 3, 4]: mean 2, centred [-1, -2, 1, 2], std sqrt(10/3) = 1.825742
         -> [-0.547723, -1.095445, 0.547723, 1.095445]
 """
+
 import math
 import sys
 from pathlib import Path
@@ -60,8 +61,19 @@ def learner_view(tiny_model, batch, scored):
     sample's tokens get, through the learner's own experience and loss code."""
     policy = build_policy(LearnerConfig(model_path=tiny_model), value_head=False)
     algo = AlgorithmConfig(estimator=Estimator.grpo, grpo_scale_by_std=True)
-    exp = make_experience(policy, None, batch, scored, algo, 0.0, SamplingConfig(n_samples_per_prompt=len(batch)),
-                          pad_id=0, micro=len(batch), rank=0, world=1)
+    exp = make_experience(
+        policy,
+        None,
+        batch,
+        scored,
+        algo,
+        0.0,
+        SamplingConfig(n_samples_per_prompt=len(batch)),
+        pad_id=0,
+        micro=len(batch),
+        rank=0,
+        world=1,
+    )
     mb = exp.rows(torch.arange(len(batch)))
     logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
     logits.retain_grad()
@@ -70,7 +82,7 @@ def learner_view(tiny_model, batch, scored):
     response = torch.zeros_like(exp.mask)  # the response tokens, whether or not they train
     for i, r in enumerate(batch.response_ids):
         start = len(batch.prompt_ids[i]) - 1
-        response[i, start: start + len(r)] = 1.0
+        response[i, start : start + len(r)] = 1.0
     adv = [exp.advantages[i][response[i] > 0] for i in range(len(batch))]
     assert all(torch.all(a == a[0]) for a in adv)  # an outcome advantage: one value per sample
     return torch.stack([a[0] for a in adv]), exp.mask, logits.grad.abs().sum(-1)
@@ -130,8 +142,12 @@ def test_dynamic_sampling_sees_only_the_samples_that_train():
 def test_reward_mean_is_the_raw_reward_under_batch_normalisation(tiny_model):
     """Issue 25, item 12: reward/mean (the console's reward, pipeline.png) was the normalised reward,
     0 by construction under normalization: batch."""
-    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.function, function="user_rewards:length")],
-                       normalization=Normalization.batch, overlong_buffer=2, overlong_max_tokens=4)
+    cfg = RewardConfig(
+        sources=[RewardSource(kind=SourceKind.function, function="user_rewards:length")],
+        normalization=Normalization.batch,
+        overlong_buffer=2,
+        overlong_max_tokens=4,
+    )
     batch = group_of(RESPONSES)
     scored = ScoringService(cfg, tiny_model).score(batch, [{}])
     assert sum(scored.rewards) == pytest.approx(0.0, abs=1e-6)  # what trains is whitened...
@@ -141,8 +157,11 @@ def test_reward_mean_is_the_raw_reward_under_batch_normalisation(tiny_model):
 
 
 def test_evaluation_has_no_overlong_penalty(tiny_model):
-    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.function, function="user_rewards:length")],
-                       overlong_buffer=2, overlong_max_tokens=4)
+    cfg = RewardConfig(
+        sources=[RewardSource(kind=SourceKind.function, function="user_rewards:length")],
+        overlong_buffer=2,
+        overlong_max_tokens=4,
+    )
     service, batch = ScoringService(cfg, tiny_model), group_of(RESPONSES)
     # 1, 2, 3, 4 tokens: free up to 2, then -1/2 per token: 0, 0, -.5, -1
     assert service.score(batch, [{}]).rewards == [1.0, 2.0, 2.5, 3.0]
@@ -150,18 +169,22 @@ def test_evaluation_has_no_overlong_penalty(tiny_model):
     assert evaluated.rewards == [1.0, 2.0, 3.0, 4.0] and "overlong" not in evaluated.components
 
 
-@pytest.mark.parametrize("policy, want", [
-    # zero: normalised over raw [1, 0, 1, 0]: mean 1/2, unbiased std sqrt(1/3) -> +-0.866025; the failure is
-    # the wrong answer
-    (InvalidPolicy.zero, [0.866025, -0.866025, 0.866025, -0.866025]),
-    # drop: over [1, 0, 1]: mean 2/3, std sqrt(1/3) -> 0.577350, -1.154701; the failure left out (0, masked)
-    (InvalidPolicy.drop, [0.577350, -1.154701, 0.577350, 0.0]),
-])
+@pytest.mark.parametrize(
+    "policy, want",
+    [
+        # zero: normalised over raw [1, 0, 1, 0]: mean 1/2, unbiased std sqrt(1/3) -> +-0.866025; the failure is
+        # the wrong answer
+        (InvalidPolicy.zero, [0.866025, -0.866025, 0.866025, -0.866025]),
+        # drop: over [1, 0, 1]: mean 2/3, std sqrt(1/3) -> 0.577350, -1.154701; the failure left out (0, masked)
+        (InvalidPolicy.drop, [0.577350, -1.154701, 0.577350, 0.0]),
+    ],
+)
 def test_invalid_zero_is_a_wrong_answer_also_under_normalisation(tiny_model, policy, want):
     """Review A, item 9: under zero the failure was set to 0 after normalising, so with normalization:
     batch the wrong answer trained at -1.155 and the failure at 0: not "like a wrong answer"."""
-    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.batch,
-                       invalid=policy)
+    cfg = RewardConfig(
+        sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.batch, invalid=policy
+    )
     batch = group_of(["#### 2", "#### 3", "#### 2", "#### 2"])
     batch.env_failure = ["", "", "", "error"]  # the last episode broke off: could not be judged
     scored = ScoringService(cfg, tiny_model).score(batch, [{"answer": "2"}])

@@ -1,4 +1,5 @@
 """The reasoning-gym source hands the task's own scorer the `<answer>` its trainers extract."""
+
 import pytest
 
 from reward_service.combine import run_source

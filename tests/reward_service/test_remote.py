@@ -1,4 +1,5 @@
 """Remote rewards over loopback HTTP: relay serve-reward, a slow server, a garbage server, a dead one."""
+
 import json
 import subprocess
 import sys
@@ -126,13 +127,16 @@ def test_a_timed_out_attempt_is_retried():
         s.close()
 
 
-@pytest.mark.parametrize("reply, error", [
-    (lambda p: (200, b"<html>oops</html>"), "garbage reply"),
-    (lambda p: (200, json.dumps({"rewards": [1.0]}).encode()), "expected 5 rewards, got 1"),
-    (lambda p: (200, json.dumps({"score": 1}).encode()), "garbage reply"),
-    (lambda p: (500, b"{}"), "HTTP 500"),
-    (lambda p: (400, b"{}"), "HTTP 400"),
-])
+@pytest.mark.parametrize(
+    "reply, error",
+    [
+        (lambda p: (200, b"<html>oops</html>"), "garbage reply"),
+        (lambda p: (200, json.dumps({"rewards": [1.0]}).encode()), "expected 5 rewards, got 1"),
+        (lambda p: (200, json.dumps({"score": 1}).encode()), "garbage reply"),
+        (lambda p: (500, b"{}"), "HTTP 500"),
+        (lambda p: (400, b"{}"), "HTTP 400"),
+    ],
+)
 def test_garbage_and_errors_mark_the_chunk_invalid(reply, error):
     s = Server(reply)
     try:
@@ -173,10 +177,17 @@ def test_unreachable_server():
 
 def test_remote_source_through_relay_serve_reward(tmp_path):
     cfg = tmp_path / "serve.yaml"
-    cfg.write_text("reward:\n  sources:\n    - kind: math_answer\n    - kind: format\n      pattern: '^####'\n      weight: 0.5\n")
+    cfg.write_text(
+        "reward:\n  sources:\n    - kind: math_answer\n    - kind: format\n      pattern: '^####'\n      weight: 0.5\n"
+    )
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve-reward", str(cfg), "--port", str(port)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "serve-reward", str(cfg), "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert f"on http://127.0.0.1:{port}/score" in line, proc.stderr.read() if proc.poll() is not None else line
@@ -194,8 +205,13 @@ def test_remote_source_through_relay_serve_reward(tmp_path):
 def test_serve_reward_rejects_a_bad_config(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("reward:\n  sources:\n    - kind: remote\n")
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve-reward", str(cfg)], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "serve-reward", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "reward.sources.0.url: a remote source needs url" in out.stderr
 
 
@@ -204,8 +220,9 @@ def remote_reward(url, timeout_s, retries=1, concurrency=2):
     from reward_service.config import RewardConfig
     from reward_service.service import RewardFunction
 
-    source = RewardSource(kind=SourceKind.remote, url=url, timeout_s=timeout_s, max_retries=retries,
-                          max_concurrency=concurrency)
+    source = RewardSource(
+        kind=SourceKind.remote, url=url, timeout_s=timeout_s, max_retries=retries, max_concurrency=concurrency
+    )
     return RewardFunction(RewardConfig(sources=[source]))
 
 

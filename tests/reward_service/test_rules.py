@@ -1,25 +1,29 @@
 """Rule rewards on hand-written cases: right, wrong, malformed, unicode; math answers via math-verify."""
+
 import pytest
 
 from reward_service import rules
 
 
-@pytest.mark.parametrize("text, answer", [
-    ("so the total is 12 apples.\n#### 42", "42"),
-    ("so the total is 12 apples.\n#### 42 \n\n", "42"),  # trailing blank lines: still the last line
-    ("#### Step 2\nAdd them: \\boxed{7}", "7"),  # a markdown heading is no final-answer mark
-    ("#### Step 2\nso we get 7.", None),  # nothing declared: math-verify reads the whole text
-    ("First 3, then 4, so \\boxed{7}", "7"),
-    ("\\boxed{3} or rather \\boxed{4}", "4"),  # the last boxed answer wins
-    ("\\boxed{\\frac{1}{2}} is it", "\\frac{1}{2}"),
-    ("\\boxed{{1}}", "1"),  # redundant braces go
-    ("nested \\boxed{{1}+{2}}", "{1}+{2}"),  # these braces are not one group
-    ("truncated \\boxed{4", None),
-    ("#### −5", "-5"),  # unicode minus
-    ("答案是 \\boxed{４２}", "42"),  # fullwidth digits
-    ("we get 3 then 5 and finally 1,234.", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("so the total is 12 apples.\n#### 42", "42"),
+        ("so the total is 12 apples.\n#### 42 \n\n", "42"),  # trailing blank lines: still the last line
+        ("#### Step 2\nAdd them: \\boxed{7}", "7"),  # a markdown heading is no final-answer mark
+        ("#### Step 2\nso we get 7.", None),  # nothing declared: math-verify reads the whole text
+        ("First 3, then 4, so \\boxed{7}", "7"),
+        ("\\boxed{3} or rather \\boxed{4}", "4"),  # the last boxed answer wins
+        ("\\boxed{\\frac{1}{2}} is it", "\\frac{1}{2}"),
+        ("\\boxed{{1}}", "1"),  # redundant braces go
+        ("nested \\boxed{{1}+{2}}", "{1}+{2}"),  # these braces are not one group
+        ("truncated \\boxed{4", None),
+        ("#### −5", "-5"),  # unicode minus
+        ("答案是 \\boxed{４２}", "42"),  # fullwidth digits
+        ("we get 3 then 5 and finally 1,234.", None),
+        ("", None),
+    ],
+)
 def test_final_answer(text, answer):
     assert rules.final_answer(text) == answer
 
@@ -106,8 +110,15 @@ MATH_ROWS = [
     ("#### 42", "Paris", None),
     ("#### 42", float("nan"), None),
     ("#### 42", "", None),
-    pytest.param("So the answer is $\\frac{1}{2}$. Check: 1+1=2", "\\frac{1}{2}", 1.0, marks=pytest.mark.xfail(
-        strict=True, reason="math-verify: its `answer ... = number` rule reaches past the stated answer to the later 1+1=2")),
+    pytest.param(
+        "So the answer is $\\frac{1}{2}$. Check: 1+1=2",
+        "\\frac{1}{2}",
+        1.0,
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="math-verify: its `answer ... = number` rule reaches past the stated answer to the later 1+1=2",
+        ),
+    ),
 ]
 
 
@@ -124,16 +135,19 @@ def test_math_answer_plain_integers_take_the_fast_path(monkeypatch):
 
     monkeypatch.setattr(math_verify, "parse", fail)
     monkeypatch.setattr(math_verify, "verify", fail)
-    assert [rules.math_answer(r, ref) for r, ref in [("135", "135"), (" 46\n", 46), ("#### 72", "... #### 72"),
-                                                      ("\\boxed{7}", "8"), ("-3", "-3")]] == [1.0, 1.0, 1.0, 0.0, 1.0]
+    assert [
+        rules.math_answer(r, ref)
+        for r, ref in [("135", "135"), (" 46\n", 46), ("#### 72", "... #### 72"), ("\\boxed{7}", "8"), ("-3", "-3")]
+    ] == [1.0, 1.0, 1.0, 0.0, 1.0]
 
 
 def test_math_answer_works_off_the_main_thread():
     # relay scores on helper threads (combine.call_with_deadline); a signal-based timeout would raise there
     from reward_service.combine import call_with_deadline
 
-    got = call_with_deadline(lambda: [rules.math_answer("\\boxed{\\frac{2}{4}}", "0.5"),
-                                      rules.math_answer("so 3 + 4 = 7", "7.0")], 60.0)
+    got = call_with_deadline(
+        lambda: [rules.math_answer("\\boxed{\\frac{2}{4}}", "0.5"), rules.math_answer("so 3 + 4 = 7", "7.0")], 60.0
+    )
     assert got == [1.0, 1.0]
 
 

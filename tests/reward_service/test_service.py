@@ -1,4 +1,5 @@
 """The scoring service on real tiny models: reference logprobs, reward models, reasoning-gym, Ray."""
+
 import dataclasses
 import json
 
@@ -23,8 +24,9 @@ def batch_of(pairs):
     """RolloutBatch from (prompt text, response text) pairs, one sample per prompt."""
     p = [tok(a, add_special_tokens=False).input_ids for a, _ in pairs]
     r = [tok(b, add_special_tokens=False).input_ids for _, b in pairs]
-    return RolloutBatch(list(range(len(pairs))), p, r, [[0.0] * len(x) for x in r], [b for _, b in pairs],
-                        ["stop"] * len(pairs))
+    return RolloutBatch(
+        list(range(len(pairs))), p, r, [[0.0] * len(x) for x in r], [b for _, b in pairs], ["stop"] * len(pairs)
+    )
 
 
 PAIRS = [("12+34=", "46"), ("7*8=", "56 is the answer"), ("hello", "x"), ("a much longer prompt here:", "#### 5")]
@@ -38,7 +40,7 @@ def test_reference_logprobs_equal_a_direct_transformers_computation(tiny_model, 
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     for p, r, lp in zip(batch.prompt_ids, batch.response_ids, got):
         with torch.no_grad():  # one unpadded sequence at a time: nothing to get wrong
-            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1: -1] / temperature
+            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : -1] / temperature
         want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
         assert len(lp) == len(r)
         assert torch.allclose(torch.tensor(lp), want, atol=1e-5, rtol=0)
@@ -47,8 +49,9 @@ def test_reference_logprobs_equal_a_direct_transformers_computation(tiny_model, 
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("rm") / "tiny-rm"
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1, n_head=2, num_labels=1,
-                     pad_token_id=tok.pad_token_id)
+    cfg = GPT2Config(
+        vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1, n_head=2, num_labels=1, pad_token_id=tok.pad_token_id
+    )
     torch.manual_seed(0)
     GPT2ForSequenceClassification(cfg).save_pretrained(path)
     tok.save_pretrained(path)
@@ -65,7 +68,9 @@ def test_reward_model_scores_prompt_plus_response(reward_model):
     assert got == pytest.approx(want, abs=1e-5)
     # with the stats `relay rm` stores beside the model, scores come out normalised
     (reward_model / REWARD_STATS_FILE).write_text(json.dumps({"mean": 0.5, "std": 2.0}))
-    normed = build_source(RewardSource(kind=SourceKind.reward_model, model_path=str(reward_model))).score(prompts, responses, [{}] * 4)
+    normed = build_source(RewardSource(kind=SourceKind.reward_model, model_path=str(reward_model))).score(
+        prompts, responses, [{}] * 4
+    )
     assert normed == pytest.approx([(w - 0.5) / 2.0 for w in want], abs=1e-5)
     (reward_model / REWARD_STATS_FILE).unlink()
 
@@ -76,8 +81,12 @@ def test_reasoning_gym_source_uses_the_task_scorer():
     data = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=1)
     entries = list(data)
     source = build_source(RewardSource(kind=SourceKind.reasoning_gym))
-    responses = [f"so <answer>{entries[0]['answer']}</answer>", "<answer>123456</answer>", "#### 1",
-                 f"The result is {entries[0]['answer']}"]
+    responses = [
+        f"so <answer>{entries[0]['answer']}</answer>",
+        "<answer>123456</answer>",
+        "#### 1",
+        f"The result is {entries[0]['answer']}",
+    ]
     meta = [{"entry": entries[0]}, {"entry": entries[1]}, {}, {"entry": entries[0]}]
     run = run_source(source, ["q"] * 4, responses, meta, 5.0)
     # the task's own scorer on the answer in reasoning-gym's tags; none in tags scores what the task
@@ -87,9 +96,15 @@ def test_reasoning_gym_source_uses_the_task_scorer():
 
 
 def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
-    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer),
-                                RewardSource(kind=SourceKind.format, pattern="^####", weight=0.5)],
-                       invalid=InvalidPolicy.drop, normalization=Normalization.none, micro_batch_size=2)
+    cfg = RewardConfig(
+        sources=[
+            RewardSource(kind=SourceKind.math_answer),
+            RewardSource(kind=SourceKind.format, pattern="^####", weight=0.5),
+        ],
+        invalid=InvalidPolicy.drop,
+        normalization=Normalization.none,
+        micro_batch_size=2,
+    )
     service = ray.remote(concurrency_groups={"stats": 1})(ScoringService).options(num_cpus=1).remote(cfg, tiny_model)
     batch = batch_of(PAIRS)
     meta = [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
@@ -107,8 +122,9 @@ def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
 
 
 def test_evaluation_is_read_only_and_reports_raw_rewards(tiny_model):
-    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.running,
-                       clip=0.5)
+    cfg = RewardConfig(
+        sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.running, clip=0.5
+    )
     service = ScoringService(cfg, tiny_model)
     batch, meta = batch_of(PAIRS), [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
     service.score(batch, meta)  # training moves the running normaliser...

@@ -1,4 +1,5 @@
 """User reward functions for the tests, loaded by `module.path:function` like a user's own."""
+
 import math
 import threading
 

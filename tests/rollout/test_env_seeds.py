@@ -1,6 +1,7 @@
 """An environment's reset gets a seed from the run seed (review A 7): an environment that draws at random
 plays other draws under another run seed, the same ones under the same seed, and its own per episode.
 Through the real RolloutWorker._episodes on a scripted engine."""
+
 import random
 from types import SimpleNamespace
 
@@ -26,8 +27,9 @@ class Dice(Environment):
 
 class Engine:
     def generate(self, requests, params, use_tqdm=False):
-        done = SimpleNamespace(token_ids=[5], logprobs=[{5: SimpleNamespace(logprob=-0.5)}], finish_reason="stop",
-                               text="")
+        done = SimpleNamespace(
+            token_ids=[5], logprobs=[{5: SimpleNamespace(logprob=-0.5)}], finish_reason="stop", text=""
+        )
         return [SimpleNamespace(outputs=[done]) for _ in requests]
 
 

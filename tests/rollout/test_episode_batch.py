@@ -2,6 +2,7 @@
 (never an observation's words), every length and diversity metric counts the model's tokens only,
 and only a spent token budget counts as clipped (running out of turns does not). The real loop
 (rollout.episodes.play) on a scripted engine."""
+
 from types import SimpleNamespace
 
 from envs.base import Environment
@@ -32,8 +33,9 @@ class ScriptedEngine:
             ids = self.tok.encode(text, add_special_tokens=False)[: p.max_tokens]
             finish = "length" if len(ids) >= p.max_tokens else "stop"
             ids += [self.tok.eos_token_id] if finish == "stop" else []
-            done = SimpleNamespace(token_ids=ids, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in ids],
-                                   finish_reason=finish, text="")
+            done = SimpleNamespace(
+                token_ids=ids, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in ids], finish_reason=finish, text=""
+            )
             outs.append(SimpleNamespace(outputs=[done]))
         return outs
 
@@ -49,8 +51,10 @@ class Tool(Environment):
 
 def play_batch():
     tok = char_tokenizer(DEFAULT_ALPHABET + "<|>")
-    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     cfg = RolloutConfig(max_prompt_tokens=64, sampling=SamplingConfig(max_new_tokens=10, n_samples_per_prompt=1))
     prompts = [[{"role": "user", "content": name}] for name in TURNS]
     episodes, _ = start_episodes(Tool, prompts, [{}] * 3, 0, 1, lambda i: i, lambda i, k: 0, tok, cfg, 5.0)
@@ -68,10 +72,12 @@ def test_text_sources_read_the_models_last_turn_and_lengths_count_its_tokens():
     eos = 1
     model = [len("call 1+2") + eos + len("3") + eos, 2 * (len("hmm") + eos), 10 + len(cut)]
     assert batch.model_lengths == model and all(o > m for o, m in zip(batch.response_lengths, model))
-    assert batch.model_ids[0] == tok.encode("call 1+2", add_special_tokens=False) + [tok.eos_token_id] + \
-        tok.encode("3", add_special_tokens=False) + [tok.eos_token_id]
-    scored = ScoredBatch([1.0, 0.0, 0.0], {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths],
-                         raw=[1.0, 0.0, 0.0])
+    assert batch.model_ids[0] == tok.encode("call 1+2", add_special_tokens=False) + [tok.eos_token_id] + tok.encode(
+        "3", add_special_tokens=False
+    ) + [tok.eos_token_id]
+    scored = ScoredBatch(
+        [1.0, 0.0, 0.0], {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths], raw=[1.0, 0.0, 0.0]
+    )
     m = batch_metrics(batch, scored)
     assert m["response/length_mean"] == sum(model) / 3 and m["response/length_max"] == max(model)
     assert m["response/clipped_frac"] == 1 / 3  # only the episode whose token budget ran out
@@ -82,10 +88,18 @@ def test_text_sources_read_the_models_last_turn_and_lengths_count_its_tokens():
 
 def test_evaluation_lengths_and_diversity_count_the_models_tokens():
     batch, _ = play_batch()
-    scored = ScoredBatch([0.0] * 3, {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths],
-                         raw=[0.0] * 3)
-    ev = evaluate_policy(lambda p, greedy: batch, lambda *a: scored, [""] * 3, [{}] * 3, False, 1.0,
-                         lambda b: [[0.0] * n for n in b.response_lengths])
+    scored = ScoredBatch(
+        [0.0] * 3, {}, [True] * 3, [False] * 3, [[0.0] * n for n in batch.response_lengths], raw=[0.0] * 3
+    )
+    ev = evaluate_policy(
+        lambda p, greedy: batch,
+        lambda *a: scored,
+        [""] * 3,
+        [{}] * 3,
+        False,
+        1.0,
+        lambda b: [[0.0] * n for n in b.response_lengths],
+    )
     m = ev.metrics
     assert m["eval/sampled/response/length_mean"] == sum(batch.model_lengths) / 3
     assert m["eval/sampled/distinct_1"] == distinct_n(batch.model_ids, 1) != distinct_n(batch.response_ids, 1)

@@ -1,5 +1,6 @@
 """Multi-turn episodes on a real vLLM engine: the episode's tokens are the engine's, turn by turn;
 observations are the template's tokens, masked; failing environments end only their episodes."""
+
 import pytest
 import ray
 import torch
@@ -21,9 +22,16 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
 
         def generate(self, requests, params, use_tqdm=False):
             outs = self.llm.generate(requests, params, use_tqdm=use_tqdm)
-            self.calls.append([(r["prompt_token_ids"], list(o.outputs[0].token_ids),
-                                [s[t].logprob for s, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
-                               for r, o in zip(requests, outs)])
+            self.calls.append(
+                [
+                    (
+                        r["prompt_token_ids"],
+                        list(o.outputs[0].token_ids),
+                        [s[t].logprob for s, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)],
+                    )
+                    for r, o in zip(requests, outs)
+                ]
+            )
             return outs
 
     @ray.remote(num_cpus=1)
@@ -36,16 +44,36 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
             from rollout.engine import engine_env, make_engine
             from rollout.episodes import play, start_episodes, to_batch
 
-            cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16,
-                                sampling=SamplingConfig(max_new_tokens=6, n_samples_per_prompt=samples, seed=3))
+            cfg = RolloutConfig(
+                max_model_len=128,
+                max_prompt_tokens=16,
+                sampling=SamplingConfig(max_new_tokens=6, n_samples_per_prompt=samples, seed=3),
+            )
             os.environ.update(engine_env(cfg, 1, False))
             llm = make_engine(cfg, tiny_model, 0, torch.device("cpu"))
             tok, rec = llm.get_tokenizer(), Recorder(llm)
             made = iter([cls() for cls in env_classes for _ in range(samples)])
-            episodes, skipped = start_episodes(lambda: next(made), PROMPTS, [{"answer": "0"}] * len(PROMPTS), 0, samples,
-                                               lambda i: 100 + i, lambda i, k: 0, tok, cfg, timeout_s)
-            play(rec, tok, episodes, cfg.sampling, False, EnvConfig(name="test", max_turns=max_turns, step_timeout_s=timeout_s),
-                 budget)
+            episodes, skipped = start_episodes(
+                lambda: next(made),
+                PROMPTS,
+                [{"answer": "0"}] * len(PROMPTS),
+                0,
+                samples,
+                lambda i: 100 + i,
+                lambda i, k: 0,
+                tok,
+                cfg,
+                timeout_s,
+            )
+            play(
+                rec,
+                tok,
+                episodes,
+                cfg.sampling,
+                False,
+                EnvConfig(name="test", max_turns=max_turns, step_timeout_s=timeout_s),
+                budget,
+            )
             return to_batch(episodes, skipped), rec.calls
 
     return ray.get(Player.remote().play.remote())
@@ -72,14 +100,16 @@ def test_episode_tokens_are_what_the_engine_sampled_turn_by_turn(ray_cluster, ti
         pos = 0
         for turn, call in enumerate(calls):
             prompt, sampled, sampled_lps = call[i]
-            assert prompt == batch.prompt_ids[i] + ids[:pos]  # the engine saw the episode's own tokens, nothing re-tokenised
-            assert ids[pos: pos + len(sampled)] == sampled and lps[pos: pos + len(sampled)] == sampled_lps
-            assert acts[pos: pos + len(sampled)] == [1] * len(sampled)
+            assert (
+                prompt == batch.prompt_ids[i] + ids[:pos]
+            )  # the engine saw the episode's own tokens, nothing re-tokenised
+            assert ids[pos : pos + len(sampled)] == sampled and lps[pos : pos + len(sampled)] == sampled_lps
+            assert acts[pos : pos + len(sampled)] == [1] * len(sampled)
             pos += len(sampled)
             if turn < 2:  # observations between turns; after the last turn the episode ends
                 obs = observation_ids(tok, f"obs {turn + 1}", "user", sampled[-1])
-                assert ids[pos: pos + len(obs)] == obs and acts[pos: pos + len(obs)] == [0] * len(obs)
-                assert lps[pos: pos + len(obs)] == [0.0] * len(obs)
+                assert ids[pos : pos + len(obs)] == obs and acts[pos : pos + len(obs)] == [0] * len(obs)
+                assert lps[pos : pos + len(obs)] == [0.0] * len(obs)
                 pos += len(obs)
         assert pos == len(ids) and len(acts) == len(lps) == len(ids)
     assert batch.env_return == [0.75] * 6 and batch.finish_reason == ["turns"] * 6  # out of turns, not clipped
@@ -87,7 +117,7 @@ def test_episode_tokens_are_what_the_engine_sampled_turn_by_turn(ray_cluster, ti
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     with torch.no_grad():
         for p, r, lp, act in zip(batch.prompt_ids, batch.response_ids, batch.logprobs, batch.action_mask):
-            logits = hf(torch.tensor([p + r])).logits[0, len(p) - 1: -1]
+            logits = hf(torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
             ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
             model = torch.tensor(act, dtype=torch.bool)
             assert torch.allclose(torch.tensor(lp)[model], ref[model], atol=1e-4, rtol=0)
@@ -119,7 +149,9 @@ def test_a_hanging_or_raising_environment_ends_only_its_episodes(ray_cluster, ti
         batch, calls = play_in_actor(tiny_model, [Fine, Hangs, Raises, BadReset], max_turns=2, timeout_s=1.0)
     finally:
         PROMPTS.pop()
-    assert batch.skipped == [(3, "environment reset: error: KeyError: 'no such task'")]  # counted, topped up by the trainer
+    assert batch.skipped == [
+        (3, "environment reset: error: KeyError: 'no such task'")
+    ]  # counted, topped up by the trainer
     assert batch.prompt_index == [0, 0, 1, 1, 2, 2]
     assert batch.env_failure == ["", "", "timeout", "timeout", "error", "error"]
     assert batch.env_return == [2.0, 2.0, None, None, None, None]  # a failed episode's return is void: invalid, counted

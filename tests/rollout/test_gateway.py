@@ -1,5 +1,6 @@
 """The agent endpoint's recorder: calls become samples token for token, continued conversations
 extend their sample with masked message tokens, finished episodes become a training batch."""
+
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -14,8 +15,10 @@ from rollout.prompts import encode_chat
 @pytest.fixture
 def tok():
     t = char_tokenizer(DEFAULT_ALPHABET + "<|>")
-    t.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-                       "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    t.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     return t
 
 
@@ -42,7 +45,7 @@ def test_a_continued_conversation_extends_its_sample_and_only_sampled_tokens_tra
     assert counts["endpoint/episodes"] == 1 and counts["endpoint/abandoned_episodes"] == 0
     assert batch.prompt_index == [0, 1] and batch.env_return == [1.5, 1.5]
     delta = len(ids2) - len(ids) - len(reply)
-    assert batch.response_ids[0] == reply + ids2[len(ids) + len(reply):] + answer
+    assert batch.response_ids[0] == reply + ids2[len(ids) + len(reply) :] + answer
     assert batch.action_mask[0] == [1] * len(reply) + [0] * delta + [1] * len(answer)
     assert batch.logprobs[0] == [-0.5] * len(reply) + [0.0] * delta + [-0.25] * len(answer)
     assert (batch.version_first, batch.version_last, batch.turns) == ([3, 4], [4, 4], [2, 1])
@@ -64,7 +67,8 @@ def test_take_waits_for_finished_episodes_and_says_how_many_came(tok):
     assert "crashed agent" not in idle.episodes and idle.abandoned == 1 and idle.finish("crashed agent", 1.0) is None
     with pytest.raises(ValueError, match="max_prompt_tokens 4"):
         Recorder(tok, max_prompt_tokens=4, max_model_len=256).prepare(
-            "b", [{"role": "user", "content": "a long question"}], 8)
+            "b", [{"role": "user", "content": "a long question"}], 8
+        )
 
 
 def test_the_http_api_refuses_what_it_cannot_record_with_the_key_named(tok):
@@ -76,14 +80,17 @@ def test_the_http_api_refuses_what_it_cannot_record_with_the_key_named(tok):
     client = TestClient(build_app(Recorder(tok, 64, 256), Batcher([], 0.01), SamplingConfig(), "relay-policy"))
     chat = "/episodes/e1/v1/chat/completions"
     assert client.get("/v1/models").json()["data"][0]["id"] == "relay-policy"
-    for body, key in [({"messages": []}, "messages"), ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-                      ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
-                      ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-                      # the learner trains under the config's distribution: a call may not sample another
-                      ({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, "temperature"),
-                      ({"messages": [{"role": "user", "content": "x"}], "top_p": 0.9}, "top_p"),
-                      ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
-                      ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1.0}, "presence_penalty")]:
+    for body, key in [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        # the learner trains under the config's distribution: a call may not sample another
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_p": 0.9}, "top_p"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1.0}, "presence_penalty"),
+    ]:
         r = client.post(chat, json=body)
         assert r.status_code == 400 and r.json()["detail"].startswith(key)
     assert client.post("/episodes/nope/reward", json={"reward": 1}).status_code == 404
@@ -200,8 +207,15 @@ def test_a_call_cut_at_its_max_tokens_counts_as_a_clipped_turn(tok):
     rec = Recorder(tok, 32, 64)
     call = rec.prepare("e", [{"role": "user", "content": "q"}], 2)
     rec.record("e", call, [5, 6], [-1.0, -1.0], "xy", "length", 0)
-    call = rec.prepare("e", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "xy"},
-                             {"role": "user", "content": "go on"}], 2)
+    call = rec.prepare(
+        "e",
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "xy"},
+            {"role": "user", "content": "go on"},
+        ],
+        2,
+    )
     rec.record("e", call, [5], [-1.0], "x", "stop", 0)
     rec.finish("e", 1.0)
     batch, _ = rec.take(1, timeout_s=1.0, step=0)

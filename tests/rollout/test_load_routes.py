@@ -1,4 +1,5 @@
 """Direct-copy routes: found from names and fused layouts, kept only where the engine's loader agrees."""
+
 import dataclasses
 
 import torch
@@ -41,7 +42,7 @@ class Engine:
             self.calls += 1
             shard = name.split(".")[-2]
             if shard in offsets:
-                self.params["layers.0.attn.qkv_proj.weight"][offsets[shard]: offsets[shard] + len(t)] = t
+                self.params["layers.0.attn.qkv_proj.weight"][offsets[shard] : offsets[shard] + len(t)] = t
             elif shard in ("c_fc", "c_proj"):
                 self.params[name].copy_(t.t())
             elif shard == "odd":
@@ -71,8 +72,14 @@ def test_a_probe_rejects_a_route_the_loader_does_not_take():
     candidates = candidate_routes(metas, {n: tuple(p.shape) for n, p in engine.params.items()}, PACKED)
     candidates["layers.0.attn.k_proj.weight"] = Route("layers.0.attn.qkv_proj.weight", 5)  # a wrong row
     routes = verified_routes(candidates, metas, engine.params, engine.load_weights, "cpu", chunk_bytes=32)
-    assert set(routes) == {"layers.0.attn.q_proj.weight", "layers.0.attn.v_proj.weight", "layers.0.norm.weight",
-                           "embed.weight", "layers.0.mlp.c_fc.weight", "layers.0.mlp.c_proj.weight"}
+    assert set(routes) == {
+        "layers.0.attn.q_proj.weight",
+        "layers.0.attn.v_proj.weight",
+        "layers.0.norm.weight",
+        "embed.weight",
+        "layers.0.mlp.c_fc.weight",
+        "layers.0.mlp.c_proj.weight",
+    }
     assert routes["layers.0.mlp.c_proj.weight"].transposed  # the probe found it transposed
 
 
@@ -80,8 +87,13 @@ def test_routed_and_loader_paths_together_give_the_loaders_result():
     reference, engine = Engine(), Engine()
     reference.load_weights(HF.items())
     metas = tensor_metas(HF.items())
-    routes = verified_routes(candidate_routes(metas, {n: tuple(p.shape) for n, p in engine.params.items()}, PACKED),
-                             metas, engine.params, engine.load_weights, "cpu")
+    routes = verified_routes(
+        candidate_routes(metas, {n: tuple(p.shape) for n, p in engine.params.items()}, PACKED),
+        metas,
+        engine.params,
+        engine.load_weights,
+        "cpu",
+    )
     engine.calls = 0
     engine.load_weights(copy_routed(HF.items(), routes, engine.params))
     assert engine.calls == 2  # only odd and lm_head went through the loader
@@ -92,8 +104,9 @@ def test_routed_and_loader_paths_together_give_the_loaders_result():
 def test_routes_cast_to_the_parameter_dtype():
     params = {"w": torch.zeros(2, 2, dtype=torch.bfloat16)}
     t = torch.tensor([[1.001, 2.0], [3.0, 4.0]])
-    routes = verified_routes({"w": Route("w", 0)}, tensor_metas([("w", t)]), params,
-                             lambda ws: [params[n].copy_(x) for n, x in ws], "cpu")
+    routes = verified_routes(
+        {"w": Route("w", 0)}, tensor_metas([("w", t)]), params, lambda ws: [params[n].copy_(x) for n, x in ws], "cpu"
+    )
     assert list(copy_routed([("w", t)], routes, params)) == []
     assert torch.equal(params["w"], t.to(torch.bfloat16))
 
@@ -114,16 +127,30 @@ def test_a_tied_head_is_dropped_only_when_its_embedding_is_copied():
 
 def test_bucket_copies_merge_fused_rows_and_load_what_the_routes_do():
     engine, by_routes = Engine(), Engine()
-    names = ["layers.0.attn.q_proj.weight", "layers.0.attn.k_proj.weight", "layers.0.attn.v_proj.weight",
-             "layers.0.norm.weight", "layers.0.mlp.c_fc.weight", "embed.weight", "lm_head.weight"]
-    routes = {n: r for n, r in candidate_routes(tensor_metas(HF.items()), {n: tuple(p.shape) for n, p in engine.params.items()},
-                                                PACKED).items() if n in names}
+    names = [
+        "layers.0.attn.q_proj.weight",
+        "layers.0.attn.k_proj.weight",
+        "layers.0.attn.v_proj.weight",
+        "layers.0.norm.weight",
+        "layers.0.mlp.c_fc.weight",
+        "embed.weight",
+        "lm_head.weight",
+    ]
+    routes = {
+        n: r
+        for n, r in candidate_routes(
+            tensor_metas(HF.items()), {n: tuple(p.shape) for n, p in engine.params.items()}, PACKED
+        ).items()
+        if n in names
+    }
     metas = tensor_metas((n, HF[n]) for n in names)
     buckets = plan_buckets(metas, 4 * (24 + 3 + 15))  # q, k, v, norm, c_fc | embed, lm_head
     plan = bucket_copies(buckets, routes, engine.params, twins=frozenset({"lm_head.weight"}))
     # q, k and v are consecutive rows of qkv_proj: one copy of 8 rows; the skipped head copies nothing
     assert [[(c.start, tuple(c.dst.shape), c.transposed) for c in copies] for copies in plan] == [
-        [(0, (8, 3), False), (24, (3,), False), (27, (5, 3), True)], [(0, (7, 3), False)]]
+        [(0, (8, 3), False), (24, (3,), False), (27, (5, 3), True)],
+        [(0, (7, 3), False)],
+    ]
     for bucket, copies in zip(buckets, plan):
         flat = torch.cat([HF[m.name].reshape(-1) for m in bucket])
         for copy in copies:

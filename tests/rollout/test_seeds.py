@@ -1,4 +1,5 @@
 """The run seed reaches every random stream (rollout/seeds.py): another seed, another stream."""
+
 import os
 import subprocess
 import sys
@@ -34,8 +35,17 @@ def test_every_stream_is_its_own_and_changes_with_the_run_seed():
 
 def test_stream_seeds_are_the_same_in_every_process():
     code = "from rollout.seeds import stream_seed; print(stream_seed(3, 'sampling', 5, 7))"
-    outs = {subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2)}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(h)},
+        ).stdout
+        for h in (1, 2)
+    }
     assert outs == {f"{stream_seed(3, 'sampling', 5, 7)}\n"}
 
 
@@ -50,8 +60,11 @@ def test_the_worker_samples_from_the_run_seed_unless_sampling_seed_overrides_it(
     assert follow.seed is None  # the default: follow the run seed
     assert workers[0]._request_seed(follow, (0, 0), 0) == request_seed(0, 0, 0)
     assert workers[0]._request_seed(follow, (0, 0), 0) != workers[1]._request_seed(follow, (0, 0), 0)
-    assert (workers[0]._request_seed(pinned, (0, 0), 0) == workers[1]._request_seed(pinned, (0, 0), 0)
-            == request_seed(7, 0, 0))
+    assert (
+        workers[0]._request_seed(pinned, (0, 0), 0)
+        == workers[1]._request_seed(pinned, (0, 0), 0)
+        == request_seed(7, 0, 0)
+    )
 
 
 def test_data_order_and_generated_data_follow_the_run_seed():
@@ -68,8 +81,11 @@ def test_two_run_seeds_sample_one_prompt_differently_and_one_seed_alike(ray_clus
     from rollout.config import RolloutConfig
     from rollout.pool import RolloutPool
 
-    cfg = RolloutConfig(max_model_len=64, max_prompt_tokens=16,
-                        sampling=SamplingConfig(max_new_tokens=8, n_samples_per_prompt=2, temperature=1.0))
+    cfg = RolloutConfig(
+        max_model_len=64,
+        max_prompt_tokens=16,
+        sampling=SamplingConfig(max_new_tokens=8, n_samples_per_prompt=2, temperature=1.0),
+    )
     prompts = ["12+34=?"] * 4
     pools = {seed: RolloutPool(cfg, tiny_model, num_workers=1, seed=seed, num_cpus=1) for seed in (0, 1)}
     try:
@@ -77,8 +93,10 @@ def test_two_run_seeds_sample_one_prompt_differently_and_one_seed_alike(ray_clus
         assert pools[0].generate(prompts, step=0).response_ids == first[0]
         assert first[0] != first[1]
         pinned = SamplingConfig(max_new_tokens=8, n_samples_per_prompt=2, temperature=1.0, seed=7)
-        assert (pools[0].generate(prompts, step=0, sampling=pinned).response_ids
-                == pools[1].generate(prompts, step=0, sampling=pinned).response_ids)  # an explicit override
+        assert (
+            pools[0].generate(prompts, step=0, sampling=pinned).response_ids
+            == pools[1].generate(prompts, step=0, sampling=pinned).response_ids
+        )  # an explicit override
     finally:
         for pool in pools.values():
             pool.shutdown()
