@@ -19,7 +19,7 @@ class Estimator(str, Enum):
     gae = "gae"  # PPO with a critic
     grpo = "grpo"  # group-normalised outcome reward, no critic
     rloo = "rloo"  # leave-one-out baseline, no critic
-    reinforce_baseline = "reinforce_baseline"  # score minus a mean baseline (algorithm.reinforce_baseline), no critic
+    reinforce_baseline = "reinforce_baseline"  # score minus a mean baseline (algorithm.reinforce_baseline.baseline)
     reinforce_pp = (
         "reinforce_pp"  # REINFORCE++: discounted token returns (KL per token if in the reward), whitened over the batch
     )
@@ -93,27 +93,80 @@ class OffPolicyConfig:
 
 
 @dataclass
+class GAEConfig:
+    """Options of the gae estimator (PPO with a critic) and of its value loss."""
+
+    gamma: float = 1.0
+    """discount per token; 1.0 = none"""
+    lam: float = 0.95
+    """GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns"""
+    whiten_rewards: bool = False
+    """rescale token rewards to unit batch std around their (kept) mean before GAE"""
+    value_clip_eps: float = 0.2
+    """new values are clipped to old +- this; the larger of the two errors counts"""
+    vf_coef: float = 0.5
+    """weight of the value loss (shared head: added to the policy loss)"""
+
+
+@dataclass
+class GRPOConfig:
+    """Options of the grpo estimator."""
+
+    scale_by_std: bool = True
+    """divide by the group's reward std; false = mean-centred only (Dr. GRPO)"""
+
+
+@dataclass
+class ReinforceBaselineConfig:
+    """Options of the reinforce_baseline estimator."""
+
+    baseline: Baseline = Baseline.group
+    """which mean is subtracted: group or batch"""
+
+
+@dataclass
+class ReinforcePPConfig:
+    """Options of the reinforce_pp estimator (REINFORCE++)."""
+
+    gamma: float = 1.0
+    """discount per token; 1.0 = none"""
+    group_baseline: bool = False
+    """subtract the group's mean score first (REINFORCE++-baseline)"""
+
+
+@dataclass
+class CISPOConfig:
+    """Options of the cispo policy loss."""
+
+    clip_low: float = 0.0
+    """its weight is also bounded below by 1 - this; 0 = no lower bound (the paper's choice)"""
+
+
+@dataclass
 class AlgorithmConfig:
+    """The RL algorithm: the estimator and its options (one sub-section per estimator), the policy loss,
+    the KL penalty, the off-policy correction and the update's batching."""
+
     method: Method = Method.none
     """a recipe setting its paper's keys (orchestrator/methods.py); none = keys as given"""
     estimator: Estimator = Estimator.grpo
     """advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp"""
-    gamma: float = 1.0
-    """gae and reinforce_pp: discount per token; 1.0 = none"""
-    lam: float = 0.95
-    """gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns"""
+    gae: GAEConfig = field(default_factory=GAEConfig)
+    """estimator gae's options (discount, lambda, reward whitening) and its value loss's"""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """estimator grpo's options"""
+    reinforce_baseline: ReinforceBaselineConfig = field(default_factory=ReinforceBaselineConfig)
+    """estimator reinforce_baseline's options"""
+    reinforce_pp: ReinforcePPConfig = field(default_factory=ReinforcePPConfig)
+    """estimator reinforce_pp's options"""
     clip_eps: float = 0.2
     """PPO clip: ratio clipped to [1 - clip_eps, 1 + clip_eps] (upper bound: see clip_eps_high)"""
     clip_eps_high: float = 0.0
     """DAPO clip-higher: the ratio's upper clip is 1 + clip_eps_high; 0 = clip_eps"""
     policy_loss: PolicyLoss = PolicyLoss.ppo
     """ppo, gspo or cispo (see learner/losses.py); all use clip_eps / clip_eps_high"""
-    cispo_clip_low: float = 0.0
-    """cispo only: its weight is also bounded below by 1 - this; 0 = no lower bound (the paper's choice)"""
-    value_clip_eps: float = 0.2
-    """gae only: new values are clipped to old +- this; the larger of the two errors counts"""
-    vf_coef: float = 0.5
-    """gae only: weight of the value loss (shared head: added to the policy loss)"""
+    cispo: CISPOConfig = field(default_factory=CISPOConfig)
+    """policy loss cispo's options"""
     entropy_coef: float = 0.0
     """entropy bonus: coef * entropy is subtracted from the loss; 0 = off"""
     loss_aggregation: LossAggregation = LossAggregation.token_mean
@@ -133,16 +186,8 @@ class AlgorithmConfig:
     al. 2019 / TRL"""
     kl_horizon: int = 10000
     """adaptive controller only: samples over which the error is corrected"""
-    whiten_rewards: bool = False
-    """gae only: rescale token rewards to unit batch std around their (kept) mean before GAE"""
     normalize_advantages: bool = True
     """by the batch std: gae, reinforce_pp whitened; baselined estimators only divided"""
-    grpo_scale_by_std: bool = True
-    """grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)"""
-    reinforce_baseline: Baseline = Baseline.group
-    """estimator reinforce_baseline only: which mean is subtracted"""
-    reinforce_pp_group_baseline: bool = False
-    """reinforce_pp only: subtract the group's mean score first (REINFORCE++-baseline)"""
     max_skipped_updates: int = 3
     """stop the run after more than this many consecutive updates skipped as non-finite; 0 = never stop"""
     ppo_epochs: int = 1
@@ -153,6 +198,27 @@ class AlgorithmConfig:
     """samples per forward/backward on one learner rank"""
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     """importance correction towards the behaviour policy"""
+
+    @property
+    def needs_critic(self) -> bool:
+        """True when the estimator reads value estimates (gae): the one place that decides whether a
+        run builds a critic (a value head or a separate model), computes old values and a value loss."""
+        return self.estimator == Estimator.gae
+
+
+# Keys that moved into a sub-section: old dotted key (under algorithm.) -> its new place.
+MOVED_ALGORITHM_KEYS = {
+    "gamma": "gae.gamma (or reinforce_pp.gamma)",
+    "lam": "gae.lam",
+    "whiten_rewards": "gae.whiten_rewards",
+    "value_clip_eps": "gae.value_clip_eps",
+    "vf_coef": "gae.vf_coef",
+    "grpo_scale_by_std": "grpo.scale_by_std",
+    "reinforce_pp_group_baseline": "reinforce_pp.group_baseline",
+    "cispo_clip_low": "cispo.clip_low",
+}
+# Keys that were a value and are now a sub-section holding it.
+MOVED_ALGORITHM_VALUES = {"reinforce_baseline": "reinforce_baseline.baseline"}
 
 
 class ValueHead(str, Enum):

@@ -11,6 +11,7 @@ import ray
 
 from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
+from learner.engine import RankAddress
 from learner.worker import Learner, node_address
 from rollout.config import SamplingConfig
 from rollout.device import malloc_env
@@ -105,7 +106,13 @@ class LearnerGroup:
         self.ranks = start_ranks(
             Learner,
             world_size,
-            lambda rank, addr, port, threads: (cfg, algo, sampling, rank, world_size, addr, port, seed, threads),
+            lambda rank, addr, port, threads: (
+                cfg,
+                algo,
+                sampling,
+                seed,
+                RankAddress(rank, world_size, addr, port, threads),
+            ),
             num_cpus,
             num_gpus,
             threads or cfg.threads,

@@ -318,7 +318,7 @@ def _per_device(share: float) -> int:
 
 
 def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=None, plan=None) -> Plan:
-    from learner.config import CriticInit, Estimator, ValueHead
+    from learner.config import CriticInit, ValueHead
     from reward_service.config import SourceKind
 
     plan = plan or Plan([], [], [], [])
@@ -328,15 +328,15 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         rc.max_prompt_tokens + cfg.env.response_tokens(rc.sampling.max_new_tokens),
         cfg.algorithm.micro_batch_size,
     )
-    gae = cfg.algorithm.estimator == Estimator.gae
-    separate = gae and lc.value_head == ValueHead.separate
+    has_critic = cfg.algorithm.needs_critic
+    separate = has_critic and lc.value_head == ValueHead.separate
     learner = learner_lines(
         policy,
         lc,
         c.learner_ranks,
         mb,
         tokens,
-        scalar_head=gae and not separate,
+        scalar_head=has_critic and not separate,
         entropy_grad=cfg.algorithm.entropy_coef != 0,
     )
     if cfg.async_training.mode.value != "sync" and lc.zero_stage != 3:  # Learner.send_weights(background=True)

@@ -11,6 +11,7 @@ RolloutBatch.action_mask makes them). Masked positions hold garbage (inf, nan, h
 import itertools
 import json
 import math
+import operator
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from learner.config import (
     AlgorithmConfig,
     Baseline,
     Estimator,
+    GRPOConfig,
     KLPlacement,
     LossAggregation,
     Method,
@@ -27,10 +29,12 @@ from learner.config import (
     OffPolicyKind,
     PolicyLoss,
     RatioLevel,
+    ReinforceBaselineConfig,
+    ReinforcePPConfig,
 )
 from learner.engine import update_metrics
 from learner.experience import advantages
-from learner.worker import micro_metrics, policy_loss
+from learner.worker import LossSettings, micro_metrics, policy_loss
 from orchestrator.config import DataConfig
 from orchestrator.data import PromptSampler, load_split
 from orchestrator.methods import RECIPES
@@ -50,7 +54,12 @@ CORRECTIONS = [c for c in OffPolicyKind if c != OffPolicyKind.none]
 def recipe(method: Method, **extra) -> AlgorithmConfig:
     """The AlgorithmConfig algorithm.method=method builds (its algorithm.* keys; data.* ones aside)."""
     keys = {k.removeprefix("algorithm."): v for k, v in RECIPES[method].items() if k.startswith("algorithm.")}
-    return AlgorithmConfig(method=method, **{**keys, **extra})
+    cfg = AlgorithmConfig(method=method, **{k: v for k, v in keys.items() if "." not in k}, **extra)
+    for key, value in keys.items():  # sub-section keys (grpo.scale_by_std, cispo.clip_low)
+        section, _, name = key.rpartition(".")
+        if section and section.split(".")[0] not in extra:  # as above, what `extra` gives wins
+            setattr(operator.attrgetter(section)(cfg), name, value)
+    return cfg
 
 
 # named recipes whose advantages promise an all-equal group 0: group-centred, KL (if any) in the loss
@@ -60,9 +69,11 @@ ZERO_RECIPES = [m for m in Method if RECIPES[m].get("algorithm.estimator") == Es
 # reward). Not REINFORCE++-baseline: whitened over the batch, mean included, as its paper (README)
 GROUP_CENTRED = {
     "grpo": dict(estimator=Estimator.grpo),
-    "grpo_no_std": dict(estimator=Estimator.grpo, grpo_scale_by_std=False),
+    "grpo_no_std": dict(estimator=Estimator.grpo, grpo=GRPOConfig(scale_by_std=False)),
     "rloo": dict(estimator=Estimator.rloo),
-    "reinforce_baseline_group": dict(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.group),
+    "reinforce_baseline_group": dict(
+        estimator=Estimator.reinforce_baseline, reinforce_baseline=ReinforceBaselineConfig(Baseline.group)
+    ),
 }
 
 
@@ -133,9 +144,13 @@ def test_an_invalid_samples_score_changes_no_advantage(name, seed):
     """A sample no source could judge (valid False) is out of every baseline and the normalisation:
     whatever score it carries, every advantage is the same."""
     kw = {
-        "reinforce_baseline_batch": dict(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.batch),
+        "reinforce_baseline_batch": dict(
+            estimator=Estimator.reinforce_baseline, reinforce_baseline=ReinforceBaselineConfig(Baseline.batch)
+        ),
         "reinforce_pp": dict(estimator=Estimator.reinforce_pp),
-        "reinforce_pp_group_baseline": dict(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True),
+        "reinforce_pp_group_baseline": dict(
+            estimator=Estimator.reinforce_pp, reinforce_pp=ReinforcePPConfig(group_baseline=True)
+        ),
     }.get(name) or GROUP_CENTRED[name]
     cfg = AlgorithmConfig(**kw, kl_placement=KLPlacement.loss)
     mask, valid = masks("single_turn", seed)
@@ -211,7 +226,7 @@ def test_masked_tokens_get_exactly_zero_gradient(loss, agg, shape, seed):
     logits, mb = micro_batch(shape, seed)
     cfg = AlgorithmConfig(policy_loss=loss, loss_aggregation=agg, kl_placement=KLPlacement.loss, entropy_coef=0.01)
     total = A.aggregate_total(mb["mask"], agg.value)
-    out, _ = policy_loss(logits, mb, cfg, 0.1, 0.7, 4, total, agg.value, norm_tokens=T)
+    out, _ = policy_loss(logits, mb, cfg, 0.1, LossSettings(0.7, 4, total, agg.value, norm_tokens=T))
     out.backward()
     masked = mb["mask"] == 0
     assert torch.isfinite(out) and torch.isfinite(logits.grad).all()
@@ -230,7 +245,9 @@ def test_masked_tokens_get_exactly_zero_gradient_under_off_policy_correction(one
     logits, mb = micro_batch(shape, seed)
     cfg = AlgorithmConfig(kl_placement=KLPlacement.loss, off_policy=OffPolicyConfig(correction=correction, level=level))
     total = A.aggregate_total(mb["mask"], "token_mean")
-    out, _ = policy_loss(logits, mb, cfg, 0.1, 0.7, 4, total, "token_mean", old_from_forward=one_pass, top_k=2)
+    out, _ = policy_loss(
+        logits, mb, cfg, 0.1, LossSettings(0.7, 4, total, "token_mean", old_from_forward=one_pass, top_k=2)
+    )
     out.backward()
     masked = mb["mask"] == 0
     assert torch.isfinite(out) and torch.isfinite(logits.grad).all()
@@ -243,7 +260,9 @@ def test_every_named_recipe_gets_no_gradient_on_masked_tokens_with_its_kl(method
     logits, mb = micro_batch("episode", seed)
     cfg = recipe(method, entropy_coef=0.01)
     agg = cfg.loss_aggregation.value
-    out, _ = policy_loss(logits, mb, cfg, 0.1, 0.7, 4, A.aggregate_total(mb["mask"], agg), agg, norm_tokens=T)
+    out, _ = policy_loss(
+        logits, mb, cfg, 0.1, LossSettings(0.7, 4, A.aggregate_total(mb["mask"], agg), agg, norm_tokens=T)
+    )
     out.backward()
     masked = mb["mask"] == 0
     assert torch.isfinite(out) and torch.equal(logits.grad[masked], torch.zeros(int(masked.sum()), V))
@@ -317,7 +336,9 @@ def test_every_metric_is_a_per_token_mean_over_the_update_in_every_aggregation(l
                 part = {k: v[rows] for k, v in mb.items()}
                 if not len(part["mask"]):
                     continue
-                _, terms = policy_loss(logits[rows], part, cfg, 0.1, 0.7, 4, total, agg.value, norm_tokens=T)
+                _, terms = policy_loss(
+                    logits[rows], part, cfg, 0.1, LossSettings(0.7, 4, total, agg.value, norm_tokens=T)
+                )
                 for k, v in micro_metrics(terms, part["mask"]).items():
                     sums[k] = sums.get(k, 0.0) + v
         got = update_metrics(sums, 2)

@@ -6,9 +6,9 @@ from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
 from learner.config import AlgorithmConfig
-from learner.experience import make_experience
+from learner.experience import ForwardSettings, make_experience
 from learner.models import PolicyValue
-from learner.worker import policy_loss
+from learner.worker import LossSettings, policy_loss
 from rollout.config import SamplingConfig
 from rollout.logprobs import chunked_logprobs
 
@@ -20,7 +20,7 @@ def setup(tiny_model):
     policy = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False)
     cfg = AlgorithmConfig(init_kl_coef=0.05)
     exp = make_experience(
-        policy, None, batch, scored, cfg, 0.05, SamplingConfig(n_samples_per_prompt=4), 0, MICRO, 0, 1
+        policy, None, batch, scored, cfg, 0.05, ForwardSettings(SamplingConfig(n_samples_per_prompt=4), 0, MICRO, 0, 1)
     )
     return policy, cfg, exp
 
@@ -42,7 +42,7 @@ def test_bucketed_trimmed_micro_batches_give_the_padded_loss_and_gradients(tiny_
         loss = 0.0
         for mb in micro_batches:
             logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-            part, _ = policy_loss(logits, mb, cfg, 0.05, 1.0, 16, total, "token_mean")
+            part, _ = policy_loss(logits, mb, cfg, 0.05, LossSettings(1.0, 16, total, "token_mean"))
             part.backward()
             loss += float(part)
         return loss, [p.grad.clone() for p in policy.parameters()]

@@ -11,7 +11,8 @@ from conftest import make_scored_batch
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
-from learner.worker import Learner, loss_norm_tokens, policy_loss
+from learner.engine import RankAddress
+from learner.worker import Learner, LossSettings, loss_norm_tokens, policy_loss
 from rollout.config import SamplingConfig
 from rollout.weight_sync import free_port
 
@@ -27,12 +28,8 @@ def learner(tiny_model):
         LearnerConfig(model_path=tiny_model, lr=1e-3),
         algo,
         SamplingConfig(n_samples_per_prompt=GROUP),
-        rank=0,
-        world_size=1,
-        master_addr="127.0.0.1",
-        master_port=free_port(),
         seed=0,
-        threads=1,
+        address=RankAddress(0, 1, "127.0.0.1", free_port(), threads=1),
     )
 
 
@@ -53,11 +50,13 @@ def reference_grads(learner: Learner, exp, rows: torch.Tensor) -> list[torch.Ten
             mb,
             a,
             learner.kl_ctl.value,
-            learner.temperature,
-            learner.cfg.logprob_chunk_tokens,
-            max(A.aggregate_total(exp.mask[rows], agg), 1e-8),
-            agg,
-            norm_tokens=loss_norm_tokens(a, learner.sampling),
+            LossSettings(
+                learner.temperature,
+                learner.cfg.logprob_chunk_tokens,
+                max(A.aggregate_total(exp.mask[rows], agg), 1e-8),
+                agg,
+                norm_tokens=loss_norm_tokens(a, learner.sampling),
+            ),
         )
         loss.backward()
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]

@@ -172,7 +172,7 @@ def test_policy_losses_and_their_keys_are_checked_by_key():
         DEFAULT, ["algorithm.policy_loss=gspo", "algorithm.clip_eps=0.9", "algorithm.loss_aggregation=seq_mean"]
     )
     assert cfg.algorithm.policy_loss.value == "gspo"  # a large clip is fine: a sequence ratio moves less than a token's
-    cfg = load_config(DEFAULT, ["algorithm.grpo_scale_by_std=false", "algorithm.loss_aggregation=seq_sum_norm"])
+    cfg = load_config(DEFAULT, ["algorithm.grpo.scale_by_std=false", "algorithm.loss_aggregation=seq_sum_norm"])
     assert cfg.algorithm.loss_aggregation.value == "seq_sum_norm" and cfg.algorithm.loss_norm_tokens == 0  # Dr. GRPO
     assert (
         load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.clip_eps_high=4"]).algorithm.clip_eps_high == 4
@@ -181,8 +181,8 @@ def test_policy_losses_and_their_keys_are_checked_by_key():
         load_config(DEFAULT, ["algorithm.policy_loss=sapo"])
     with pytest.raises(ConfigError, match="algorithm.loss_norm_tokens: must be >= 0"):
         load_config(DEFAULT, ["algorithm.loss_norm_tokens=-1"])
-    with pytest.raises(ConfigError, match=r"algorithm.cispo_clip_low: must be in \[0, 1\)"):
-        load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.cispo_clip_low=1"])
+    with pytest.raises(ConfigError, match=r"algorithm.cispo.clip_low: must be in \[0, 1\)"):
+        load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.cispo.clip_low=1"])
     over = [
         "algorithm.estimator=reinforce_pp",
         "rollout.sampling.n_samples_per_prompt=1",
@@ -190,8 +190,8 @@ def test_policy_losses_and_their_keys_are_checked_by_key():
         "algorithm.micro_batch_size=64",
     ]
     assert load_config(DEFAULT, over).algorithm.estimator.value == "reinforce_pp"  # REINFORCE++ needs no groups
-    with pytest.raises(ConfigError, match="algorithm.reinforce_pp_group_baseline: a group baseline needs >= 2"):
-        load_config(DEFAULT, over + ["algorithm.reinforce_pp_group_baseline=true"])
+    with pytest.raises(ConfigError, match="algorithm.reinforce_pp.group_baseline: a group baseline needs >= 2"):
+        load_config(DEFAULT, over + ["algorithm.reinforce_pp.group_baseline=true"])
 
 
 def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monkeypatch):
@@ -221,7 +221,7 @@ ENDPOINT = [
     "rollout.endpoint.enabled=true",
     "rollout.sampling.n_samples_per_prompt=1",
     "algorithm.estimator=reinforce_baseline",
-    "algorithm.reinforce_baseline=batch",
+    "algorithm.reinforce_baseline.baseline=batch",
     "algorithm.mini_batch_size=32",
     "algorithm.micro_batch_size=32",
     "reward.sources=[{kind: environment}]",
@@ -256,7 +256,7 @@ ENDPOINT = [
                 "rollout.endpoint.enabled=true",
                 "rollout.sampling.n_samples_per_prompt=1",
                 "algorithm.estimator=reinforce_baseline",
-                "algorithm.reinforce_baseline=batch",
+                "algorithm.reinforce_baseline.baseline=batch",
                 "algorithm.mini_batch_size=32",
                 "algorithm.micro_batch_size=32",
             ],
