@@ -35,14 +35,16 @@ class Experience:
     advantages: torch.Tensor  # (B, L-1)
     returns: torch.Tensor | None  # (B, L-1) value targets, or None without a critic
 
-    def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    def rows(self, idx: torch.Tensor) -> MicroBatch:
         """Rows `idx`, without the padding columns all of them share (right padding: exact, and a
         micro-batch of short rows no longer pays for the batch's longest)."""
         width = int(self.attention_mask[idx].sum(-1).max())
-        return {
-            k: (v[idx, : width if k in FULL_WIDTH else width - 1] if isinstance(v, torch.Tensor) else v)
-            for k, v in vars(self).items()
-        }
+        return MicroBatch(
+            **{
+                k: (v[idx, : width if k in FULL_WIDTH else width - 1] if isinstance(v, torch.Tensor) else v)
+                for k, v in vars(self).items()
+            }
+        )
 
     def by_length(self, idx: torch.Tensor) -> torch.Tensor:
         """`idx` longest first: consecutive micro-batches then hold rows of similar length (bucketing)."""
@@ -50,6 +52,28 @@ class Experience:
 
 
 FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # (B, L); every other tensor is (B, L-1)
+
+
+@dataclass
+class MicroBatch:
+    """The rows one forward/backward trains on (Experience.rows): Experience's fields, trimmed to the
+    rows' own width L (their longest sequence)."""
+
+    input_ids: torch.Tensor  # (B, L)
+    attention_mask: torch.Tensor  # (B, L)
+    position_ids: torch.Tensor  # (B, L)
+    mask: torch.Tensor  # (B, L-1) response tokens of samples that train
+    old_logprobs: torch.Tensor  # (B, L-1) the learner's own, before this update
+    ref_logprobs: torch.Tensor  # (B, L-1)
+    behaviour_logprobs: torch.Tensor  # (B, L-1) the sampler's
+    sampler_logprobs: torch.Tensor  # (B, L-1) the learner's under the sampler's top-k/top-p filter
+    old_values: torch.Tensor | None  # (B, L-1) critic estimates, or None without a critic
+    advantages: torch.Tensor  # (B, L-1)
+    returns: torch.Tensor | None  # (B, L-1) value targets, or None without a critic
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """Every tensor on `device` (through to_device, the one place inputs move)."""
+        return MicroBatch(**to_device(vars(self), device))
 
 
 def ragged_to_dense(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ from learner.engine import (
     step_micro_batches,
     update_metrics,
 )
-from learner.experience import Experience, ForwardSettings, experience_metrics, make_experience, single_pass
+from learner.experience import Experience, ForwardSettings, MicroBatch, experience_metrics, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
@@ -182,16 +182,16 @@ class Learner(Profiled):
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
         for idx, padding in step_micro_batches(rows, mine, self.world, micro, (self.policy_engine, self.critic_engine)):
             weight = 0.0 if padding else scale
-            mb = to_device(exp.rows(idx), self.device)
+            mb = exp.rows(idx).to(self.device)
             policy_loss, values, m = self._policy_loss(mb, total, agg, exp if one_pass and not padding else None, idx)
             if self.critic_engine is not None:
-                values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+                values = self.critic_engine(mb.input_ids, mb.attention_mask, mb.position_ids)
             if values is not None:
                 vf_loss, vm = A.ppo_value_loss(
                     values,
-                    mb["old_values"],
-                    mb["returns"],
-                    mb["mask"],
+                    mb.old_values,
+                    mb.returns,
+                    mb.mask,
                     self.algo.gae.value_clip_eps,
                     agg,
                     total,
@@ -211,10 +211,10 @@ class Learner(Profiled):
             for k, v in ({} if padding else m).items():
                 sums[k] += v
 
-    def _policy_loss(self, mb: dict, total: float, agg: str, fill: Experience | None = None, idx=None):
+    def _policy_loss(self, mb: MicroBatch, total: float, agg: str, fill: Experience | None = None, idx=None):
         """fill (single pass): the old logprobs are this forward's, detached; they are written into
         fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics."""
-        logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+        logits, values = self.policy_engine(mb.input_ids, mb.attention_mask, mb.position_ids)
         how = LossSettings(
             self.temperature,
             self.cfg.logprob_chunk_tokens,
@@ -228,12 +228,12 @@ class Learner(Profiled):
         loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, how)
         if fill is not None:
             self._fill_old(fill, idx, mb, terms["logprobs"], terms["sampler_logprobs"])
-        return loss, values, micro_metrics(terms, mb["mask"])
+        return loss, values, micro_metrics(terms, mb.mask)
 
     def _fill_old(
-        self, exp: Experience, idx: torch.Tensor, mb: dict, logprobs: torch.Tensor, sampled: torch.Tensor
+        self, exp: Experience, idx: torch.Tensor, mb: MicroBatch, logprobs: torch.Tensor, sampled: torch.Tensor
     ) -> None:
-        mask, w = mb["mask"], mb["mask"].shape[1]  # the micro-batch is trimmed to its own width (Experience.rows)
+        mask, w = mb.mask, mb.mask.shape[1]  # the micro-batch is trimmed to its own width (Experience.rows)
         exp.old_logprobs[idx, :w] = (logprobs * mask).cpu()
         exp.sampler_logprobs[idx, :w] = torch.where(mask > 0, sampled, 0.0).cpu()
 
@@ -397,25 +397,25 @@ class LossSettings:
 
 
 def policy_loss(
-    logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, kl_coef: float, how: LossSettings
+    logits: torch.Tensor, mb: MicroBatch, algo: AlgorithmConfig, kl_coef: float, how: LossSettings
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A micro-batch's loss from its logits (B, L-1, V) (the policy loss is algorithm.policy_loss's, from
     learner/losses.py's table), and its terms (policy, entropy, clip_frac, approx_kl, kl when placed in
     the loss, and the detached logprobs). Logprobs and entropy come chunk by chunk (no float32
     (B, L-1, V) tensor); the entropy enters the graph only when entropy_coef uses it.
     how.old_from_forward (experience.single_pass): the old logprobs are these logprobs, detached, instead
-    of mb["old_logprobs"]. *_token terms: per-token means (metrics), whatever the aggregation."""
-    mask, use_entropy = mb["mask"], algo.entropy_coef != 0
+    of mb.old_logprobs. *_token terms: per-token means (metrics), whatever the aggregation."""
+    mask, use_entropy = mb.mask, algo.entropy_coef != 0
     agg, total, norm_tokens = how.aggregation, how.total, how.norm_tokens
     logprobs, entropy = chunked_logprobs_entropy(
-        logits, mb["input_ids"][:, 1:], how.temperature, how.chunk_tokens, entropy_grad=use_entropy
+        logits, mb.input_ids[:, 1:], how.temperature, how.chunk_tokens, entropy_grad=use_entropy
     )
-    old = logprobs.detach() if how.old_from_forward else mb["old_logprobs"]  # the proximal policy's
+    old = logprobs.detach() if how.old_from_forward else mb.old_logprobs  # the proximal policy's
     sampled, weights = off_policy_terms(logits, mb, algo, how, old)
     # cispo's lower bound has its own key: the paper has none, and PPO's clip_eps would impose one
     low = (algo.cispo.clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
     pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](
-        A.PolicyLossInput(logprobs, old, mb["advantages"], mask, agg, total, weights, norm_tokens),
+        A.PolicyLossInput(logprobs, old, mb.advantages, mask, agg, total, weights, norm_tokens),
         low,
         algo.clip_eps_high or algo.clip_eps,
     )
@@ -431,7 +431,7 @@ def policy_loss(
         "sampler_logprobs": sampled,
     }
     if algo.kl_placement == KLPlacement.loss:
-        kl = A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask)
+        kl = A.kl_penalty(logprobs, mb.ref_logprobs, algo.kl_estimator.value, mask)
         terms["kl"] = A.aggregate(kl, mask, agg, total, norm_tokens)
         terms["kl_token"] = A.masked_mean(kl.detach(), mask)
         loss = loss + kl_coef * terms["kl"]
@@ -439,20 +439,20 @@ def policy_loss(
 
 
 def off_policy_terms(
-    logits: torch.Tensor, mb: dict, algo: AlgorithmConfig, how: LossSettings, old: torch.Tensor
+    logits: torch.Tensor, mb: MicroBatch, algo: AlgorithmConfig, how: LossSettings, old: torch.Tensor
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(pi_prox's logprobs under the sampler's filter, or None where nothing reads them; the off-policy
     correction's weights, or None without one). pi_prox as the sampler saw it: mu (the engine's processed
     logprobs) is renormalised inside the filter, so an unfiltered pi_prox would put the ratio below 1 in
     sync mode."""
-    o, mask = algo.off_policy, mb["mask"]
-    sampled = mb["sampler_logprobs"] if not how.old_from_forward and o.correction != OffPolicyKind.none else None
+    o, mask = algo.off_policy, mb.mask
+    sampled = mb.sampler_logprobs if not how.old_from_forward and o.correction != OffPolicyKind.none else None
     if how.old_from_forward:
         sampled = (
             map_chunks(
                 lambda x, y: A.filtered_logprobs(x, y, how.top_k, how.top_p),
                 logits.detach(),
-                mb["input_ids"][:, 1:],
+                mb.input_ids[:, 1:],
                 how.temperature,
                 how.chunk_tokens,
             )
@@ -461,7 +461,7 @@ def off_policy_terms(
         )
     weights = (
         A.off_policy_weights(
-            sampled, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap, o.low, o.high
+            sampled, mb.behaviour_logprobs, mask, o.correction.value, o.level.value, o.cap, o.low, o.high
         )
         if o.correction != OffPolicyKind.none
         else None

@@ -4,6 +4,7 @@ gradient checkpointing in the supervised learner's model."""
 
 import pytest
 import torch
+from conftest import make_micro_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -93,27 +94,27 @@ def test_filtered_logprobs_by_chunks_equal_the_whole():
 def micro_batch(logits, labels, mask):
     g = torch.Generator().manual_seed(1)
     ids = torch.cat([torch.zeros(B, 1, dtype=torch.long), labels], 1)
-    return {
-        "input_ids": ids,
-        "mask": mask,
-        "old_logprobs": -torch.rand(B, T, generator=g) * 3,
-        "ref_logprobs": -torch.rand(B, T, generator=g) * 3,
-        "advantages": torch.randn(B, T, generator=g) * mask,
-    }
+    return make_micro_batch(
+        ids,
+        mask,
+        old_logprobs=-torch.rand(B, T, generator=g) * 3,
+        ref_logprobs=-torch.rand(B, T, generator=g) * 3,
+        advantages=torch.randn(B, T, generator=g) * mask,
+    )
 
 
 def old_policy_loss(logits, mb, algo, kl_coef):
     """Learner._policy_loss as it was: float32 (B, T, V) logits, entropy always in the graph."""
-    x, mask = logits.float() / TEMP, mb["mask"]
-    lp = A.logprobs_from_logits(x, mb["input_ids"][:, 1:])
-    pg, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, mb["old_logprobs"], mb["advantages"], mask), algo.clip_eps)
+    x, mask = logits.float() / TEMP, mb.mask
+    lp = A.logprobs_from_logits(x, mb.input_ids[:, 1:])
+    pg, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, mb.old_logprobs, mb.advantages, mask), algo.clip_eps)
     loss = pg - algo.entropy_coef * A.aggregate(A.entropy_from_logits(x, mask), mask)
-    kl = A.aggregate(A.kl_penalty(lp, mb["ref_logprobs"], algo.kl_estimator.value, mask), mask)
+    kl = A.aggregate(A.kl_penalty(lp, mb.ref_logprobs, algo.kl_estimator.value, mask), mask)
     return loss + kl_coef * kl
 
 
 def new_policy_loss(logits, mb, algo, kl_coef, chunk=3):
-    total = A.aggregate_total(mb["mask"], "token_mean")
+    total = A.aggregate_total(mb.mask, "token_mean")
     return policy_loss(logits, mb, algo, kl_coef, LossSettings(TEMP, chunk, total, "token_mean"))
 
 
@@ -194,13 +195,13 @@ def test_old_logprobs_from_the_update_forward_give_the_same_loss_and_gradients()
         ids = torch.cat([torch.zeros(B, 1, dtype=torch.long), labels], 1)
         with torch.no_grad():
             old = chunked_logprobs(logits, labels, TEMP, 4)
-        mb = {
-            "input_ids": ids,
-            "mask": mask,
-            "old_logprobs": old,
-            "advantages": torch.randn(B, T, generator=g),
-            "ref_logprobs": old + 0.1 * torch.randn(B, T, generator=g),
-        }
+        mb = make_micro_batch(
+            ids,
+            mask,
+            old_logprobs=old,
+            advantages=torch.randn(B, T, generator=g),
+            ref_logprobs=old + 0.1 * torch.randn(B, T, generator=g),
+        )
         loss, terms = policy_loss(
             logits, mb, cfg, 0.05, LossSettings(TEMP, 4, float(mask.sum()), "token_mean", old_from_forward=fused)
         )

@@ -41,9 +41,9 @@ def test_observation_tokens_get_no_gradient_no_kl_and_no_advantage(tiny_model, l
     assert exp.mask.tolist() == [[0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0]]
     assert torch.all(exp.advantages[0, 3:5] == 0) and torch.all(exp.advantages[0, [1, 2, 5]] != 0)
     mb = exp.rows(torch.arange(2))
-    logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)
     logits.retain_grad()
-    total = float(mb["mask"].sum())
+    total = float(mb.mask.sum())
     loss_value, terms = policy_loss(logits, mb, algo, 0.1, LossSettings(1.0, 1024, total, "token_mean"))
     loss_value.backward()
     grad = logits.grad.abs().sum(-1)  # (B, L-1): what each target position contributes

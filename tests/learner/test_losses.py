@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import make_micro_batch
 
 from learner import algorithms as A
 from learner import losses as L
@@ -207,12 +208,9 @@ def test_policy_loss_dispatches_on_algorithm_policy_loss(kind, agg):
     g = torch.Generator().manual_seed(0)
     logits, temperature = torch.randn(2, 3, 5, generator=g), 0.7
     ids = torch.randint(0, 5, (2, 4), generator=g)
-    mb = {
-        "input_ids": ids,
-        "mask": MASK,
-        "old_logprobs": -torch.rand(2, 3, generator=g),
-        "advantages": torch.randn(2, 3, generator=g) * MASK,
-    }
+    mb = make_micro_batch(
+        ids, MASK, old_logprobs=-torch.rand(2, 3, generator=g), advantages=torch.randn(2, 3, generator=g) * MASK
+    )
     algo = AlgorithmConfig(
         policy_loss=kind,
         kl_placement=KLPlacement.reward,
@@ -226,7 +224,7 @@ def test_policy_loss_dispatches_on_algorithm_policy_loss(kind, agg):
     )
     lp = A.logprobs_from_logits(logits / temperature, ids[:, 1:])
     low = 0.4 if kind == PolicyLoss.cispo else 0.1  # cispo's lower bound is its own key
-    x = A.PolicyLossInput(lp, mb["old_logprobs"], mb["advantages"], MASK, agg, A.aggregate_total(MASK, agg), None, 6)
+    x = A.PolicyLossInput(lp, mb.old_logprobs, mb.advantages, MASK, agg, A.aggregate_total(MASK, agg), None, 6)
     want, wm = L.POLICY_LOSSES[kind.value](x, low, 0.3)
     assert close(loss, want, 1e-6) and close(terms["clip_frac"], wm["clip_frac"])
     assert L.POLICY_LOSSES["ppo"] is A.ppo_policy_loss
@@ -262,7 +260,7 @@ def test_an_update_with_reinforce_pp_gspo_and_seq_sum_norm_adds_up_over_micro_ba
 
     def loss(rows):
         mb = exp.rows(rows)
-        logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+        logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)
         return policy_loss(logits, mb, cfg, 0.05, LossSettings(1.0, 16, total, agg, norm_tokens=norm))[0]
 
     whole = loss(torch.arange(8))

@@ -44,7 +44,7 @@ def reference_grads(learner: Learner, exp, rows: torch.Tensor) -> list[torch.Ten
     agg = a.loss_aggregation.value
     mb = exp.rows(rows)
     with torch.enable_grad():
-        logits, _ = learner.policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+        logits, _ = learner.policy(mb.input_ids, mb.attention_mask, mb.position_ids)
         loss, _ = policy_loss(
             logits,
             mb,
@@ -144,7 +144,7 @@ def test_per_token_metrics_weigh_every_token_of_the_update_not_each_mini_batch_a
 
     def record(logits, mb, *args, **kwargs):
         loss, terms = forward(logits, mb, *args, **kwargs)
-        seen.append((float(mb["mask"].sum()), float(terms["entropy_token"]), float(terms["approx_kl"])))
+        seen.append((float(mb.mask.sum()), float(terms["entropy_token"]), float(terms["approx_kl"])))
         return loss, terms
 
     monkeypatch.setattr(worker, "policy_loss", record)

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from conftest import make_micro_batch
 
 from learner import algorithms as A
 
@@ -116,7 +117,7 @@ def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_s
     ice = AlgorithmConfig(
         kl_placement=KLPlacement.reward, off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop, low=0.5, high=2.0)
     )
-    mb = {"input_ids": ids, "mask": mask, "advantages": adv, "behaviour_logprobs": filtered.clone()}
+    mb = make_micro_batch(ids, mask, advantages=adv, behaviour_logprobs=filtered.clone())
     want, _ = policy_loss(
         logits, mb, plain, 0.0, LossSettings(1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
     )
@@ -126,8 +127,8 @@ def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_s
     )
     assert close(got, want) and close(terms["sampler_logprobs"], filtered)
     # recompute path: the experience's sampler_logprobs (the learner's under the filter) are used
-    mb |= {"old_logprobs": A.logprobs_from_logits(logits, ids[:, 1:]), "sampler_logprobs": filtered}
+    mb.old_logprobs, mb.sampler_logprobs = A.logprobs_from_logits(logits, ids[:, 1:]), filtered
     got, _ = policy_loss(logits, mb, ice, 0.0, LossSettings(1.0, 16, 3.0, "token_mean", top_k=2))
     assert close(got, want) and float(want) != 0.0
-    ratio = A.ratio_stats(mb["sampler_logprobs"], mb["behaviour_logprobs"], mask, "icepop", low=0.5, high=2.0)
+    ratio = A.ratio_stats(mb.sampler_logprobs, mb.behaviour_logprobs, mask, "icepop", low=0.5, high=2.0)
     assert close(ratio["ratio_mean"], 1.0) and ratio["clipped_frac"] == 0.0

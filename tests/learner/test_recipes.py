@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from conftest import make_micro_batch
 
 from learner import algorithms as A
 from learner.config import Estimator, KLEstimator, KLPlacement, Method, PolicyLoss
@@ -66,13 +67,7 @@ def advantages_and_loss(cfg, kl_coef: float = 0.0):
         cfg.rollout.sampling.n_samples_per_prompt,
         torch.ones(4, dtype=torch.bool),
     )
-    mb = {
-        "input_ids": torch.zeros(4, 4, dtype=torch.long),
-        "mask": MASK,
-        "old_logprobs": OLD,
-        "advantages": adv,
-        "ref_logprobs": REF,
-    }
+    mb = make_micro_batch(torch.zeros(4, 4, dtype=torch.long), MASK, old_logprobs=OLD, advantages=adv, ref_logprobs=REF)
     agg = a.loss_aggregation.value
     loss, _ = policy_loss(
         torch.zeros(4, 3, 4),

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from learner.config import Estimator, KLControllerKind
+from orchestrator.config import PipelineConfig
 from orchestrator.load_config import ConfigError, load_config, to_dict
 from reward_service.config import SourceKind
 
@@ -113,6 +114,45 @@ def test_bad_files_fail_with_one_line_naming_file_line_and_key(tmp_path, text, m
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, text))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, override, message",
+    [
+        ("algorithm:\n  gamma: 0.9\n", "algorithm.gamma=0.9", "algorithm.gamma moved to algorithm.gae.gamma"),
+        ("algorithm:\n  lam: 0.9\n", "algorithm.lam=0.9", "algorithm.lam moved to algorithm.gae.lam"),
+        ("algorithm:\n  vf_coef: 1\n", "algorithm.vf_coef=1", "algorithm.vf_coef moved to algorithm.gae.vf_coef"),
+        (
+            "algorithm:\n  grpo_scale_by_std: false\n",
+            "algorithm.grpo_scale_by_std=false",
+            "algorithm.grpo_scale_by_std moved to algorithm.grpo.scale_by_std",
+        ),
+        (
+            "algorithm:\n  reinforce_pp_group_baseline: true\n",
+            "algorithm.reinforce_pp_group_baseline=true",
+            "algorithm.reinforce_pp_group_baseline moved to algorithm.reinforce_pp.group_baseline",
+        ),
+        (
+            "algorithm:\n  cispo_clip_low: 0.1\n",
+            "algorithm.cispo_clip_low=0.1",
+            "algorithm.cispo_clip_low moved to algorithm.cispo.clip_low",
+        ),
+        (
+            "algorithm:\n  reinforce_baseline: batch\n",
+            "algorithm.reinforce_baseline=batch",
+            "algorithm.reinforce_baseline moved to algorithm.reinforce_baseline.baseline",
+        ),
+    ],
+)
+def test_an_algorithm_key_that_moved_into_a_sub_section_names_its_new_place(tmp_path, text, override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, BASE + text))
+    assert "c.yaml:6: " in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=f"command line {override!r}: .*{message}"):
+        load_config(DEFAULT, [override])
+    pipeline = "ppo:\n  " + text.replace("\n  ", "\n    ")
+    with pytest.raises(ConfigError, match=f"ppo.{message}".replace("to algorithm.", "to ppo.algorithm.")):
+        load_config(write(tmp_path, pipeline), root=PipelineConfig)
 
 
 def test_missing_file_is_a_config_error(tmp_path):

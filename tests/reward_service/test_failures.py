@@ -71,9 +71,9 @@ def learner_view(tiny_model, batch, scored):
         ForwardSettings(SamplingConfig(n_samples_per_prompt=len(batch)), pad_id=0, micro=len(batch), rank=0, world=1),
     )
     mb = exp.rows(torch.arange(len(batch)))
-    logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)
     logits.retain_grad()
-    loss, _ = policy_loss(logits, mb, algo, 0.0, LossSettings(1.0, 1024, float(mb["mask"].sum()), "token_mean"))
+    loss, _ = policy_loss(logits, mb, algo, 0.0, LossSettings(1.0, 1024, float(mb.mask.sum()), "token_mean"))
     loss.backward()
     response = torch.zeros_like(exp.mask)  # the response tokens, whether or not they train
     for i, r in enumerate(batch.response_ids):
