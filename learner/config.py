@@ -5,6 +5,8 @@ from enum import Enum
 
 
 class Method(str, Enum):
+    """A named recipe (algorithm.method): the keys its paper fixes, set together (orchestrator/methods.py)."""
+
     none = "none"  # no recipe: every key as given
     grpo = "grpo"  # GRPO (Shao et al. 2024): group mean and std, per-sequence token mean, KL (k3) in the loss
     dr_grpo = "dr_grpo"  # Dr. GRPO (Liu et al. 2025): group mean only, no std anywhere, token sums over a constant
@@ -16,6 +18,8 @@ class Method(str, Enum):
 
 
 class Estimator(str, Enum):
+    """How advantages are estimated (algorithm.estimator); each has its function in algorithms.ESTIMATORS."""
+
     gae = "gae"  # PPO with a critic
     grpo = "grpo"  # group-normalised outcome reward, no critic
     rloo = "rloo"  # leave-one-out baseline, no critic
@@ -26,27 +30,37 @@ class Estimator(str, Enum):
 
 
 class Baseline(str, Enum):
+    """Which mean reinforce_baseline subtracts (algorithm.reinforce_baseline.baseline)."""
+
     group = "group"  # the mean score of the prompt's other samples too (REINFORCE++-baseline)
     batch = "batch"  # the mean score of the whole batch (classic REINFORCE with a baseline)
 
 
 class KLEstimator(str, Enum):
+    """Schulman's per-token estimators of KL(policy || reference) (algorithms.kl_penalty)."""
+
     k1 = "k1"
     k2 = "k2"
     k3 = "k3"
 
 
 class KLPlacement(str, Enum):
+    """Where the KL penalty enters: the reward or the loss."""
+
     reward = "reward"  # -kl_coef * KL added to every token's reward (classic RLHF PPO)
     loss = "loss"  # kl_coef * KL added to the loss (GRPO)
 
 
 class KLControllerKind(str, Enum):
+    """How the KL coefficient moves (learner/kl_control.py)."""
+
     fixed = "fixed"
     adaptive = "adaptive"  # Ziegler et al. 2019: steer the coefficient towards target_kl
 
 
 class LossAggregation(str, Enum):
+    """How token losses are averaged into one (algorithms.aggregate)."""
+
     token_mean = "token_mean"  # every response token weighs the same (DAPO)
     seq_mean = "seq_mean"  # mean over tokens of each sequence, then over sequences (GRPO paper)
     seq_sum_norm = (
@@ -55,6 +69,8 @@ class LossAggregation(str, Enum):
 
 
 class PolicyLoss(str, Enum):
+    """The policy loss (algorithm.policy_loss); each has its function in losses.POLICY_LOSSES."""
+
     ppo = "ppo"  # PPO's clipped surrogate on each token's ratio
     gspo = "gspo"  # GSPO: one ratio per sequence (geometric mean of its tokens'), clipped per sequence
     cispo = (
@@ -63,6 +79,8 @@ class PolicyLoss(str, Enum):
 
 
 class OffPolicyKind(str, Enum):
+    """The correction from the behaviour policy mu to the proximal policy (algorithms.OFF_POLICY_CORRECTIONS)."""
+
     none = "none"  # plain PPO on the ratio to the proximal policy (the learner at the update's start)
     tis = "tis"  # truncated importance sampling: each token's loss times min(pi_prox/mu, cap)
     icepop = "icepop"  # IcePop: times pi_prox/mu inside [low, high], 0 outside
@@ -70,6 +88,8 @@ class OffPolicyKind(str, Enum):
 
 
 class RatioLevel(str, Enum):
+    """At which level the ratio pi_prox/mu is taken (algorithms.behaviour_ratio)."""
+
     token = "token"  # each token's own ratio
     sequence = "sequence"  # the product of the sequence's token ratios, for all its tokens
     geometric = "geometric"  # their geometric mean, for all its tokens
@@ -222,28 +242,38 @@ MOVED_ALGORITHM_VALUES = {"reinforce_baseline": "reinforce_baseline.baseline"}
 
 
 class ValueHead(str, Enum):
+    """Where the critic lives when the estimator needs one (AlgorithmConfig.needs_critic)."""
+
     shared = "shared"  # scalar head on the policy trunk
     separate = "separate"  # its own critic model
 
 
 class CriticInit(str, Enum):
+    """What a separate critic starts from."""
+
     policy = "policy"
     reward_model = "reward_model"
     scratch = "scratch"
 
 
 class Dtype(str, Enum):
+    """The learner's compute dtype."""
+
     float32 = "float32"
     bfloat16 = "bfloat16"
 
 
 class OptimizerKind(str, Enum):
+    """Which AdamW implementation trains."""
+
     torch_adamw = "torch_adamw"  # no JIT compile; the default on CPU
     deepspeed_adam = "deepspeed_adam"  # DeepSpeed's fused (GPU) / CPU Adam
 
 
 @dataclass
 class LoraConfig:
+    """LoRA adapters instead of full fine-tuning (peft); rank 0 = off."""
+
     rank: int = 0
     """LoRA adapter rank; 0 = no LoRA (full fine-tuning)"""
     alpha: float = 16.0
@@ -256,6 +286,8 @@ class LoraConfig:
 
 @dataclass
 class LearnerConfig:
+    """The learner section: the trained model (and a separate critic), its optimizer, precision and memory."""
+
     model_path: str = "???"
     """required: a local Hugging Face folder; relay train also takes builtin://NAME (see builtin_models.py)"""
     zero_stage: int = 0

@@ -23,6 +23,10 @@ from rollout.types import RolloutBatch, pack
 
 @dataclass
 class Experience:
+    """A scored rollout batch as the update trains on it (make_experience), on the CPU: the packed
+    sequences, the learner's own old logprobs and values, the reference's and the sampler's logprobs,
+    and the advantages and returns."""
+
     input_ids: torch.Tensor  # (B, L)
     attention_mask: torch.Tensor  # (B, L)
     position_ids: torch.Tensor  # (B, L)

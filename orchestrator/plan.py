@@ -23,6 +23,8 @@ CHUNK_TEMPS = {"backward": 2, "backward with entropy": 7, "no grad": 2}
 
 @dataclass(frozen=True)
 class ModelShape:
+    """What the memory plan needs of a model: its architecture and sizes."""
+
     arch: str  # gpt2 (LayerNorm, GELU MLP, biases, learned positions) or llama (RMSNorm, SwiGLU)
     layers: int
     hidden: int
@@ -300,6 +302,8 @@ def total(lines: Lines, only: tuple[str, ...] = ()) -> float:
 # ---------------------------------------------------------------- configs -> sections and devices
 @dataclass
 class Plan:
+    """A memory plan: where each model's shape came from, each role's lines, and each device's peak."""
+
     models: list[str]  # where each model's shape came from
     sections: list[tuple[str, Lines]]  # (role, its lines)
     devices: list[tuple[str, float, float | None]]  # (device, peak bytes, limit bytes or None = not judged)
