@@ -46,14 +46,18 @@ def main() -> None:
         "token_rewards_ms": median_ms(lambda: A.token_rewards(scores, r, 0.05, mask), args.repeats),
         "grpo_ms": median_ms(lambda: A.grpo_advantages(scores, 8), args.repeats),
         "reinforce_pp_ms": median_ms(
-            lambda: A.masked_whiten(L.reinforce_pp_returns(scores, r, 0.05, mask, 1.0, 8, group_baseline=True), mask),
+            lambda: A.masked_whiten(A.reinforce_pp_returns(scores, r, 0.05, mask, 1.0, 8, group_baseline=True), mask),
             args.repeats,
         ),
-        "ppo_policy_loss_ms": median_ms(lambda: A.ppo_policy_loss(lp, old, r, mask, 0.2), args.repeats),
-        "gspo_policy_loss_ms": median_ms(
-            lambda: L.gspo_policy_loss(lp, old, r, mask, 3e-4, 4e-4, "seq_mean"), args.repeats
+        "ppo_policy_loss_ms": median_ms(
+            lambda: A.ppo_policy_loss(A.PolicyLossInput(lp, old, r, mask), 0.2), args.repeats
         ),
-        "cispo_policy_loss_ms": median_ms(lambda: L.cispo_policy_loss(lp, old, r, mask, None, 0.28), args.repeats),
+        "gspo_policy_loss_ms": median_ms(
+            lambda: L.gspo_policy_loss(A.PolicyLossInput(lp, old, r, mask, "seq_mean"), 3e-4, 4e-4), args.repeats
+        ),
+        "cispo_policy_loss_ms": median_ms(
+            lambda: L.cispo_policy_loss(A.PolicyLossInput(lp, old, r, mask), None, 0.28), args.repeats
+        ),
         "seq_sum_norm_ms": median_ms(lambda: A.aggregate(r, mask, "seq_sum_norm", norm_tokens=T), args.repeats),
         "ppo_value_loss_ms": median_ms(lambda: A.ppo_value_loss(v, old, r, mask, 0.2), args.repeats),
         "masked_whiten_ms": median_ms(lambda: A.masked_whiten(r, mask), args.repeats),

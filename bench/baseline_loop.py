@@ -154,7 +154,7 @@ class BaselineLoop:
         g, v = scores.view(-1, n), valid.view(-1, n).float()
         count = v.sum(-1, keepdim=True)
         centred = (g - (g * v).sum(-1, keepdim=True) / count.clamp(min=1)) * v
-        if self.a.grpo_scale_by_std:
+        if self.a.grpo.scale_by_std:
             centred = centred / (((centred**2).sum(-1, keepdim=True) / (count - 1).clamp(min=1)).sqrt() + 1e-6)
         return torch.where(count >= 2, centred, 0.0).view(-1)
 

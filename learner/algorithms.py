@@ -7,6 +7,8 @@ This module imports torch and nothing distributed, no model and no config (tests
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -217,11 +219,87 @@ def reinforce_baseline_advantages(
     return torch.where(n >= 2, (g - g.sum(-1, keepdim=True) / n.clamp(min=1)) * v, 0.0).view(-1)
 
 
-# Outcome-reward estimators: (scores (B,), group_size, valid (B,) or None, **options) -> advantages (B,).
-OUTCOME_ESTIMATORS = {
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_baseline": reinforce_baseline_advantages,
+def reinforce_pp_returns(
+    scores: Tensor,
+    kl: Tensor,
+    kl_coef: float,
+    mask: Tensor,
+    gamma: float,
+    group_size: int = 1,
+    valid: Tensor | None = None,
+    group_baseline: bool = False,
+) -> Tensor:
+    """REINFORCE++ (Hu 2025; OpenRLHF's `reinforce`, and `reinforce_baseline` with group_baseline):
+    token rewards are the sequence score (B,) on the last response token minus kl_coef * each token's
+    KL (B, T); the advantage is their discounted reward-to-go (B, T), 0 on padding. group_baseline:
+    the score minus its group's mean first (0 for dropped samples and groups with one valid sample).
+    The whitening over the whole batch (not per group) is experience.normalize's, as for GAE.
+    """
+    if group_baseline:
+        scores = reinforce_baseline_advantages(scores, group_size, valid, "group")
+    return discounted_returns(token_rewards(scores, kl, kl_coef, mask), mask, gamma)
+
+
+# ---------------------------------------------------------------- one interface for every estimator
+
+
+@dataclass
+class EstimatorInput:
+    """What every advantage estimator reads; each takes this and its own options (keywords) and returns
+    (advantages (B, T), returns (B, T) or None: value targets, for the estimator with a critic)."""
+
+    scores: Tensor  # (B,) each sample's score; one prompt's samples contiguous
+    kl: Tensor  # (B, T) per-token KL to the reference
+    kl_coef: float  # the KL penalty's coefficient
+    kl_in_reward: bool  # the KL penalty goes into the reward (else into the loss, and estimators ignore it)
+    mask: Tensor  # (B, T) response tokens of the samples that train
+    values: Tensor | None  # (B, T) the critic's estimates (gae only), else None
+    group_size: int  # samples per prompt
+    valid: Tensor  # (B,) bool: the samples that count; the others leave their group
+
+
+def gae_estimator(x: EstimatorInput, gamma: float, lam: float, whiten_rewards: bool) -> tuple[Tensor, Tensor]:
+    """PPO's: token rewards (the KL per token if in the reward), optionally rescaled, then GAE."""
+    rewards = token_rewards(x.scores, x.kl, x.kl_coef if x.kl_in_reward else 0.0, x.mask)
+    if whiten_rewards:
+        rewards = masked_whiten(rewards, x.mask, shift_mean=False)
+    return compute_gae(rewards, x.values, x.mask, gamma, lam)
+
+
+def reinforce_pp_estimator(x: EstimatorInput, gamma: float, group_baseline: bool) -> tuple[Tensor, None]:
+    """REINFORCE++'s discounted token returns (reinforce_pp_returns); no value targets."""
+    kl_coef = x.kl_coef if x.kl_in_reward else 0.0
+    return reinforce_pp_returns(x.scores, x.kl, kl_coef, x.mask, gamma, x.group_size, x.valid, group_baseline), None
+
+
+def sequence_scores(x: EstimatorInput) -> Tensor:
+    """(B,) the scores an outcome estimator compares: minus kl_coef * each sequence's KL if in the reward."""
+    return x.scores - x.kl_coef * masked_sum(x.kl, x.mask, dim=-1) if x.kl_in_reward else x.scores
+
+
+def grpo_estimator(x: EstimatorInput, scale_by_std: bool) -> tuple[Tensor, None]:
+    """grpo_advantages on the sequence scores, the same for every token of a response."""
+    return grpo_advantages(sequence_scores(x), x.group_size, x.valid, scale_by_std=scale_by_std)[:, None] * x.mask, None
+
+
+def rloo_estimator(x: EstimatorInput) -> tuple[Tensor, None]:
+    """rloo_advantages on the sequence scores, the same for every token of a response."""
+    return rloo_advantages(sequence_scores(x), x.group_size, x.valid)[:, None] * x.mask, None
+
+
+def reinforce_baseline_estimator(x: EstimatorInput, baseline: str) -> tuple[Tensor, None]:
+    """reinforce_baseline_advantages on the sequence scores, the same for every token of a response."""
+    adv = reinforce_baseline_advantages(sequence_scores(x), x.group_size, x.valid, baseline=baseline)
+    return adv[:, None] * x.mask, None
+
+
+# algorithm.estimator -> its function: (EstimatorInput, **its options) -> (advantages, returns or None)
+ESTIMATORS = {
+    "gae": gae_estimator,
+    "grpo": grpo_estimator,
+    "rloo": rloo_estimator,
+    "reinforce_baseline": reinforce_baseline_estimator,
+    "reinforce_pp": reinforce_pp_estimator,
 }
 
 
@@ -257,51 +335,46 @@ def aggregate_total(mask: Tensor, mode: str) -> float:
     return float(mask.sum()) if mode == "token_mean" else float((mask.sum(-1) > 0).sum())
 
 
+@dataclass
+class PolicyLossInput:
+    """What every policy loss takes (one signature for the family: (PolicyLossInput, clip_eps, clip_eps_high)
+    -> (loss, metrics with clip_frac, approx_kl and ratio_mean)), and how it aggregates (`aggregate`)."""
+
+    logprobs: Tensor  # (B, T) the policy's, with gradient
+    old_logprobs: Tensor  # (B, T) the proximal policy's
+    advantages: Tensor  # (B, T); broadcast an outcome advantage with `adv[:, None] * mask`
+    mask: Tensor  # (B, T)
+    aggregation: str = "token_mean"  # aggregate's mode
+    total: float | None = None  # aggregate's denominator for the whole mini-batch
+    weights: Tensor | None = None  # (B, T), detached: multiply each token's term (off-policy correction)
+    norm_tokens: float | None = None  # seq_sum_norm's constant
+
+
 def ppo_policy_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_eps: float,
-    clip_eps_high: float | None = None,
-    aggregation: str = "token_mean",
-    total: float | None = None,
-    weights: Tensor | None = None,
-    norm_tokens: float | None = None,
+    x: PolicyLossInput, clip_eps: float, clip_eps_high: float | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017), negated to be minimised.
 
-    `advantages` is per token (B, T); broadcast an outcome advantage with `adv[:, None] * mask`.
-    clip_eps_high (DAPO's clip-higher) defaults to clip_eps. `weights` (B, T), detached, multiply
+    clip_eps_high (DAPO's clip-higher) defaults to clip_eps. `x.weights` (B, T), detached, multiply
     each token's term (off-policy correction, `off_policy_weights`); a zero weight keeps the token in
     the denominator, as AReaL and IcePop do, so masking tokens does not rescale the others.
     """
-    log_ratio = torch.where(mask > 0, logprobs.float() - old_logprobs.float(), 0.0)
-    return clipped_surrogate(
-        log_ratio.exp(), log_ratio, advantages, mask, clip_eps, clip_eps_high, aggregation, total, weights, norm_tokens
-    )
+    log_ratio = torch.where(x.mask > 0, x.logprobs.float() - x.old_logprobs.float(), 0.0)
+    return clipped_surrogate(log_ratio.exp(), log_ratio, x, clip_eps, clip_eps_high)
 
 
 def clipped_surrogate(
-    ratio: Tensor,
-    log_ratio: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_eps: float,
-    clip_eps_high: float | None,
-    aggregation: str,
-    total: float | None,
-    weights: Tensor | None,
-    norm_tokens: float | None,
+    ratio: Tensor, log_ratio: Tensor, x: PolicyLossInput, clip_eps: float, clip_eps_high: float | None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """-min(ratio * A, clip(ratio) * A) per token (B, T), aggregated: PPO's on token ratios, GSPO's on
     sequence ratios; the metrics' approx_kl comes from the token `log_ratio`."""
     high = clip_eps if clip_eps_high is None else clip_eps_high
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
+    unclipped = -x.advantages * ratio
+    clipped = -x.advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
-    loss = aggregate(per_token if weights is None else per_token * weights, mask, aggregation, total, norm_tokens)
-    return loss, ratio_metrics(log_ratio, ratio, clipped > unclipped, mask)
+    weighted = per_token if x.weights is None else per_token * x.weights
+    loss = aggregate(weighted, x.mask, x.aggregation, x.total, x.norm_tokens)
+    return loss, ratio_metrics(log_ratio, ratio, clipped > unclipped, x.mask)
 
 
 @torch.no_grad()

@@ -5,6 +5,8 @@ from enum import Enum
 
 
 class Method(str, Enum):
+    """A named recipe (algorithm.method): the keys its paper fixes, set together (orchestrator/methods.py)."""
+
     none = "none"  # no recipe: every key as given
     grpo = "grpo"  # GRPO (Shao et al. 2024): group mean and std, per-sequence token mean, KL (k3) in the loss
     dr_grpo = "dr_grpo"  # Dr. GRPO (Liu et al. 2025): group mean only, no std anywhere, token sums over a constant
@@ -16,37 +18,49 @@ class Method(str, Enum):
 
 
 class Estimator(str, Enum):
+    """How advantages are estimated (algorithm.estimator); each has its function in algorithms.ESTIMATORS."""
+
     gae = "gae"  # PPO with a critic
     grpo = "grpo"  # group-normalised outcome reward, no critic
     rloo = "rloo"  # leave-one-out baseline, no critic
-    reinforce_baseline = "reinforce_baseline"  # score minus a mean baseline (algorithm.reinforce_baseline), no critic
+    reinforce_baseline = "reinforce_baseline"  # score minus a mean baseline (algorithm.reinforce_baseline.baseline)
     reinforce_pp = (
         "reinforce_pp"  # REINFORCE++: discounted token returns (KL per token if in the reward), whitened over the batch
     )
 
 
 class Baseline(str, Enum):
+    """Which mean reinforce_baseline subtracts (algorithm.reinforce_baseline.baseline)."""
+
     group = "group"  # the mean score of the prompt's other samples too (REINFORCE++-baseline)
     batch = "batch"  # the mean score of the whole batch (classic REINFORCE with a baseline)
 
 
 class KLEstimator(str, Enum):
+    """Schulman's per-token estimators of KL(policy || reference) (algorithms.kl_penalty)."""
+
     k1 = "k1"
     k2 = "k2"
     k3 = "k3"
 
 
 class KLPlacement(str, Enum):
+    """Where the KL penalty enters: the reward or the loss."""
+
     reward = "reward"  # -kl_coef * KL added to every token's reward (classic RLHF PPO)
     loss = "loss"  # kl_coef * KL added to the loss (GRPO)
 
 
 class KLControllerKind(str, Enum):
+    """How the KL coefficient moves (learner/kl_control.py)."""
+
     fixed = "fixed"
     adaptive = "adaptive"  # Ziegler et al. 2019: steer the coefficient towards target_kl
 
 
 class LossAggregation(str, Enum):
+    """How token losses are averaged into one (algorithms.aggregate)."""
+
     token_mean = "token_mean"  # every response token weighs the same (DAPO)
     seq_mean = "seq_mean"  # mean over tokens of each sequence, then over sequences (GRPO paper)
     seq_sum_norm = (
@@ -55,6 +69,8 @@ class LossAggregation(str, Enum):
 
 
 class PolicyLoss(str, Enum):
+    """The policy loss (algorithm.policy_loss); each has its function in losses.POLICY_LOSSES."""
+
     ppo = "ppo"  # PPO's clipped surrogate on each token's ratio
     gspo = "gspo"  # GSPO: one ratio per sequence (geometric mean of its tokens'), clipped per sequence
     cispo = (
@@ -63,6 +79,8 @@ class PolicyLoss(str, Enum):
 
 
 class OffPolicyKind(str, Enum):
+    """The correction from the behaviour policy mu to the proximal policy (algorithms.OFF_POLICY_CORRECTIONS)."""
+
     none = "none"  # plain PPO on the ratio to the proximal policy (the learner at the update's start)
     tis = "tis"  # truncated importance sampling: each token's loss times min(pi_prox/mu, cap)
     icepop = "icepop"  # IcePop: times pi_prox/mu inside [low, high], 0 outside
@@ -70,6 +88,8 @@ class OffPolicyKind(str, Enum):
 
 
 class RatioLevel(str, Enum):
+    """At which level the ratio pi_prox/mu is taken (algorithms.behaviour_ratio)."""
+
     token = "token"  # each token's own ratio
     sequence = "sequence"  # the product of the sequence's token ratios, for all its tokens
     geometric = "geometric"  # their geometric mean, for all its tokens
@@ -93,27 +113,80 @@ class OffPolicyConfig:
 
 
 @dataclass
+class GAEConfig:
+    """Options of the gae estimator (PPO with a critic) and of its value loss."""
+
+    gamma: float = 1.0
+    """discount per token; 1.0 = none"""
+    lam: float = 0.95
+    """GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns"""
+    whiten_rewards: bool = False
+    """rescale token rewards to unit batch std around their (kept) mean before GAE"""
+    value_clip_eps: float = 0.2
+    """new values are clipped to old +- this; the larger of the two errors counts"""
+    vf_coef: float = 0.5
+    """weight of the value loss (shared head: added to the policy loss)"""
+
+
+@dataclass
+class GRPOConfig:
+    """Options of the grpo estimator."""
+
+    scale_by_std: bool = True
+    """divide by the group's reward std; false = mean-centred only (Dr. GRPO)"""
+
+
+@dataclass
+class ReinforceBaselineConfig:
+    """Options of the reinforce_baseline estimator."""
+
+    baseline: Baseline = Baseline.group
+    """which mean is subtracted: group or batch"""
+
+
+@dataclass
+class ReinforcePPConfig:
+    """Options of the reinforce_pp estimator (REINFORCE++)."""
+
+    gamma: float = 1.0
+    """discount per token; 1.0 = none"""
+    group_baseline: bool = False
+    """subtract the group's mean score first (REINFORCE++-baseline)"""
+
+
+@dataclass
+class CISPOConfig:
+    """Options of the cispo policy loss."""
+
+    clip_low: float = 0.0
+    """its weight is also bounded below by 1 - this; 0 = no lower bound (the paper's choice)"""
+
+
+@dataclass
 class AlgorithmConfig:
+    """The RL algorithm: the estimator and its options (one sub-section per estimator), the policy loss,
+    the KL penalty, the off-policy correction and the update's batching."""
+
     method: Method = Method.none
     """a recipe setting its paper's keys (orchestrator/methods.py); none = keys as given"""
     estimator: Estimator = Estimator.grpo
     """advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp"""
-    gamma: float = 1.0
-    """gae and reinforce_pp: discount per token; 1.0 = none"""
-    lam: float = 0.95
-    """gae only: GAE lambda; 0 = one-step TD, 1 = Monte Carlo returns"""
+    gae: GAEConfig = field(default_factory=GAEConfig)
+    """estimator gae's options (discount, lambda, reward whitening) and its value loss's"""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """estimator grpo's options"""
+    reinforce_baseline: ReinforceBaselineConfig = field(default_factory=ReinforceBaselineConfig)
+    """estimator reinforce_baseline's options"""
+    reinforce_pp: ReinforcePPConfig = field(default_factory=ReinforcePPConfig)
+    """estimator reinforce_pp's options"""
     clip_eps: float = 0.2
     """PPO clip: ratio clipped to [1 - clip_eps, 1 + clip_eps] (upper bound: see clip_eps_high)"""
     clip_eps_high: float = 0.0
     """DAPO clip-higher: the ratio's upper clip is 1 + clip_eps_high; 0 = clip_eps"""
     policy_loss: PolicyLoss = PolicyLoss.ppo
     """ppo, gspo or cispo (see learner/losses.py); all use clip_eps / clip_eps_high"""
-    cispo_clip_low: float = 0.0
-    """cispo only: its weight is also bounded below by 1 - this; 0 = no lower bound (the paper's choice)"""
-    value_clip_eps: float = 0.2
-    """gae only: new values are clipped to old +- this; the larger of the two errors counts"""
-    vf_coef: float = 0.5
-    """gae only: weight of the value loss (shared head: added to the policy loss)"""
+    cispo: CISPOConfig = field(default_factory=CISPOConfig)
+    """policy loss cispo's options"""
     entropy_coef: float = 0.0
     """entropy bonus: coef * entropy is subtracted from the loss; 0 = off"""
     loss_aggregation: LossAggregation = LossAggregation.token_mean
@@ -133,16 +206,8 @@ class AlgorithmConfig:
     al. 2019 / TRL"""
     kl_horizon: int = 10000
     """adaptive controller only: samples over which the error is corrected"""
-    whiten_rewards: bool = False
-    """gae only: rescale token rewards to unit batch std around their (kept) mean before GAE"""
     normalize_advantages: bool = True
     """by the batch std: gae, reinforce_pp whitened; baselined estimators only divided"""
-    grpo_scale_by_std: bool = True
-    """grpo only: divide by the group's reward std; false = mean-centred only (Dr. GRPO)"""
-    reinforce_baseline: Baseline = Baseline.group
-    """estimator reinforce_baseline only: which mean is subtracted"""
-    reinforce_pp_group_baseline: bool = False
-    """reinforce_pp only: subtract the group's mean score first (REINFORCE++-baseline)"""
     max_skipped_updates: int = 3
     """stop the run after more than this many consecutive updates skipped as non-finite; 0 = never stop"""
     ppo_epochs: int = 1
@@ -154,30 +219,61 @@ class AlgorithmConfig:
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     """importance correction towards the behaviour policy"""
 
+    @property
+    def needs_critic(self) -> bool:
+        """True when the estimator reads value estimates (gae): the one place that decides whether a
+        run builds a critic (a value head or a separate model), computes old values and a value loss."""
+        return self.estimator == Estimator.gae
+
+
+# Keys that moved into a sub-section: old dotted key (under algorithm.) -> its new place.
+MOVED_ALGORITHM_KEYS = {
+    "gamma": "gae.gamma (or reinforce_pp.gamma)",
+    "lam": "gae.lam",
+    "whiten_rewards": "gae.whiten_rewards",
+    "value_clip_eps": "gae.value_clip_eps",
+    "vf_coef": "gae.vf_coef",
+    "grpo_scale_by_std": "grpo.scale_by_std",
+    "reinforce_pp_group_baseline": "reinforce_pp.group_baseline",
+    "cispo_clip_low": "cispo.clip_low",
+}
+# Keys that were a value and are now a sub-section holding it.
+MOVED_ALGORITHM_VALUES = {"reinforce_baseline": "reinforce_baseline.baseline"}
+
 
 class ValueHead(str, Enum):
+    """Where the critic lives when the estimator needs one (AlgorithmConfig.needs_critic)."""
+
     shared = "shared"  # scalar head on the policy trunk
     separate = "separate"  # its own critic model
 
 
 class CriticInit(str, Enum):
+    """What a separate critic starts from."""
+
     policy = "policy"
     reward_model = "reward_model"
     scratch = "scratch"
 
 
 class Dtype(str, Enum):
+    """The learner's compute dtype."""
+
     float32 = "float32"
     bfloat16 = "bfloat16"
 
 
 class OptimizerKind(str, Enum):
+    """Which AdamW implementation trains."""
+
     torch_adamw = "torch_adamw"  # no JIT compile; the default on CPU
     deepspeed_adam = "deepspeed_adam"  # DeepSpeed's fused (GPU) / CPU Adam
 
 
 @dataclass
 class LoraConfig:
+    """LoRA adapters instead of full fine-tuning (peft); rank 0 = off."""
+
     rank: int = 0
     """LoRA adapter rank; 0 = no LoRA (full fine-tuning)"""
     alpha: float = 16.0
@@ -190,6 +286,8 @@ class LoraConfig:
 
 @dataclass
 class LearnerConfig:
+    """The learner section: the trained model (and a separate critic), its optimizer, precision and memory."""
+
     model_path: str = "???"
     """required: a local Hugging Face folder; relay train also takes builtin://NAME (see builtin_models.py)"""
     zero_stage: int = 0

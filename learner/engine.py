@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +31,18 @@ class GuardedAdamW(torch.optim.AdamW):
             self.skipped += 1
             return None
         return super().step(closure)
+
+
+@dataclass(frozen=True)
+class RankAddress:
+    """Where one learner rank sits: its rank among world_size, the group's rendezvous at
+    master_addr:master_port (init_distributed), and its torch threads (0 = torch's default)."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    threads: int = 0
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, backend: str) -> None:

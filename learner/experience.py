@@ -7,13 +7,12 @@ Every tensor is (B, L-1), aligned with the logits of the packed prompt+response 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from learner import algorithms as A
-from learner import losses as L
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
 from reward_service.types import ScoredBatch
 from rollout.config import SamplingConfig
@@ -24,6 +23,10 @@ from rollout.types import RolloutBatch, pack
 
 @dataclass
 class Experience:
+    """A scored rollout batch as the update trains on it (make_experience), on the CPU: the packed
+    sequences, the learner's own old logprobs and values, the reference's and the sampler's logprobs,
+    and the advantages and returns."""
+
     input_ids: torch.Tensor  # (B, L)
     attention_mask: torch.Tensor  # (B, L)
     position_ids: torch.Tensor  # (B, L)
@@ -36,14 +39,16 @@ class Experience:
     advantages: torch.Tensor  # (B, L-1)
     returns: torch.Tensor | None  # (B, L-1) value targets, or None without a critic
 
-    def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    def rows(self, idx: torch.Tensor) -> MicroBatch:
         """Rows `idx`, without the padding columns all of them share (right padding: exact, and a
         micro-batch of short rows no longer pays for the batch's longest)."""
         width = int(self.attention_mask[idx].sum(-1).max())
-        return {
-            k: (v[idx, : width if k in FULL_WIDTH else width - 1] if isinstance(v, torch.Tensor) else v)
-            for k, v in vars(self).items()
-        }
+        return MicroBatch(
+            **{
+                k: (v[idx, : width if k in FULL_WIDTH else width - 1] if isinstance(v, torch.Tensor) else v)
+                for k, v in vars(self).items()
+            }
+        )
 
     def by_length(self, idx: torch.Tensor) -> torch.Tensor:
         """`idx` longest first: consecutive micro-batches then hold rows of similar length (bucketing)."""
@@ -51,6 +56,28 @@ class Experience:
 
 
 FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # (B, L); every other tensor is (B, L-1)
+
+
+@dataclass
+class MicroBatch:
+    """The rows one forward/backward trains on (Experience.rows): Experience's fields, trimmed to the
+    rows' own width L (their longest sequence)."""
+
+    input_ids: torch.Tensor  # (B, L)
+    attention_mask: torch.Tensor  # (B, L)
+    position_ids: torch.Tensor  # (B, L)
+    mask: torch.Tensor  # (B, L-1) response tokens of samples that train
+    old_logprobs: torch.Tensor  # (B, L-1) the learner's own, before this update
+    ref_logprobs: torch.Tensor  # (B, L-1)
+    behaviour_logprobs: torch.Tensor  # (B, L-1) the sampler's
+    sampler_logprobs: torch.Tensor  # (B, L-1) the learner's under the sampler's top-k/top-p filter
+    old_values: torch.Tensor | None  # (B, L-1) critic estimates, or None without a critic
+    advantages: torch.Tensor  # (B, L-1)
+    returns: torch.Tensor | None  # (B, L-1) value targets, or None without a critic
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """Every tensor on `device` (through to_device, the one place inputs move)."""
+        return MicroBatch(**to_device(vars(self), device))
 
 
 def ragged_to_dense(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
@@ -97,37 +124,24 @@ def advantages(
     group_size: int,
     valid: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(advantages, returns) per token. GAE and REINFORCE++ use token rewards (KL in the reward if so
-    placed); outcome estimators score sequences (minus kl_coef * the sequence's KL if in the reward),
-    with the samples not `valid` (B,) left out of their groups."""
-    in_reward = cfg.kl_placement == KLPlacement.reward
-    if cfg.estimator == Estimator.gae:
-        rewards = A.token_rewards(scores, kl, kl_coef if in_reward else 0.0, mask)
-        if cfg.whiten_rewards:
-            rewards = A.masked_whiten(rewards, mask, shift_mean=False)
-        adv, returns = A.compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
-    elif cfg.estimator == Estimator.reinforce_pp:
-        adv = L.reinforce_pp_returns(
-            scores,
-            kl,
-            kl_coef if in_reward else 0.0,
-            mask,
-            cfg.gamma,
-            group_size,
-            valid,
-            cfg.reinforce_pp_group_baseline,
-        )
-        returns = None
-    else:
-        seq_scores = scores - kl_coef * A.masked_sum(kl, mask, dim=-1) if in_reward else scores
-        fn = A.OUTCOME_ESTIMATORS[cfg.estimator.value]
-        options = {
-            Estimator.grpo: {"scale_by_std": cfg.grpo_scale_by_std},
-            Estimator.reinforce_baseline: {"baseline": cfg.reinforce_baseline.value},
-        }.get(cfg.estimator, {})
-        adv = fn(seq_scores, group_size, valid, **options)[:, None] * mask
-        returns = None
+    """(advantages, returns) per token from cfg.estimator's function (algorithms.ESTIMATORS), then
+    normalised. GAE and REINFORCE++ use token rewards (KL in the reward if so placed); outcome
+    estimators score sequences (minus kl_coef * the sequence's KL if in the reward), with the samples
+    not `valid` (B,) left out of their groups."""
+    x = A.EstimatorInput(scores, kl, kl_coef, cfg.kl_placement == KLPlacement.reward, mask, values, group_size, valid)
+    adv, returns = A.ESTIMATORS[cfg.estimator.value](x, **estimator_options(cfg))
     return normalize(cfg, adv, mask), returns
+
+
+def estimator_options(cfg: AlgorithmConfig) -> dict:
+    """cfg.estimator's options, from its own sub-section (algorithm.gae, algorithm.grpo, ...)."""
+    return {
+        Estimator.gae: {"gamma": cfg.gae.gamma, "lam": cfg.gae.lam, "whiten_rewards": cfg.gae.whiten_rewards},
+        Estimator.grpo: {"scale_by_std": cfg.grpo.scale_by_std},
+        Estimator.rloo: {},
+        Estimator.reinforce_baseline: {"baseline": cfg.reinforce_baseline.baseline.value},
+        Estimator.reinforce_pp: {"gamma": cfg.reinforce_pp.gamma, "group_baseline": cfg.reinforce_pp.group_baseline},
+    }[cfg.estimator]
 
 
 def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -137,7 +151,7 @@ def normalize(cfg: AlgorithmConfig, adv: torch.Tensor, mask: torch.Tensor) -> to
     whitened over every token of the batch: GAE, and REINFORCE++ with or without its group baseline,
     as Hu 2025 does (its returns carry per-token KL, so an all-equal group is not 0 there anyway).
     GRPO with its own std scaling is left as it is."""
-    if not cfg.normalize_advantages or (cfg.estimator == Estimator.grpo and cfg.grpo_scale_by_std):
+    if not cfg.normalize_advantages or (cfg.estimator == Estimator.grpo and cfg.grpo.scale_by_std):
         return adv
     if has_baseline(cfg):
         return A.masked_rescale(adv, mask)
@@ -157,9 +171,22 @@ def single_pass(cfg: AlgorithmConfig, batch_size: int) -> bool:
     return (
         cfg.ppo_epochs == 1
         and cfg.mini_batch_size >= batch_size
-        and cfg.estimator != Estimator.gae
+        and not cfg.needs_critic
         and cfg.kl_placement == KLPlacement.loss
     )
+
+
+@dataclass
+class ForwardSettings:
+    """How make_experience runs the learner's no-grad forward over a batch, and reads its output."""
+
+    sampling: SamplingConfig  # the sampler's temperature, top-k/top-p filter and samples per prompt
+    pad_id: int  # the tokenizer's padding id
+    micro: int  # rows per forward
+    rank: int  # this learner rank
+    world: int  # learner ranks
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # tokens whose logits are upcast to float32 at once
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # the models'
 
 
 def make_experience(
@@ -169,31 +196,57 @@ def make_experience(
     scored: ScoredBatch,
     cfg: AlgorithmConfig,
     kl_coef: float,
-    sampling: SamplingConfig,
-    pad_id: int,
-    micro: int,
-    rank: int,
-    world: int,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    device: torch.device = torch.device("cpu"),
+    run: ForwardSettings,
     recompute: bool = True,
 ) -> Experience:
-    """The experience stays on the CPU; each micro-batch goes to `device` (the models') for the forward.
+    """The experience stays on the CPU; each micro-batch goes to `run.device` (the models') for the forward.
     recompute=False (see single_pass): no forward here; old_logprobs and sampler_logprobs are zeros
     that the update fills from its own forward (Learner._train_mini_batch) before any metric reads them."""
-    input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, pad_id)
+    input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, run.pad_id)
     valid = torch.tensor(scored.valid, dtype=torch.float32)[:, None]
     mask = response_mask * valid
     if batch.action_mask:  # multi-turn episodes: observation tokens get no gradient and no KL
         mask = mask * ragged_to_dense(batch.action_mask, response_mask)
     ref, behaviour = ragged_to_dense(scored.ref_logprobs, response_mask), ragged_to_dense(batch.logprobs, response_mask)
     scores = torch.tensor(scored.rewards, dtype=torch.float32)
+    group_size = run.sampling.n_samples_per_prompt
     if not recompute:
         zeros = torch.zeros_like(mask)
-        adv, _ = advantages(cfg, scores, zeros, kl_coef, mask, None, sampling.n_samples_per_prompt, valid[:, 0] > 0)
+        adv, _ = advantages(cfg, scores, zeros, kl_coef, mask, None, group_size, valid[:, 0] > 0)
         return Experience(
             input_ids, attention_mask, position_ids, mask, zeros, ref, behaviour, zeros.clone(), None, adv, None
         )
+    old_logprobs, old_values, filtered = old_outputs(policy, critic, (input_ids, attention_mask, position_ids), run)
+    old_logprobs = old_logprobs * response_mask
+    kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)
+    needs_values = cfg.needs_critic
+    adv, returns = advantages(
+        cfg, scores, kl, kl_coef, mask, old_values if needs_values else None, group_size, valid[:, 0] > 0
+    )
+    sampler_logprobs = old_logprobs if filtered is None else torch.where(response_mask > 0, filtered, 0.0)
+    return Experience(
+        input_ids,
+        attention_mask,
+        position_ids,
+        mask,
+        old_logprobs,
+        ref,
+        behaviour,
+        sampler_logprobs,
+        old_values if needs_values else None,
+        adv,
+        returns,
+    )
+
+
+def old_outputs(
+    policy, critic, packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], run: ForwardSettings
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The learner's own (old_logprobs, old_values or None, sampler-filtered logprobs or None), each
+    (B, L-1), from one no-grad forward over `packed` (input_ids, attention_mask, position_ids (B, L)),
+    sharded over the ranks in micro-batches of similar lengths."""
+    input_ids, attention_mask, position_ids = packed
+    sampling, chunk_tokens, device = run.sampling, run.chunk_tokens, run.device
 
     @torch.no_grad()
     def forward(rows):
@@ -217,40 +270,9 @@ def make_experience(
 
     filters = sampling.top_k > 0 or sampling.top_p < 1.0
     order = torch.argsort(attention_mask.sum(-1), descending=True, stable=True)  # micro-batches of similar lengths
-    old_logprobs, old_values, filtered = sharded_forward(
-        lambda rows: forward(order[rows]), len(batch), micro, rank, world, device
-    )
+    outputs = sharded_forward(lambda rows: forward(order[rows]), len(input_ids), run.micro, run.rank, run.world, device)
     inverse = torch.argsort(order)
-    old_logprobs, old_values, filtered = (
-        None if x is None else x[inverse] for x in (old_logprobs, old_values, filtered)
-    )
-    old_logprobs = old_logprobs * response_mask
-    kl = A.kl_penalty(old_logprobs, ref, cfg.kl_estimator.value, mask)
-    needs_values = cfg.estimator == Estimator.gae
-    adv, returns = advantages(
-        cfg,
-        scores,
-        kl,
-        kl_coef,
-        mask,
-        old_values if needs_values else None,
-        sampling.n_samples_per_prompt,
-        valid[:, 0] > 0,
-    )
-    sampler_logprobs = old_logprobs if filtered is None else torch.where(response_mask > 0, filtered, 0.0)
-    return Experience(
-        input_ids,
-        attention_mask,
-        position_ids,
-        mask,
-        old_logprobs,
-        ref,
-        behaviour,
-        sampler_logprobs,
-        old_values if needs_values else None,
-        adv,
-        returns,
-    )
+    return tuple(None if x is None else x[inverse] for x in outputs)
 
 
 def experience_metrics(exp: Experience, algo: AlgorithmConfig, kl_coef: float) -> dict[str, float]:

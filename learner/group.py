@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 
 from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
+from learner.engine import RankAddress
 from learner.worker import Learner, node_address
 from rollout.config import SamplingConfig
 from rollout.device import malloc_env
@@ -43,23 +45,29 @@ def rank_options(
     }
 
 
-def start_ranks(
-    actor_cls,
-    world_size: int,
-    make_args,
-    num_cpus: float = 1.0,
-    num_gpus: float = 0.0,
-    threads: int = 0,
-    scheduling: list | None = None,
-    resources: dict[str, float] | None = None,
-    env: dict[str, str] | None = None,
-) -> list:
+@dataclass
+class RankPlacement:
+    """Where the ranks start and with what (their Ray options): CPUs and GPUs per rank, torch threads
+    (0 = the machine's cores split among the ranks), a scheduling strategy per rank (placement-group
+    bundles) or custom Ray resources each requires, and more environment (rollout.device.malloc_env)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    threads: int = 0
+    scheduling: list | None = None
+    resources: dict[str, float] | None = None
+    env: dict[str, str] | None = None
+
+
+def start_ranks(actor_cls, world_size: int, make_args, placement: RankPlacement | None = None) -> list:
     """One Ray actor per DeepSpeed rank, `actor_cls(*make_args(rank, addr, port, threads))`, all ready.
     The ranks rendezvous at addr:port on rank 0's node, which every rank needs before it is built:
     a probe task placed as rank 0 (same bundle or resources) finds that node, its IP and a free port
     there; rank 0 is then pinned to it (a placement-group bundle already is)."""
-    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-    options = rank_options(num_cpus, num_gpus, threads, resources, env)
+    p = placement or RankPlacement()
+    scheduling = p.scheduling
+    threads = p.threads or max(1, (os.cpu_count() or 1) // world_size)
+    options = rank_options(p.num_cpus, p.num_gpus, threads, p.resources, p.env)
     place = [{"scheduling_strategy": s} for s in scheduling] if scheduling else [{}] * world_size
     probe = {k: v for k, v in options.items() if k != "runtime_env"} | place[0]
     for attempt in range(3):  # the port was free when probed; another process may take it before rank 0 binds it
@@ -85,6 +93,9 @@ def start_ranks(
 
 
 class LearnerGroup:
+    """The learner's ranks (one Learner actor each) behind one call per phase: it starts them (start_ranks)
+    and owns their actor handles; each call goes to every rank and returns rank 0's answer (the ranks agree)."""
+
     def __init__(
         self,
         cfg: LearnerConfig,
@@ -105,13 +116,21 @@ class LearnerGroup:
         self.ranks = start_ranks(
             Learner,
             world_size,
-            lambda rank, addr, port, threads: (cfg, algo, sampling, rank, world_size, addr, port, seed, threads),
-            num_cpus,
-            num_gpus,
-            threads or cfg.threads,
-            scheduling,
-            resources,
-            malloc_env(keep_freed_memory, num_gpus > 0),
+            lambda rank, addr, port, threads: (
+                cfg,
+                algo,
+                sampling,
+                seed,
+                RankAddress(rank, world_size, addr, port, threads),
+            ),
+            RankPlacement(
+                num_cpus,
+                num_gpus,
+                threads or cfg.threads,
+                scheduling,
+                resources,
+                malloc_env(keep_freed_memory, num_gpus > 0),
+            ),
         )
 
     def _all(self, method: str, *args):

@@ -7,6 +7,8 @@ accuracy) for the default demo and the end-to-end tests.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -31,50 +33,38 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
     return ids, mask
 
 
-def sft(
-    model,
-    tokenizer,
-    pairs: list[tuple[str, str]],
-    steps: int,
-    batch_size: int = 64,
-    lr: float = 3e-3,
-    seed: int = 0,
-    log_every: int = 0,
-    stop=None,
-    check_every: int = 100,
-) -> list[float]:
-    """Train in place with AdamW and a linear decay; return the loss of every step.
-    `stop()`, asked every `check_every` steps, ends training early when it returns True."""
+@dataclass
+class SFTSchedule:
+    """How sft trains: AdamW with a linear decay to 0 over `steps`, on random batches."""
+
+    steps: int  # optimizer steps (at most: `stop` may end training early)
+    batch_size: int = 64  # sequences per step, drawn with replacement
+    lr: float = 3e-3  # the starting learning rate
+    seed: int = 0  # the batch draws' generator
+    log_every: int = 0  # print the loss every this many steps; 0 = never
+    stop: Callable[[], bool] | None = None  # asked every `check_every` steps; True ends training
+    check_every: int = 100
+
+
+def sft(model, tokenizer, pairs: list[tuple[str, str]], schedule: SFTSchedule) -> list[float]:
+    """Train in place on (prompt, response) pairs; return the loss of every step."""
     ids, mask = encode_pairs(tokenizer, pairs)
-    return sft_tokens(
-        model, tokenizer.pad_token_id, ids, mask, steps, batch_size, lr, seed, log_every, stop, check_every
-    )
+    return sft_tokens(model, tokenizer.pad_token_id, ids, mask, schedule)
 
 
-def sft_tokens(
-    model,
-    pad_id: int,
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    steps: int,
-    batch_size: int = 64,
-    lr: float = 3e-3,
-    seed: int = 0,
-    log_every: int = 0,
-    stop=None,
-    check_every: int = 100,
-) -> list[float]:
+def sft_tokens(model, pad_id: int, ids: torch.Tensor, mask: torch.Tensor, schedule: SFTSchedule) -> list[float]:
     """sft on token ids (N, L), right-padded with pad_id, and a loss mask (N, L-1) over the targets
     ids[:, 1:]: for demonstrations built as token ids (multi-turn transcripts)."""
+    steps, stop = schedule.steps, schedule.stop
     attention = (ids != pad_id).long()
     attention[:, 0] = 1
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(schedule.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=schedule.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(steps, 1))
     model.train()
     losses, start = [], time.time()
     for step in range(steps):
-        rows = torch.randint(0, len(ids), (batch_size,), generator=g)
+        rows = torch.randint(0, len(ids), (schedule.batch_size,), generator=g)
         logits = model(input_ids=ids[rows], attention_mask=attention[rows]).logits[:, :-1]
         loss = -A.masked_mean(A.logprobs_from_logits(logits, ids[rows, 1:]), mask[rows])
         opt.zero_grad()
@@ -83,9 +73,9 @@ def sft_tokens(
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if log_every and (step + 1) % log_every == 0:
+        if schedule.log_every and (step + 1) % schedule.log_every == 0:
             print(f"sft step {step + 1}/{steps}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
-        if stop is not None and (step + 1) % check_every == 0:
+        if stop is not None and (step + 1) % schedule.check_every == 0:
             model.eval()
             done = stop()
             model.train()

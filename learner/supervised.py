@@ -14,8 +14,8 @@ import torch
 from learner import algorithms as A
 from learner.checkpoint import _gathered
 from learner.config import LearnerConfig, SupervisedTrainConfig
-from learner.engine import init_distributed, make_engine
-from learner.group import start_ranks
+from learner.engine import RankAddress, init_distributed, make_engine
+from learner.group import RankPlacement, start_ranks
 from learner.models import no_dropout_config
 from learner.worker import seed_everything
 from rollout.device import collective_backend, compute, process_device
@@ -42,24 +42,17 @@ def build_model(cfg: LearnerConfig, kind: str, pad_token_id: int | None) -> torc
 
 
 class SupervisedLearner:
-    def __init__(
-        self,
-        cfg: LearnerConfig,
-        train: SupervisedTrainConfig,
-        kind: str,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        seed: int,
-        threads: int = 0,
-    ):
+    """One data-parallel rank of `relay sft` / `relay rm` (a Ray actor): owns its device, its process
+    group, the trained model (a causal LM, or a scalar reward model) and its DeepSpeed engine."""
+
+    def __init__(self, cfg: LearnerConfig, train: SupervisedTrainConfig, kind: str, seed: int, address: RankAddress):
         from transformers import AutoTokenizer
 
-        if threads:
-            torch.set_num_threads(threads)
+        rank, world_size = address.rank, address.world_size
+        if address.threads:
+            torch.set_num_threads(address.threads)
         self.device = process_device()
-        init_distributed(rank, world_size, master_addr, master_port, collective_backend(self.device))
+        init_distributed(rank, world_size, address.master_addr, address.master_port, collective_backend(self.device))
         seed_everything(seed + rank)
         self.cfg, self.train, self.kind, self.rank, self.world = cfg, train, kind, rank, world_size
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
@@ -137,8 +130,14 @@ class SupervisedGroup:
         self.ranks = start_ranks(
             SupervisedLearner,
             world_size,
-            lambda rank, addr, port, threads: (cfg, train, kind, rank, world_size, addr, port, seed, threads),
-            threads=cfg.threads,
+            lambda rank, addr, port, threads: (
+                cfg,
+                train,
+                kind,
+                seed,
+                RankAddress(rank, world_size, addr, port, threads),
+            ),
+            RankPlacement(threads=cfg.threads),
         )
 
     def _all(self, method: str, *args) -> list:

@@ -9,6 +9,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,7 +19,6 @@ from learner import algorithms as A
 from learner import losses as L
 from learner.config import (
     AlgorithmConfig,
-    Estimator,
     KLControllerKind,
     KLPlacement,
     LearnerConfig,
@@ -28,6 +28,7 @@ from learner.config import (
 )
 from learner.engine import (
     TOKENS,
+    RankAddress,
     grad_norm,
     init_distributed,
     make_engine,
@@ -36,7 +37,7 @@ from learner.engine import (
     step_micro_batches,
     update_metrics,
 )
-from learner.experience import Experience, experience_metrics, make_experience, single_pass
+from learner.experience import Experience, ForwardSettings, MicroBatch, experience_metrics, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
@@ -74,30 +75,27 @@ def node_address() -> tuple[str, str, int]:
 
 
 class Learner(Profiled):
+    """One data-parallel learner rank. Owns its device, its process group, the policy (with a value
+    head when the critic is shared), the optional separate critic, their DeepSpeed engines and
+    optimizers, the KL controller, and the weight-sync sender (rank 0). The update reads a scored
+    rollout batch: experience (old logprobs, values, advantages), then epochs of mini-batches."""
+
     def __init__(
-        self,
-        cfg: LearnerConfig,
-        algo: AlgorithmConfig,
-        sampling: SamplingConfig,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        seed: int,
-        threads: int = 0,
+        self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, seed: int, address: RankAddress
     ):
-        if threads:
-            torch.set_num_threads(threads)
+        rank, world_size = address.rank, address.world_size
+        if address.threads:
+            torch.set_num_threads(address.threads)
         if cfg.logprob_chunk_tokens < 1:
             raise ValueError(f"learner.logprob_chunk_tokens must be at least 1, got {cfg.logprob_chunk_tokens}")
         self.device = process_device()  # from this actor's Ray resources: everything it computes lives there
-        init_distributed(rank, world_size, master_addr, master_port, collective_backend(self.device))
+        init_distributed(rank, world_size, address.master_addr, address.master_port, collective_backend(self.device))
         seed_everything(stream_seed(seed, "learner", rank))  # init and dropout: each rank its own stream
         self.cfg, self.algo, self.rank, self.world = cfg, algo, rank, world_size
         # the sampler's distribution: logprobs at its temperature, its filters for the gap metric
         self.seed, self.sampling = seed, sampling
         self.temperature, self.group_size = sampling.temperature, sampling.n_samples_per_prompt
-        needs_critic = algo.estimator == Estimator.gae
+        needs_critic = algo.needs_critic
         shared = needs_critic and cfg.value_head == ValueHead.shared
         self.policy = build_policy(cfg, value_head=shared)
         self.critic = build_critic(cfg) if needs_critic and not shared else None
@@ -137,13 +135,7 @@ class Learner(Profiled):
         skipped_before = self._skipped()
         one_pass = self.single_pass and single_pass(self.algo, len(batch))  # the update's forward: the old logprobs
         self.policy_engine.eval()
-        exp = make_experience(
-            self.policy_engine,
-            self.critic_engine,
-            batch,
-            scored,
-            self.algo,
-            self.kl_ctl.value,
+        run = ForwardSettings(
             self.sampling,
             self.pad_id,
             self.algo.micro_batch_size,
@@ -151,7 +143,9 @@ class Learner(Profiled):
             self.world,
             self.cfg.logprob_chunk_tokens,
             self.device,
-            recompute=not one_pass,
+        )
+        exp = make_experience(
+            self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value, run, not one_pass
         )
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
@@ -188,17 +182,17 @@ class Learner(Profiled):
         scale = self.grad_accum * self.world  # undo DeepSpeed's mean over micro-batches and ranks
         for idx, padding in step_micro_batches(rows, mine, self.world, micro, (self.policy_engine, self.critic_engine)):
             weight = 0.0 if padding else scale
-            mb = to_device(exp.rows(idx), self.device)
+            mb = exp.rows(idx).to(self.device)
             policy_loss, values, m = self._policy_loss(mb, total, agg, exp if one_pass and not padding else None, idx)
             if self.critic_engine is not None:
-                values = self.critic_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+                values = self.critic_engine(mb.input_ids, mb.attention_mask, mb.position_ids)
             if values is not None:
                 vf_loss, vm = A.ppo_value_loss(
                     values,
-                    mb["old_values"],
-                    mb["returns"],
-                    mb["mask"],
-                    self.algo.value_clip_eps,
+                    mb.old_values,
+                    mb.returns,
+                    mb.mask,
+                    self.algo.gae.value_clip_eps,
                     agg,
                     total,
                     loss_norm_tokens(self.algo, self.sampling),
@@ -206,9 +200,9 @@ class Learner(Profiled):
                 m["loss/value"] = vf_loss.item()
                 m["learner/vf_clip_frac"] = vm["vf_clip_frac"].item() * m[TOKENS]
                 if self.critic_engine is None:
-                    policy_loss = policy_loss + self.algo.vf_coef * vf_loss
+                    policy_loss = policy_loss + self.algo.gae.vf_coef * vf_loss
                 else:
-                    self.critic_engine.backward(self.algo.vf_coef * vf_loss * weight)
+                    self.critic_engine.backward(self.algo.gae.vf_coef * vf_loss * weight)
                     self.critic_engine.step()
             if not torch.isfinite(policy_loss):
                 m["learner/nonfinite_losses"] = 1.0  # its gradients are non-finite: the step is skipped
@@ -217,32 +211,29 @@ class Learner(Profiled):
             for k, v in ({} if padding else m).items():
                 sums[k] += v
 
-    def _policy_loss(self, mb: dict, total: float, agg: str, fill: Experience | None = None, idx=None):
+    def _policy_loss(self, mb: MicroBatch, total: float, agg: str, fill: Experience | None = None, idx=None):
         """fill (single pass): the old logprobs are this forward's, detached; they are written into
         fill's rows `idx` (and the sampler-filtered ones for the gap metric) for the metrics."""
-        logits, values = self.policy_engine(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-        loss, terms = policy_loss(
-            logits,
-            mb,
-            self.algo,
-            self.kl_ctl.value,
+        logits, values = self.policy_engine(mb.input_ids, mb.attention_mask, mb.position_ids)
+        how = LossSettings(
             self.temperature,
             self.cfg.logprob_chunk_tokens,
             total,
             agg,
+            loss_norm_tokens(self.algo, self.sampling),
+            self.sampling.top_k,
+            self.sampling.top_p,
             old_from_forward=fill is not None,
-            norm_tokens=loss_norm_tokens(self.algo, self.sampling),
-            top_k=self.sampling.top_k,
-            top_p=self.sampling.top_p,
         )
+        loss, terms = policy_loss(logits, mb, self.algo, self.kl_ctl.value, how)
         if fill is not None:
             self._fill_old(fill, idx, mb, terms["logprobs"], terms["sampler_logprobs"])
-        return loss, values, micro_metrics(terms, mb["mask"])
+        return loss, values, micro_metrics(terms, mb.mask)
 
     def _fill_old(
-        self, exp: Experience, idx: torch.Tensor, mb: dict, logprobs: torch.Tensor, sampled: torch.Tensor
+        self, exp: Experience, idx: torch.Tensor, mb: MicroBatch, logprobs: torch.Tensor, sampled: torch.Tensor
     ) -> None:
-        mask, w = mb["mask"], mb["mask"].shape[1]  # the micro-batch is trimmed to its own width (Experience.rows)
+        mask, w = mb.mask, mb.mask.shape[1]  # the micro-batch is trimmed to its own width (Experience.rows)
         exp.old_logprobs[idx, :w] = (logprobs * mask).cpu()
         exp.sampler_logprobs[idx, :w] = torch.where(mask > 0, sampled, 0.0).cpu()
 
@@ -390,68 +381,43 @@ class _Sending:
             raise RuntimeError(f"the background weight sync failed: {self.error}") from self.error
 
 
+@dataclass
+class LossSettings:
+    """How policy_loss reads a micro-batch, beside the algorithm config: the sampler's distribution
+    (temperature, top-k/top-p filter), the logprob chunking, and the aggregation over the mini-batch."""
+
+    temperature: float  # the sampler's: logprobs are of logits / temperature
+    chunk_tokens: int  # tokens whose logits are upcast to float32 at once
+    total: float  # aggregate's denominator for the whole mini-batch
+    aggregation: str  # algorithm.loss_aggregation
+    norm_tokens: float | None = None  # seq_sum_norm's constant (loss_norm_tokens)
+    top_k: int = -1  # the sampler's filter, under which pi_prox meets mu (terms["sampler_logprobs"])
+    top_p: float = 1.0
+    old_from_forward: bool = False  # experience.single_pass: the old logprobs are this forward's, detached
+
+
 def policy_loss(
-    logits: torch.Tensor,
-    mb: dict,
-    algo: AlgorithmConfig,
-    kl_coef: float,
-    temperature: float,
-    chunk_tokens: int,
-    total: float,
-    agg: str,
-    old_from_forward: bool = False,
-    norm_tokens: float | None = None,
-    top_k: int = -1,
-    top_p: float = 1.0,
+    logits: torch.Tensor, mb: MicroBatch, algo: AlgorithmConfig, kl_coef: float, how: LossSettings
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A micro-batch's loss from its logits (B, L-1, V) (the policy loss is algorithm.policy_loss's, from
     learner/losses.py's table), and its terms (policy, entropy, clip_frac, approx_kl, kl when placed in
     the loss, and the detached logprobs). Logprobs and entropy come chunk by chunk (no float32
     (B, L-1, V) tensor); the entropy enters the graph only when entropy_coef uses it.
-    old_from_forward (experience.single_pass): the old logprobs are these logprobs, detached, instead
-    of mb["old_logprobs"]. norm_tokens: seq_sum_norm's constant. top_k/top_p: the sampler's filter, under which
-    pi_prox meets mu (terms["sampler_logprobs"]). *_token terms: per-token means (metrics), whatever agg."""
-    mask, use_entropy = mb["mask"], algo.entropy_coef != 0
+    how.old_from_forward (experience.single_pass): the old logprobs are these logprobs, detached, instead
+    of mb.old_logprobs. *_token terms: per-token means (metrics), whatever the aggregation."""
+    mask, use_entropy = mb.mask, algo.entropy_coef != 0
+    agg, total, norm_tokens = how.aggregation, how.total, how.norm_tokens
     logprobs, entropy = chunked_logprobs_entropy(
-        logits, mb["input_ids"][:, 1:], temperature, chunk_tokens, entropy_grad=use_entropy
+        logits, mb.input_ids[:, 1:], how.temperature, how.chunk_tokens, entropy_grad=use_entropy
     )
-    old = logprobs.detach() if old_from_forward else mb["old_logprobs"]  # the proximal policy's
-    o = algo.off_policy
-    # pi_prox as the sampler saw it, under its top-k/top-p filter: mu (the engine's processed logprobs) is
-    # renormalised inside the filter, so an unfiltered pi_prox would put the ratio below 1 in sync mode
-    sampled = mb["sampler_logprobs"] if not old_from_forward and o.correction != OffPolicyKind.none else None
-    if old_from_forward:
-        sampled = (
-            map_chunks(
-                lambda x, y: A.filtered_logprobs(x, y, top_k, top_p),
-                logits.detach(),
-                mb["input_ids"][:, 1:],
-                temperature,
-                chunk_tokens,
-            )
-            if top_k > 0 or top_p < 1.0
-            else old
-        )
-    weights = (
-        A.off_policy_weights(
-            sampled, mb["behaviour_logprobs"], mask, o.correction.value, o.level.value, o.cap, o.low, o.high
-        )
-        if o.correction != OffPolicyKind.none
-        else None
-    )
+    old = logprobs.detach() if how.old_from_forward else mb.old_logprobs  # the proximal policy's
+    sampled, weights = off_policy_terms(logits, mb, algo, how, old)
     # cispo's lower bound has its own key: the paper has none, and PPO's clip_eps would impose one
-    low = (algo.cispo_clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
+    low = (algo.cispo.clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
     pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](
-        logprobs,
-        old,
-        mb["advantages"],
-        mask,
+        A.PolicyLossInput(logprobs, old, mb.advantages, mask, agg, total, weights, norm_tokens),
         low,
         algo.clip_eps_high or algo.clip_eps,
-        agg,
-        total,
-        weights,
-        norm_tokens,
     )
     ent_token, entropy = entropy, A.aggregate(entropy, mask, agg, total, norm_tokens)
     loss = pg - algo.entropy_coef * entropy if use_entropy else pg
@@ -465,11 +431,42 @@ def policy_loss(
         "sampler_logprobs": sampled,
     }
     if algo.kl_placement == KLPlacement.loss:
-        kl = A.kl_penalty(logprobs, mb["ref_logprobs"], algo.kl_estimator.value, mask)
+        kl = A.kl_penalty(logprobs, mb.ref_logprobs, algo.kl_estimator.value, mask)
         terms["kl"] = A.aggregate(kl, mask, agg, total, norm_tokens)
         terms["kl_token"] = A.masked_mean(kl.detach(), mask)
         loss = loss + kl_coef * terms["kl"]
     return loss, terms
+
+
+def off_policy_terms(
+    logits: torch.Tensor, mb: MicroBatch, algo: AlgorithmConfig, how: LossSettings, old: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(pi_prox's logprobs under the sampler's filter, or None where nothing reads them; the off-policy
+    correction's weights, or None without one). pi_prox as the sampler saw it: mu (the engine's processed
+    logprobs) is renormalised inside the filter, so an unfiltered pi_prox would put the ratio below 1 in
+    sync mode."""
+    o, mask = algo.off_policy, mb.mask
+    sampled = mb.sampler_logprobs if not how.old_from_forward and o.correction != OffPolicyKind.none else None
+    if how.old_from_forward:
+        sampled = (
+            map_chunks(
+                lambda x, y: A.filtered_logprobs(x, y, how.top_k, how.top_p),
+                logits.detach(),
+                mb.input_ids[:, 1:],
+                how.temperature,
+                how.chunk_tokens,
+            )
+            if how.top_k > 0 or how.top_p < 1.0
+            else old
+        )
+    weights = (
+        A.off_policy_weights(
+            sampled, mb.behaviour_logprobs, mask, o.correction.value, o.level.value, o.cap, o.low, o.high
+        )
+        if o.correction != OffPolicyKind.none
+        else None
+    )
+    return sampled, weights
 
 
 def micro_metrics(terms: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from learner.sft import sft_tokens
+from learner.sft import SFTSchedule, sft_tokens
 from learner.tiny_gpt import init_tiny_gpt
 from orchestrator.tasks import draw_task
 from rollout.episodes import observation_ids
@@ -89,7 +89,7 @@ def build_tiny_agent(out: Path, name: str, seed: int = 0) -> Path:
     for i, (r, acts) in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)
         mask[i, : len(r) - 1] = torch.tensor(acts[1:], dtype=torch.float32)  # targets ids[:, 1:] the model produced
-    losses = sft_tokens(model, tok.pad_token_id, ids, mask, steps=steps, seed=seed)
+    losses = sft_tokens(model, tok.pad_token_id, ids, mask, SFTSchedule(steps, seed=seed))
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / "relay_sft.json").write_text(json.dumps({"task": task, "steps": steps, "final_loss": losses[-1]}))
     tmp.rename(out)

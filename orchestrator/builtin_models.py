@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from learner.sft import greedy_accuracy, sft
+from learner.sft import SFTSchedule, greedy_accuracy, sft
 from learner.tiny_gpt import init_tiny_gpt
 from orchestrator.agent_policies import AGENTS, build_tiny_agent
 from orchestrator.tasks import draw_task
@@ -105,9 +105,7 @@ def build_tiny_policy(
         model,
         tok,
         [(e["prompt"], e["answer"]) for e in train],
-        steps=steps,
-        seed=seed,
-        stop=lambda: greedy_accuracy(model, tok, probe) >= target_accuracy,
+        SFTSchedule(steps, seed=seed, stop=lambda: greedy_accuracy(model, tok, probe) >= target_accuracy),
     )
     accuracy = greedy_accuracy(model, tok, held_out)
     model.save_pretrained(tmp, safe_serialization=True)

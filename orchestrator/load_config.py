@@ -16,6 +16,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from learner.config import MOVED_ALGORITHM_KEYS, MOVED_ALGORITHM_VALUES
 from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
 from orchestrator.methods import RECIPES, recipe_conflicts
 from orchestrator.validate import validate, validate_model_paths, validate_pipeline, validate_reward, validate_stage
@@ -122,7 +123,18 @@ def _read(path: Path) -> str:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
 
 
+def _moved(key: str, table: dict[str, str]) -> str | None:
+    """`<old> moved to <new>` when `key` is an algorithm key that moved into a sub-section (learner.config)."""
+    head, _, name = key.rpartition(".")
+    if head.rpartition(".")[2] == "algorithm" and name in table:
+        return f"{key} moved to {head}.{table[name]}"
+    return None
+
+
 def _unknown(key: str, name: str, known: list[str], where) -> ConfigError:
+    moved = _moved(key, MOVED_ALGORITHM_KEYS)
+    if moved:
+        return ConfigError(f"{where(key)}: {key}: {moved}")
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
     return ConfigError(f"{where(key)}: {key}: unknown key; {hint}")
@@ -145,6 +157,7 @@ def _check_tree(node, cls, prefix: str, where) -> None:
         if k not in hints:
             raise _unknown(key, str(k), list(hints), where)
         item_cls = _list_item_type(hints[k])
+        _check_moved_value(key, dataclasses.is_dataclass(hints[k]) and not isinstance(v, dict | None), where)
         if dataclasses.is_dataclass(hints[k]):
             _check_tree(v, hints[k], f"{key}.", where)
         elif item_cls and isinstance(v, list):
@@ -153,8 +166,15 @@ def _check_tree(node, cls, prefix: str, where) -> None:
                 _merge(OmegaConf.structured(item_cls), OmegaConf.create(item or {}), where, prefix=f"{key}.{i}.")
 
 
+def _check_moved_value(key: str, scalar_for_section: bool, where) -> None:
+    """A value given where a sub-section now holds it (algorithm.reinforce_baseline: batch)."""
+    moved = _moved(key, MOVED_ALGORITHM_VALUES) if scalar_for_section else None
+    if moved:
+        raise ConfigError(f"{where(key)}: {key}: {moved}")
+
+
 def _check_path(key: str, where, root=TrainConfig) -> None:
-    """A dotted override key must name a field (list elements by index)."""
+    """A dotted override key must name a field (list elements by index), not a section."""
     cls, done = root, []
     for part in key.split("."):
         if cls is None:
@@ -170,6 +190,7 @@ def _check_path(key: str, where, root=TrainConfig) -> None:
             typ = hints[part]
             cls = typ if dataclasses.is_dataclass(typ) else ([_list_item_type(typ)] if _list_item_type(typ) else None)
         done.append(part)
+    _check_moved_value(key, dataclasses.is_dataclass(cls), where)
 
 
 def _merge(base: DictConfig, extra: DictConfig, where, prefix: str = "") -> DictConfig:

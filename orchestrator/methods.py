@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from learner.config import Estimator, KLEstimator, KLPlacement, LossAggregation, Method, PolicyLoss
 
-_GROUP_NORMALISED = {"algorithm.estimator": Estimator.grpo, "algorithm.grpo_scale_by_std": True}
+_GROUP_NORMALISED = {"algorithm.estimator": Estimator.grpo, "algorithm.grpo.scale_by_std": True}
 
 RECIPES: dict[Method, dict[str, object]] = {
     Method.none: {},
@@ -28,7 +28,7 @@ RECIPES: dict[Method, dict[str, object]] = {
     # Liu et al. 2025: r - mean per group and nothing else (no group std, no batch std), token sums / a constant
     Method.dr_grpo: {
         "algorithm.estimator": Estimator.grpo,
-        "algorithm.grpo_scale_by_std": False,
+        "algorithm.grpo.scale_by_std": False,
         "algorithm.normalize_advantages": False,
         "algorithm.policy_loss": PolicyLoss.ppo,
         "algorithm.loss_aggregation": LossAggregation.seq_sum_norm,
@@ -56,7 +56,7 @@ RECIPES: dict[Method, dict[str, object]] = {
         **_GROUP_NORMALISED,
         "algorithm.policy_loss": PolicyLoss.cispo,
         "algorithm.loss_aggregation": LossAggregation.token_mean,
-        "algorithm.cispo_clip_low": 0.0,
+        "algorithm.cispo.clip_low": 0.0,
     },
     # Hu 2025: r on the last token, -beta * log(pi/pi_ref) (k1) on every token, reward-to-go whitened over the batch
     Method.reinforce_pp: {

@@ -23,6 +23,8 @@ CHUNK_TEMPS = {"backward": 2, "backward with entropy": 7, "no grad": 2}
 
 @dataclass(frozen=True)
 class ModelShape:
+    """What the memory plan needs of a model: its architecture and sizes."""
+
     arch: str  # gpt2 (LayerNorm, GELU MLP, biases, learned positions) or llama (RMSNorm, SwiGLU)
     layers: int
     hidden: int
@@ -201,18 +203,27 @@ def fmt_params(n: int) -> str:
     return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
+@dataclass
+class RankLoad:
+    """What each learner rank trains on: `ranks` of them share the states (ZeRO), each runs micro-batches of
+    `micro_batch` sequences of `tokens` tokens."""
+
+    ranks: int
+    micro_batch: int
+    tokens: int
+
+
 def learner_lines(
     s: ModelShape,
     lc,
-    ranks: int,
-    micro_batch: int,
-    tokens: int,
+    load: RankLoad,
     who: str = "policy",
     lm_head: bool = True,
     scalar_head: bool = False,
     entropy_grad: bool = False,
 ) -> Lines:
     """One trained model on one learner rank: states, activations and (with an LM head) logits."""
+    ranks, micro_batch, tokens = load.ranks, load.micro_batch, load.tokens
     n = param_count(s, lm_head) + (s.hidden + 1 if scalar_head else 0)
     trainable, how = n, f"ZeRO-{lc.zero_stage} over {ranks} rank(s), {lc.dtype.value}"
     if lc.lora.rank:  # the base stays frozen: gradients and AdamW state for the adapters (and heads) only
@@ -291,6 +302,8 @@ def total(lines: Lines, only: tuple[str, ...] = ()) -> float:
 # ---------------------------------------------------------------- configs -> sections and devices
 @dataclass
 class Plan:
+    """A memory plan: where each model's shape came from, each role's lines, and each device's peak."""
+
     models: list[str]  # where each model's shape came from
     sections: list[tuple[str, Lines]]  # (role, its lines)
     devices: list[tuple[str, float, float | None]]  # (device, peak bytes, limit bytes or None = not judged)
@@ -318,7 +331,7 @@ def _per_device(share: float) -> int:
 
 
 def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=None, plan=None) -> Plan:
-    from learner.config import CriticInit, Estimator, ValueHead
+    from learner.config import CriticInit, ValueHead
     from reward_service.config import SourceKind
 
     plan = plan or Plan([], [], [], [])
@@ -328,15 +341,14 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         rc.max_prompt_tokens + cfg.env.response_tokens(rc.sampling.max_new_tokens),
         cfg.algorithm.micro_batch_size,
     )
-    gae = cfg.algorithm.estimator == Estimator.gae
-    separate = gae and lc.value_head == ValueHead.separate
+    has_critic = cfg.algorithm.needs_critic
+    separate = has_critic and lc.value_head == ValueHead.separate
+    load = RankLoad(c.learner_ranks, mb, tokens)
     learner = learner_lines(
         policy,
         lc,
-        c.learner_ranks,
-        mb,
-        tokens,
-        scalar_head=gae and not separate,
+        load,
+        scalar_head=has_critic and not separate,
         entropy_grad=cfg.algorithm.entropy_coef != 0,
     )
     if cfg.async_training.mode.value != "sync" and lc.zero_stage != 3:  # Learner.send_weights(background=True)
@@ -353,7 +365,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
             if lc.critic_init == CriticInit.reward_model
             else policy
         )
-        learner += learner_lines(critic, lc, c.learner_ranks, mb, tokens, "critic", lm_head=False, scalar_head=True)
+        learner += learner_lines(critic, lc, load, "critic", lm_head=False, scalar_head=True)
     ref = _shape(plan, cfg.reward.reference_model_path, "reward.reference_model_path", cfg.run_root, policy)
     rms = [
         _shape(plan, s.model_path, f"reward.sources[{i}].model_path", cfg.run_root, rm)
@@ -443,9 +455,7 @@ def plan_stage(cfg, kind: str, host_bytes: float | None, model=None, plan=None) 
     lines = learner_lines(
         model,
         cfg.learner,
-        cfg.learner_ranks,
-        cfg.train.micro_batch_size * (2 if rm else 1),
-        cfg.train.max_length,
+        RankLoad(cfg.learner_ranks, cfg.train.micro_batch_size * (2 if rm else 1), cfg.train.max_length),
         kind,
         lm_head=not rm,
         scalar_head=rm,

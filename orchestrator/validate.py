@@ -10,7 +10,6 @@ from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, Me
 from orchestrator.methods import endpoint_incompatible, tree_conflicts
 from reward_service.config import SourceKind
 
-CRITIC_FREE = {Estimator.grpo, Estimator.rloo, Estimator.reinforce_baseline, Estimator.reinforce_pp}
 GROUPED = {Estimator.grpo, Estimator.rloo}
 
 
@@ -134,15 +133,19 @@ def _algorithm(cfg):
     a, n = cfg.algorithm, cfg.rollout.sampling.n_samples_per_prompt
     if n < 2 and not cfg.rollout.endpoint.enabled:  # the endpoint's n is 1: _endpoint says why that cannot work
         yield from group_baselines(a, n).items()
-    for key in ("gamma", "lam"):
-        if not 0 <= getattr(a, key) <= 1:
-            yield f"algorithm.{key}", f"must be in [0, 1], got {getattr(a, key)}"
+    for key, value in (
+        ("gae.gamma", a.gae.gamma),
+        ("gae.lam", a.gae.lam),
+        ("reinforce_pp.gamma", a.reinforce_pp.gamma),
+    ):
+        if not 0 <= value <= 1:
+            yield f"algorithm.{key}", f"must be in [0, 1], got {value}"
     if a.clip_eps <= 0:
         yield "algorithm.clip_eps", f"must be > 0, got {a.clip_eps}"
     if a.clip_eps_high < 0:
         yield "algorithm.clip_eps_high", f"must be >= 0 (0 = clip_eps), got {a.clip_eps_high}"
-    if not 0 <= a.cispo_clip_low < 1:
-        yield "algorithm.cispo_clip_low", f"must be in [0, 1) (0 = no lower bound), got {a.cispo_clip_low}"
+    if not 0 <= a.cispo.clip_low < 1:
+        yield "algorithm.cispo.clip_low", f"must be in [0, 1) (0 = no lower bound), got {a.cispo.clip_low}"
     if a.loss_norm_tokens < 0:
         yield "algorithm.loss_norm_tokens", f"must be >= 0 (0 = a sample's token budget), got {a.loss_norm_tokens}"
     if a.max_skipped_updates < 0:
@@ -173,10 +176,10 @@ def group_baselines(a, n: int) -> dict[str, str]:
             f"{a.estimator.value} compares samples of one prompt: needs >= 2, got {n}"
         )
     need = f"a group baseline needs >= 2 samples per prompt (rollout.sampling.n_samples_per_prompt is {n})"
-    if a.estimator == Estimator.reinforce_baseline and a.reinforce_baseline == Baseline.group:
-        out["algorithm.reinforce_baseline"] = need + "; use batch"
-    if a.estimator == Estimator.reinforce_pp and a.reinforce_pp_group_baseline:
-        out["algorithm.reinforce_pp_group_baseline"] = need
+    if a.estimator == Estimator.reinforce_baseline and a.reinforce_baseline.baseline == Baseline.group:
+        out["algorithm.reinforce_baseline.baseline"] = need + "; use batch"
+    if a.estimator == Estimator.reinforce_pp and a.reinforce_pp.group_baseline:
+        out["algorithm.reinforce_pp.group_baseline"] = need
     return out
 
 
@@ -204,7 +207,7 @@ def _learner(cfg):
             "learner.lora.rank",
             "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2",
         )
-    needs_critic = cfg.algorithm.estimator not in CRITIC_FREE
+    needs_critic = cfg.algorithm.needs_critic
     if (
         needs_critic
         and lr.value_head == ValueHead.separate
@@ -344,14 +347,14 @@ def _endpoint(cfg):
             (
                 "must be 1 with the agent endpoint: each episode is its "
                 "own prompt (use a batch baseline, e.g. estimator "
-                "reinforce_baseline with reinforce_baseline batch)"
+                "reinforce_baseline with reinforce_baseline.baseline batch)"
             ),
         )
     for key in group_baselines(cfg.algorithm, 1):
         yield (
             "algorithm.estimator" if key.startswith("rollout.") else key,
             "compares the samples of one prompt, and each agent endpoint episode is its own prompt: use estimator "
-            "reinforce_baseline with reinforce_baseline batch, or reinforce_pp",
+            "reinforce_baseline with reinforce_baseline.baseline batch, or reinforce_pp",
         )
     if cfg.data.dynamic_sampling:
         yield "data.dynamic_sampling", "the agent endpoint's episodes cannot be regenerated: turn it off"
@@ -380,7 +383,7 @@ def critic_path_used(cfg) -> bool:
     lr = cfg.learner
     return (
         hasattr(cfg, "algorithm")
-        and cfg.algorithm.estimator not in CRITIC_FREE
+        and cfg.algorithm.needs_critic
         and lr.value_head == ValueHead.separate
         and lr.critic_init == CriticInit.reward_model
     )

@@ -58,6 +58,7 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
     from conftest import make_scored_batch
 
     from learner.config import AlgorithmConfig, Dtype, LearnerConfig
+    from learner.engine import RankAddress
     from learner.worker import Learner
     from rollout.config import SamplingConfig
     from rollout.weight_sync import free_port
@@ -72,7 +73,9 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
         reset_peak(device)
         cfg = LearnerConfig(model_path=model, lr=1e-4, zero_stage=zero, dtype=dtype)
         algo = AlgorithmConfig(mini_batch_size=len(batch), micro_batch_size=len(batch), init_kl_coef=0.01)
-        rank = Learner(cfg, algo, SamplingConfig(n_samples_per_prompt=4), 0, 1, "127.0.0.1", free_port(), 0)
+        rank = Learner(
+            cfg, algo, SamplingConfig(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port())
+        )
         before, start, steps = surrogate(rank, batch, advantages), time.perf_counter(), 2 if quick else 5
         for step in range(steps):
             rank.update(batch, scored, step)

@@ -65,3 +65,18 @@ def make_scored_batch(model_path, n_prompts=4, group=4, seed=0, rewards=None):
     return batch, ScoredBatch(
         scores, {}, [True] * n, [False] * n, ReferenceModel(model_path).logprobs(batch), raw=list(scores)
     )
+
+
+def make_micro_batch(input_ids, mask, **tensors):
+    """A learner.experience.MicroBatch for a loss test from `tensors` (by field name): attention_mask
+    all ones, positions 0.., no critic, and NaN in each other (B, L-1) field it is not given, so a loss
+    that reads a field the test did not give comes out NaN instead of passing on made-up numbers."""
+    import torch
+
+    from learner.experience import MicroBatch
+
+    nan = torch.full(mask.shape, float("nan"))
+    fields = dict.fromkeys(("old_logprobs", "ref_logprobs", "behaviour_logprobs", "sampler_logprobs", "advantages"))
+    fields = {k: nan.clone() for k in fields} | {"old_values": None, "returns": None} | tensors
+    positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+    return MicroBatch(input_ids, torch.ones_like(input_ids), positions, mask, **fields)

@@ -11,15 +11,18 @@ RolloutBatch.action_mask makes them). Masked positions hold garbage (inf, nan, h
 import itertools
 import json
 import math
+import operator
 
 import pytest
 import torch
+from conftest import make_micro_batch
 
 from learner import algorithms as A
 from learner.config import (
     AlgorithmConfig,
     Baseline,
     Estimator,
+    GRPOConfig,
     KLPlacement,
     LossAggregation,
     Method,
@@ -27,10 +30,12 @@ from learner.config import (
     OffPolicyKind,
     PolicyLoss,
     RatioLevel,
+    ReinforceBaselineConfig,
+    ReinforcePPConfig,
 )
 from learner.engine import update_metrics
-from learner.experience import advantages
-from learner.worker import micro_metrics, policy_loss
+from learner.experience import MicroBatch, advantages
+from learner.worker import LossSettings, micro_metrics, policy_loss
 from orchestrator.config import DataConfig
 from orchestrator.data import PromptSampler, load_split
 from orchestrator.methods import RECIPES
@@ -50,7 +55,12 @@ CORRECTIONS = [c for c in OffPolicyKind if c != OffPolicyKind.none]
 def recipe(method: Method, **extra) -> AlgorithmConfig:
     """The AlgorithmConfig algorithm.method=method builds (its algorithm.* keys; data.* ones aside)."""
     keys = {k.removeprefix("algorithm."): v for k, v in RECIPES[method].items() if k.startswith("algorithm.")}
-    return AlgorithmConfig(method=method, **{**keys, **extra})
+    cfg = AlgorithmConfig(method=method, **{k: v for k, v in keys.items() if "." not in k}, **extra)
+    for key, value in keys.items():  # sub-section keys (grpo.scale_by_std, cispo.clip_low)
+        section, _, name = key.rpartition(".")
+        if section and section.split(".")[0] not in extra:  # as above, what `extra` gives wins
+            setattr(operator.attrgetter(section)(cfg), name, value)
+    return cfg
 
 
 # named recipes whose advantages promise an all-equal group 0: group-centred, KL (if any) in the loss
@@ -60,9 +70,11 @@ ZERO_RECIPES = [m for m in Method if RECIPES[m].get("algorithm.estimator") == Es
 # reward). Not REINFORCE++-baseline: whitened over the batch, mean included, as its paper (README)
 GROUP_CENTRED = {
     "grpo": dict(estimator=Estimator.grpo),
-    "grpo_no_std": dict(estimator=Estimator.grpo, grpo_scale_by_std=False),
+    "grpo_no_std": dict(estimator=Estimator.grpo, grpo=GRPOConfig(scale_by_std=False)),
     "rloo": dict(estimator=Estimator.rloo),
-    "reinforce_baseline_group": dict(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.group),
+    "reinforce_baseline_group": dict(
+        estimator=Estimator.reinforce_baseline, reinforce_baseline=ReinforceBaselineConfig(Baseline.group)
+    ),
 }
 
 
@@ -133,9 +145,13 @@ def test_an_invalid_samples_score_changes_no_advantage(name, seed):
     """A sample no source could judge (valid False) is out of every baseline and the normalisation:
     whatever score it carries, every advantage is the same."""
     kw = {
-        "reinforce_baseline_batch": dict(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.batch),
+        "reinforce_baseline_batch": dict(
+            estimator=Estimator.reinforce_baseline, reinforce_baseline=ReinforceBaselineConfig(Baseline.batch)
+        ),
         "reinforce_pp": dict(estimator=Estimator.reinforce_pp),
-        "reinforce_pp_group_baseline": dict(estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True),
+        "reinforce_pp_group_baseline": dict(
+            estimator=Estimator.reinforce_pp, reinforce_pp=ReinforcePPConfig(group_baseline=True)
+        ),
     }.get(name) or GROUP_CENTRED[name]
     cfg = AlgorithmConfig(**kw, kl_placement=KLPlacement.loss)
     mask, valid = masks("single_turn", seed)
@@ -185,19 +201,19 @@ def micro_batch(shape: str, seed: int, requires_grad: bool = True):
     logits = torch.randn(B, T, V, generator=g)
     ids = torch.randint(0, V, (B, T + 1), generator=g)
     lp = A.logprobs_from_logits(logits, ids[:, 1:])
-    mb = {
-        "input_ids": ids,
-        "mask": mask,
-        "old_logprobs": garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed),
-        "ref_logprobs": garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed + 1),
-        "advantages": garbage(torch.randn(B, T, generator=g), mask, seed + 2),
-    }
+    mb = make_micro_batch(
+        ids,
+        mask,
+        old_logprobs=garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed),
+        ref_logprobs=garbage(lp + 0.3 * torch.randn(B, T, generator=g), mask, seed + 1),
+        advantages=garbage(torch.randn(B, T, generator=g), mask, seed + 2),
+    )
     # the sampler's logprobs, and the learner's under its filter: -inf on one response token per row
     # (a token the sampler kept that the learner's filter excludes)
-    mb["behaviour_logprobs"] = garbage(lp + 0.2 * torch.randn(B, T, generator=g), mask, seed + 3)
+    mb.behaviour_logprobs = garbage(lp + 0.2 * torch.randn(B, T, generator=g), mask, seed + 3)
     sampler = lp.clone()
     sampler[torch.arange(B), mask.argmax(-1)] = -math.inf  # rows with no token: on padding anyway
-    mb["sampler_logprobs"] = garbage(sampler, mask, seed + 4)
+    mb.sampler_logprobs = garbage(sampler, mask, seed + 4)
     return logits.requires_grad_(requires_grad), mb
 
 
@@ -210,10 +226,10 @@ def test_masked_tokens_get_exactly_zero_gradient(loss, agg, shape, seed):
     garbage their old/ref logprobs and advantages hold (KL in the loss and an entropy bonus included)."""
     logits, mb = micro_batch(shape, seed)
     cfg = AlgorithmConfig(policy_loss=loss, loss_aggregation=agg, kl_placement=KLPlacement.loss, entropy_coef=0.01)
-    total = A.aggregate_total(mb["mask"], agg.value)
-    out, _ = policy_loss(logits, mb, cfg, 0.1, 0.7, 4, total, agg.value, norm_tokens=T)
+    total = A.aggregate_total(mb.mask, agg.value)
+    out, _ = policy_loss(logits, mb, cfg, 0.1, LossSettings(0.7, 4, total, agg.value, norm_tokens=T))
     out.backward()
-    masked = mb["mask"] == 0
+    masked = mb.mask == 0
     assert torch.isfinite(out) and torch.isfinite(logits.grad).all()
     assert torch.equal(logits.grad[masked], torch.zeros(int(masked.sum()), V))
     assert logits.grad[~masked].abs().sum() > 0
@@ -229,10 +245,12 @@ def test_masked_tokens_get_exactly_zero_gradient_under_off_policy_correction(one
     the forward's own under top-k 2, -inf wherever the label is outside it) never leak a NaN."""
     logits, mb = micro_batch(shape, seed)
     cfg = AlgorithmConfig(kl_placement=KLPlacement.loss, off_policy=OffPolicyConfig(correction=correction, level=level))
-    total = A.aggregate_total(mb["mask"], "token_mean")
-    out, _ = policy_loss(logits, mb, cfg, 0.1, 0.7, 4, total, "token_mean", old_from_forward=one_pass, top_k=2)
+    total = A.aggregate_total(mb.mask, "token_mean")
+    out, _ = policy_loss(
+        logits, mb, cfg, 0.1, LossSettings(0.7, 4, total, "token_mean", old_from_forward=one_pass, top_k=2)
+    )
     out.backward()
-    masked = mb["mask"] == 0
+    masked = mb.mask == 0
     assert torch.isfinite(out) and torch.isfinite(logits.grad).all()
     assert torch.equal(logits.grad[masked], torch.zeros(int(masked.sum()), V))
 
@@ -243,9 +261,11 @@ def test_every_named_recipe_gets_no_gradient_on_masked_tokens_with_its_kl(method
     logits, mb = micro_batch("episode", seed)
     cfg = recipe(method, entropy_coef=0.01)
     agg = cfg.loss_aggregation.value
-    out, _ = policy_loss(logits, mb, cfg, 0.1, 0.7, 4, A.aggregate_total(mb["mask"], agg), agg, norm_tokens=T)
+    out, _ = policy_loss(
+        logits, mb, cfg, 0.1, LossSettings(0.7, 4, A.aggregate_total(mb.mask, agg), agg, norm_tokens=T)
+    )
     out.backward()
-    masked = mb["mask"] == 0
+    masked = mb.mask == 0
     assert torch.isfinite(out) and torch.equal(logits.grad[masked], torch.zeros(int(masked.sum()), V))
     assert logits.grad[~masked].abs().sum() > 0
 
@@ -299,13 +319,13 @@ def test_every_metric_is_a_per_token_mean_over_the_update_in_every_aggregation(l
     mean over every response token of the update, through the learner's micro_metrics and
     update_metrics, as Learner._policy_loss and _reduce use them."""
     logits, mb = micro_batch(shape, seed, requires_grad=False)
-    mask = mb["mask"]
-    lp = A.logprobs_from_logits(logits / 0.7, mb["input_ids"][:, 1:])
+    mask = mb.mask
+    lp = A.logprobs_from_logits(logits / 0.7, mb.input_ids[:, 1:])
     want = {
         "learner/entropy": A.masked_mean(A.entropy_from_logits(logits / 0.7, mask), mask),
-        "loss/kl": A.masked_mean(A.kl_penalty(lp, mb["ref_logprobs"], "k3", mask), mask),
+        "loss/kl": A.masked_mean(A.kl_penalty(lp, mb.ref_logprobs, "k3", mask), mask),
     }
-    ratio = (lp - mb["old_logprobs"]).where(mask > 0, 0.0)
+    ratio = (lp - mb.old_logprobs).where(mask > 0, 0.0)
     want["learner/approx_kl"] = A.masked_mean(ratio.exp() - 1 - ratio, mask)
     seen = []
     for agg in AGGS:
@@ -314,11 +334,13 @@ def test_every_metric_is_a_per_token_mean_over_the_update_in_every_aggregation(l
         for mini in (range(0, 7), range(7, 8)):
             total = A.aggregate_total(mask[list(mini)], agg.value)
             for rows in (slice(mini.start, mini.start + 3), slice(mini.start + 3, mini.stop)):  # micro-batches
-                part = {k: v[rows] for k, v in mb.items()}
-                if not len(part["mask"]):
+                part = MicroBatch(**{k: v if v is None else v[rows] for k, v in vars(mb).items()})
+                if not len(part.mask):
                     continue
-                _, terms = policy_loss(logits[rows], part, cfg, 0.1, 0.7, 4, total, agg.value, norm_tokens=T)
-                for k, v in micro_metrics(terms, part["mask"]).items():
+                _, terms = policy_loss(
+                    logits[rows], part, cfg, 0.1, LossSettings(0.7, 4, total, agg.value, norm_tokens=T)
+                )
+                for k, v in micro_metrics(terms, part.mask).items():
                     sums[k] = sums.get(k, 0.0) + v
         got = update_metrics(sums, 2)
         seen.append({k: got[k] for k in ("learner/entropy", "loss/kl", "learner/clip_frac", "learner/approx_kl")})

@@ -212,10 +212,36 @@ def test_dropped_samples_leave_their_group():
     assert close(A.rloo_advantages(scores, 4, everyone), A.rloo_advantages(scores, 4))
 
 
-def test_outcome_estimators_share_one_signature():
-    scores = t([1.0, 0.0, 0.0, 1.0])
-    for name, fn in A.OUTCOME_ESTIMATORS.items():
-        assert fn(scores, 2).shape == (4,), name
+ESTIMATOR_OPTIONS = {
+    "gae": {"gamma": 1.0, "lam": 1.0, "whiten_rewards": False},
+    "grpo": {"scale_by_std": True},
+    "rloo": {},
+    "reinforce_baseline": {"baseline": "group"},
+    "reinforce_pp": {"gamma": 1.0, "group_baseline": False},
+}
+
+
+def test_every_estimator_takes_one_input_and_returns_advantages_and_returns():
+    mask = t([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    x = A.EstimatorInput(t([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, 3), 0.1, True, mask, torch.zeros(4, 3), 2, None)
+    assert set(A.ESTIMATORS) == set(ESTIMATOR_OPTIONS)
+    for name, fn in A.ESTIMATORS.items():
+        adv, returns = fn(x, **ESTIMATOR_OPTIONS[name])
+        assert adv.shape == (4, 3) and (returns is None) == (name != "gae"), name
+        assert not adv[mask == 0].any(), name  # padding gets nothing
+
+
+def test_estimators_through_the_interface_match_their_hand_examples():
+    mask = torch.ones(4, 1)
+    x = A.EstimatorInput(t([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, 1), 0.0, False, mask, None, 4, None)
+    assert close(A.rloo_estimator(x)[0][:, 0], [2 / 3, -2 / 3, -2 / 3, 2 / 3])  # as rloo_advantages above
+    scores = t([1.0, 2.0, 3.0, 7.0])
+    x = A.EstimatorInput(scores, torch.zeros(4, 1), 0.0, False, mask, None, 2, None)
+    assert close(A.reinforce_baseline_estimator(x, "batch")[0][:, 0], [-2.25, -1.25, -0.25, 3.75])
+    # gamma .9, lam .8, V = [.5, .4, .3], r = [0, 0, 1]: the compute_gae hand example, the score on the last token
+    gae = A.EstimatorInput(t([1.0]), torch.zeros(1, 3), 0.0, False, torch.ones(1, 3), t([[0.5, 0.4, 0.3]]), 1, None)
+    adv, ret = A.gae_estimator(gae, 0.9, 0.8, False)
+    assert close(adv, [[0.12928, 0.374, 0.7]]) and close(ret, [[0.62928, 0.774, 1.0]])
 
 
 # ---------------------------------------------------------------- losses
@@ -225,7 +251,7 @@ def test_ppo_loss_with_ratio_one_is_minus_mean_advantage():
     adv = t([[1.0, -2.0, 4.0], [0.5, 0.5, 99.0]])
     mask = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     lp = torch.randn(2, 3)
-    loss, m = A.ppo_policy_loss(lp, lp.clone(), adv, mask, 0.2)
+    loss, m = A.ppo_policy_loss(A.PolicyLossInput(lp, lp.clone(), adv, mask), 0.2)
     assert close(loss, -(1 - 2 + 4 + 0.5 + 0.5) / 5)
     assert close(m["clip_frac"], 0.0) and close(m["approx_kl"], 0.0)
 
@@ -234,12 +260,14 @@ def test_ppo_loss_clipping_hand_example():
     # ratio 1.5 on both tokens. A=+1: unclipped -1.5, clipped -1.2, max -1.2 (clipped).
     # A=-1: unclipped 1.5, clipped 1.2, max 1.5 (not clipped). mean (-1.2 + 1.5)/2 = .15
     lp, old = torch.full((1, 2), math.log(1.5)), torch.zeros(1, 2)
-    loss, m = A.ppo_policy_loss(lp, old, t([[1.0, -1.0]]), torch.ones(1, 2), 0.2)
+    loss, m = A.ppo_policy_loss(A.PolicyLossInput(lp, old, t([[1.0, -1.0]]), torch.ones(1, 2)), 0.2)
     assert close(loss, 0.15) and close(m["clip_frac"], 0.5)
     # approx KL (k3 of old||new): 1.5 - 1 - ln 1.5 = 0.094535
     assert close(m["approx_kl"], 0.094535)
     # clip-higher 0.6: A=+1 is no longer clipped -> (-1.5 + 1.5)/2 = 0
-    loss_hi, _ = A.ppo_policy_loss(lp, old, t([[1.0, -1.0]]), torch.ones(1, 2), 0.2, clip_eps_high=0.6)
+    loss_hi, _ = A.ppo_policy_loss(
+        A.PolicyLossInput(lp, old, t([[1.0, -1.0]]), torch.ones(1, 2)), 0.2, clip_eps_high=0.6
+    )
     assert close(loss_hi, 0.0)
 
 
@@ -247,20 +275,20 @@ def test_ppo_loss_seq_mean_aggregation():
     # seq 0: tokens -1, -3 -> mean -2; seq 1: token -4 -> -4; seq_mean = -3, token_mean = -8/3
     lp = torch.zeros(2, 2)
     adv, mask = t([[1.0, 3.0], [4.0, 7.0]]), t([[1.0, 1.0], [1.0, 0.0]])
-    assert close(A.ppo_policy_loss(lp, lp, adv, mask, 0.2, aggregation="seq_mean")[0], -3.0)
-    assert close(A.ppo_policy_loss(lp, lp, adv, mask, 0.2)[0], -8 / 3)
+    assert close(A.ppo_policy_loss(A.PolicyLossInput(lp, lp, adv, mask, aggregation="seq_mean"), 0.2)[0], -3.0)
+    assert close(A.ppo_policy_loss(A.PolicyLossInput(lp, lp, adv, mask), 0.2)[0], -8 / 3)
 
 
 def test_ppo_policy_loss_padding_never_changes_the_result():
     g = torch.Generator().manual_seed(4)
     lp, old, adv = (torch.randn(2, 4, generator=g) for _ in range(3))
     mask = torch.ones(2, 4)
-    loss, _ = A.ppo_policy_loss(lp, old, adv, mask, 0.2)
+    loss, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, old, adv, mask), 0.2)
 
     def pad(x, fill):
         return torch.cat([x, torch.full((2, 3), fill)], -1)
 
-    loss_p, _ = A.ppo_policy_loss(pad(lp, 1e6), pad(old, -1e6), pad(adv, 1e6), pad(mask, 0.0), 0.2)
+    loss_p, _ = A.ppo_policy_loss(A.PolicyLossInput(pad(lp, 1e6), pad(old, -1e6), pad(adv, 1e6), pad(mask, 0.0)), 0.2)
     assert close(loss, loss_p)
 
 
@@ -291,10 +319,12 @@ def test_micro_batch_losses_with_the_global_total_add_up_to_the_global_loss():
     mask = (torch.rand(6, 5, generator=g) > 0.3).float()
     mask[:, 0] = 1.0
     for mode in ("token_mean", "seq_mean", "seq_sum_norm"):  # norm_tokens is seq_sum_norm's (Dr. GRPO) only
-        whole, _ = A.ppo_policy_loss(lp, old, adv, mask, 0.2, aggregation=mode, norm_tokens=5)
+        whole, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, old, adv, mask, aggregation=mode, norm_tokens=5), 0.2)
         total = A.aggregate_total(mask, mode)
         parts = sum(
-            A.ppo_policy_loss(lp[s], old[s], adv[s], mask[s], 0.2, aggregation=mode, total=total, norm_tokens=5)[0]
+            A.ppo_policy_loss(
+                A.PolicyLossInput(lp[s], old[s], adv[s], mask[s], aggregation=mode, total=total, norm_tokens=5), 0.2
+            )[0]
             for s in (slice(0, 1), slice(1, 4), slice(4, 6))
         )
         assert close(parts, whole), mode

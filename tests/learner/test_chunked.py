@@ -4,13 +4,14 @@ gradient checkpointing in the supervised learner's model."""
 
 import pytest
 import torch
+from conftest import make_micro_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, KLPlacement, LearnerConfig
 from learner.supervised import RM, SFT, build_model
-from learner.worker import policy_loss
+from learner.worker import LossSettings, policy_loss
 from rollout.logprobs import chunk_spans, chunked_logprobs, chunked_logprobs_entropy, map_chunks
 
 B, T, V, TEMP = 3, 7, 11, 0.7
@@ -93,28 +94,28 @@ def test_filtered_logprobs_by_chunks_equal_the_whole():
 def micro_batch(logits, labels, mask):
     g = torch.Generator().manual_seed(1)
     ids = torch.cat([torch.zeros(B, 1, dtype=torch.long), labels], 1)
-    return {
-        "input_ids": ids,
-        "mask": mask,
-        "old_logprobs": -torch.rand(B, T, generator=g) * 3,
-        "ref_logprobs": -torch.rand(B, T, generator=g) * 3,
-        "advantages": torch.randn(B, T, generator=g) * mask,
-    }
+    return make_micro_batch(
+        ids,
+        mask,
+        old_logprobs=-torch.rand(B, T, generator=g) * 3,
+        ref_logprobs=-torch.rand(B, T, generator=g) * 3,
+        advantages=torch.randn(B, T, generator=g) * mask,
+    )
 
 
 def old_policy_loss(logits, mb, algo, kl_coef):
     """Learner._policy_loss as it was: float32 (B, T, V) logits, entropy always in the graph."""
-    x, mask = logits.float() / TEMP, mb["mask"]
-    lp = A.logprobs_from_logits(x, mb["input_ids"][:, 1:])
-    pg, _ = A.ppo_policy_loss(lp, mb["old_logprobs"], mb["advantages"], mask, algo.clip_eps)
+    x, mask = logits.float() / TEMP, mb.mask
+    lp = A.logprobs_from_logits(x, mb.input_ids[:, 1:])
+    pg, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, mb.old_logprobs, mb.advantages, mask), algo.clip_eps)
     loss = pg - algo.entropy_coef * A.aggregate(A.entropy_from_logits(x, mask), mask)
-    kl = A.aggregate(A.kl_penalty(lp, mb["ref_logprobs"], algo.kl_estimator.value, mask), mask)
+    kl = A.aggregate(A.kl_penalty(lp, mb.ref_logprobs, algo.kl_estimator.value, mask), mask)
     return loss + kl_coef * kl
 
 
 def new_policy_loss(logits, mb, algo, kl_coef, chunk=3):
-    total = A.aggregate_total(mb["mask"], "token_mean")
-    return policy_loss(logits, mb, algo, kl_coef, TEMP, chunk, total, "token_mean")
+    total = A.aggregate_total(mb.mask, "token_mean")
+    return policy_loss(logits, mb, algo, kl_coef, LossSettings(TEMP, chunk, total, "token_mean"))
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
@@ -194,15 +195,15 @@ def test_old_logprobs_from_the_update_forward_give_the_same_loss_and_gradients()
         ids = torch.cat([torch.zeros(B, 1, dtype=torch.long), labels], 1)
         with torch.no_grad():
             old = chunked_logprobs(logits, labels, TEMP, 4)
-        mb = {
-            "input_ids": ids,
-            "mask": mask,
-            "old_logprobs": old,
-            "advantages": torch.randn(B, T, generator=g),
-            "ref_logprobs": old + 0.1 * torch.randn(B, T, generator=g),
-        }
+        mb = make_micro_batch(
+            ids,
+            mask,
+            old_logprobs=old,
+            advantages=torch.randn(B, T, generator=g),
+            ref_logprobs=old + 0.1 * torch.randn(B, T, generator=g),
+        )
         loss, terms = policy_loss(
-            logits, mb, cfg, 0.05, TEMP, 4, float(mask.sum()), "token_mean", old_from_forward=fused
+            logits, mb, cfg, 0.05, LossSettings(TEMP, 4, float(mask.sum()), "token_mean", old_from_forward=fused)
         )
         loss.backward()
         results.append((loss.detach(), logits.grad, terms["logprobs"]))

@@ -14,7 +14,7 @@ from transformers import GPT2Config, GPT2ForSequenceClassification
 from learner import experience as experience_module
 from learner import worker as worker_module
 from learner.config import AlgorithmConfig, LearnerConfig
-from learner.experience import make_experience
+from learner.experience import ForwardSettings, make_experience
 from learner.models import build_policy
 from learner.worker import Learner
 from reward_service import reference as reference_module
@@ -93,7 +93,9 @@ def test_the_learner_moves_every_batch_it_computes_on(tiny_model, spy):
     policy = checked(build_policy(LearnerConfig(model_path=tiny_model), value_head=False), spy)
     algo = AlgorithmConfig(micro_batch_size=4, mini_batch_size=8)
     sampling = SamplingConfig(n_samples_per_prompt=4, top_p=0.9)
-    exp = make_experience(policy, None, batch, scored, algo, 0.01, sampling, 0, 4, 0, 1, 16, torch.device("cpu"))
+    exp = make_experience(
+        policy, None, batch, scored, algo, 0.01, ForwardSettings(sampling, 0, 4, 0, 1, 16, torch.device("cpu"))
+    )
 
     class Engine(torch.nn.Module):  # DeepSpeed's engine, as far as the learner uses it
         def __init__(self):

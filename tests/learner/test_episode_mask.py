@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from learner.config import AlgorithmConfig, KLPlacement, LearnerConfig, PolicyLoss
-from learner.experience import make_experience
+from learner.experience import ForwardSettings, make_experience
 from learner.models import build_policy
-from learner.worker import policy_loss
+from learner.worker import LossSettings, policy_loss
 from reward_service.types import ScoredBatch
 from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
@@ -35,20 +35,16 @@ def test_observation_tokens_get_no_gradient_no_kl_and_no_advantage(tiny_model, l
         scored,
         algo,
         0.1,
-        SamplingConfig(n_samples_per_prompt=2),
-        pad_id=0,
-        micro=2,
-        rank=0,
-        world=1,
+        ForwardSettings(SamplingConfig(n_samples_per_prompt=2), pad_id=0, micro=2, rank=0, world=1),
     )
     # targets input_ids[:, 1:]: column j is token j + 1; the response starts at column 1
     assert exp.mask.tolist() == [[0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0]]
     assert torch.all(exp.advantages[0, 3:5] == 0) and torch.all(exp.advantages[0, [1, 2, 5]] != 0)
     mb = exp.rows(torch.arange(2))
-    logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)
     logits.retain_grad()
-    total = float(mb["mask"].sum())
-    loss_value, terms = policy_loss(logits, mb, algo, 0.1, 1.0, 1024, total, "token_mean")
+    total = float(mb.mask.sum())
+    loss_value, terms = policy_loss(logits, mb, algo, 0.1, LossSettings(1.0, 1024, total, "token_mean"))
     loss_value.backward()
     grad = logits.grad.abs().sum(-1)  # (B, L-1): what each target position contributes
     assert torch.all(grad[0, 3:5] == 0) and torch.all(grad[0, [1, 2, 5]] > 0)  # observations: nothing

@@ -5,7 +5,15 @@ import math
 
 import torch
 
-from learner.config import AlgorithmConfig, Baseline, Estimator, KLPlacement
+from learner.config import (
+    AlgorithmConfig,
+    Baseline,
+    Estimator,
+    GRPOConfig,
+    KLPlacement,
+    ReinforceBaselineConfig,
+    ReinforcePPConfig,
+)
 from learner.experience import advantages
 
 t = torch.tensor
@@ -36,14 +44,16 @@ def test_an_all_equal_group_gets_exactly_zero_advantage_with_the_default_config(
 
 def test_grouped_estimators_are_rescaled_not_shifted_by_batch_normalisation():
     scores = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
-    for cfg in (AlgorithmConfig(estimator=Estimator.rloo), AlgorithmConfig(grpo_scale_by_std=False)):
+    for cfg in (AlgorithmConfig(estimator=Estimator.rloo), AlgorithmConfig(grpo=GRPOConfig(scale_by_std=False))):
         adv = outcome(cfg, scores, 4)
         assert torch.equal(adv[4:], torch.zeros(4)), cfg.estimator
         assert adv[0] > 0 > adv[1] and torch.allclose(adv[0], adv[3]), cfg.estimator
 
 
 def test_reinforce_baseline_is_whitened_over_the_batch_like_its_peers():
-    cfg = AlgorithmConfig(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.batch)
+    cfg = AlgorithmConfig(
+        estimator=Estimator.reinforce_baseline, reinforce_baseline=ReinforceBaselineConfig(Baseline.batch)
+    )
     adv = outcome(cfg, [1.0, 2.0, 3.0, 7.0], 1, lengths=[1, 1, 1, 1])
     assert abs(float(adv.mean())) < 1e-6 and abs(float(adv.std()) - 1) < 1e-4
 
@@ -61,7 +71,9 @@ def test_a_group_baseline_is_rescaled_never_shifted_so_an_all_equal_group_stays_
     # unbiased token std sqrt((2 * .6^2 + 5 * .4^2 + 8 * .1^2) / 14) = sqrt(1.6 / 14) and shifts nothing.
     scores, std = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], math.sqrt(1.6 / 14)
     want = t([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]) / std
-    cfg = AlgorithmConfig(estimator=Estimator.reinforce_baseline, reinforce_baseline=Baseline.group)
+    cfg = AlgorithmConfig(
+        estimator=Estimator.reinforce_baseline, reinforce_baseline=ReinforceBaselineConfig(Baseline.group)
+    )
     adv = outcome(cfg, scores, 4)
     assert torch.equal(adv[4:], torch.zeros(4))
     assert torch.allclose(adv, want, atol=1e-5)
@@ -75,7 +87,9 @@ def test_reinforce_pp_baseline_subtracts_the_group_mean_then_whitens_over_the_ba
     want = (t([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]) + 0.1) / std
     adv = outcome(
         AlgorithmConfig(
-            estimator=Estimator.reinforce_pp, reinforce_pp_group_baseline=True, kl_placement=KLPlacement.loss
+            estimator=Estimator.reinforce_pp,
+            reinforce_pp=ReinforcePPConfig(group_baseline=True),
+            kl_placement=KLPlacement.loss,
         ),
         scores,
         4,

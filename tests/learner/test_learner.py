@@ -10,7 +10,7 @@ from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
 from learner import algorithms as A
-from learner.config import AlgorithmConfig, Dtype, Estimator, LearnerConfig, LoraConfig, ValueHead
+from learner.config import AlgorithmConfig, Dtype, Estimator, GAEConfig, LearnerConfig, LoraConfig, ValueHead
 from learner.group import LearnerGroup
 from rollout.config import SamplingConfig
 
@@ -48,7 +48,7 @@ def update_once(group, batch, scored):
     for i, (row0, row1) in enumerate(zip(lp0, lp1)):
         old[i, : len(row0)], new[i, : len(row1)] = torch.tensor(row0), torch.tensor(row1)
     adv = A.grpo_advantages(torch.tensor(scored.rewards), GROUP)[:, None] * mask  # GRPO's own scale, not re-whitened
-    surrogate = [A.ppo_policy_loss(lp, old, adv, mask, 0.2)[0] for lp in (old, new)]
+    surrogate = [A.ppo_policy_loss(A.PolicyLossInput(lp, old, adv, mask), 0.2)[0] for lp in (old, new)]
     return before, after, metrics, mask, surrogate
 
 
@@ -149,7 +149,7 @@ def test_both_critics_train(ray_cluster, tiny_model, value_head):
     batch, scored = make_scored_batch(tiny_model, seed=3)
     group = learners(
         tiny_model,
-        a=algo(estimator=Estimator.gae, value_clip_eps=10.0, vf_coef=1.0),
+        a=algo(estimator=Estimator.gae, gae=GAEConfig(value_clip_eps=10.0, vf_coef=1.0)),
         value_head=value_head,
         critic_lr=3e-3,
     )

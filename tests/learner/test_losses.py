@@ -7,12 +7,21 @@ import math
 
 import pytest
 import torch
+from conftest import make_micro_batch
 
 from learner import algorithms as A
 from learner import losses as L
-from learner.config import AlgorithmConfig, Estimator, KLPlacement, LossAggregation, PolicyLoss
-from learner.experience import advantages, make_experience
-from learner.worker import loss_norm_tokens, policy_loss
+from learner.config import (
+    AlgorithmConfig,
+    CISPOConfig,
+    Estimator,
+    KLPlacement,
+    LossAggregation,
+    PolicyLoss,
+    ReinforcePPConfig,
+)
+from learner.experience import ForwardSettings, advantages, make_experience
+from learner.worker import LossSettings, loss_norm_tokens, policy_loss
 from rollout.config import SamplingConfig
 
 t = torch.tensor
@@ -28,9 +37,11 @@ def pad(x, fill):
     return torch.cat([x, torch.full((x.shape[0], 2), fill)], -1)
 
 
-def grad(fn, lp, *args, **kwargs):
+def grad(fn, lp, old, adv, mask, *clip, **agg):
+    """fn (a policy loss) on lp, old, adv, mask and `agg` (PolicyLossInput's fields), with clip_eps and
+    clip_eps_high `clip`: the loss, d loss / d lp, the metrics."""
     lp = lp.clone().requires_grad_(True)
-    loss, metrics = fn(lp, *args, **kwargs)
+    loss, metrics = fn(A.PolicyLossInput(lp, old, adv, mask, **agg), *clip)
     loss.backward()
     return loss.detach(), lp.grad, metrics
 
@@ -101,14 +112,19 @@ def test_gspo_gradient_is_the_sequence_objectives():
 
 
 def test_gspo_padding_and_weights():
-    loss, m = L.gspo_policy_loss(GSPO_LP, GSPO_OLD, GSPO_ADV, MASK, 0.2, aggregation="seq_mean")
+    loss, m = L.gspo_policy_loss(A.PolicyLossInput(GSPO_LP, GSPO_OLD, GSPO_ADV, MASK, aggregation="seq_mean"), 0.2)
     padded, mp = L.gspo_policy_loss(
-        pad(GSPO_LP, -math.inf), pad(GSPO_OLD, 1e6), pad(GSPO_ADV, 1e6), pad(MASK, 0.0), 0.2, aggregation="seq_mean"
+        A.PolicyLossInput(
+            pad(GSPO_LP, -math.inf), pad(GSPO_OLD, 1e6), pad(GSPO_ADV, 1e6), pad(MASK, 0.0), aggregation="seq_mean"
+        ),
+        0.2,
     )
     assert close(loss, padded) and all(close(m[k], mp[k]) for k in m)
     # off-policy weights multiply each token's term, as in PPO: weight 2 on row 1 -> (-1.2 + 2 * 0.818731) / 2
     w = t([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
-    weighted, _ = L.gspo_policy_loss(GSPO_LP, GSPO_OLD, GSPO_ADV, MASK, 0.2, aggregation="seq_mean", weights=w)
+    weighted, _ = L.gspo_policy_loss(
+        A.PolicyLossInput(GSPO_LP, GSPO_OLD, GSPO_ADV, MASK, aggregation="seq_mean", weights=w), 0.2
+    )
     assert close(weighted, 0.218731)
 
 
@@ -141,9 +157,9 @@ def test_cispo_optional_lower_bound():
 
 
 def test_cispo_padding_never_changes_the_result():
-    loss, m = L.cispo_policy_loss(CISPO_LP, CISPO_OLD, CISPO_ADV, MASK, None, 0.2)
+    loss, m = L.cispo_policy_loss(A.PolicyLossInput(CISPO_LP, CISPO_OLD, CISPO_ADV, MASK), None, 0.2)
     padded, mp = L.cispo_policy_loss(
-        pad(CISPO_LP, -math.inf), pad(CISPO_OLD, 1e6), pad(CISPO_ADV, 1e6), pad(MASK, 0.0), None, 0.2
+        A.PolicyLossInput(pad(CISPO_LP, -math.inf), pad(CISPO_OLD, 1e6), pad(CISPO_ADV, 1e6), pad(MASK, 0.0)), None, 0.2
     )
     assert close(loss, padded) and all(close(m[k], mp[k]) for k in m)
 
@@ -157,20 +173,22 @@ KL = t([[0.1, 0.2, 0.3], [0.5, 0.4, 9.0]])  # 9 is padding
 def test_reinforce_pp_hand_example():
     # kl_coef 0.5: token rewards -0.05, -0.1, -0.15 + 1 | -0.25, -0.2 + 0
     # gamma 1, reward-to-go: 0.7, 0.75, 0.85 | -0.45, -0.2
-    assert close(L.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 1.0), t([[0.7, 0.75, 0.85], [-0.45, -0.2, 0.0]]))
+    assert close(A.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 1.0), t([[0.7, 0.75, 0.85], [-0.45, -0.2, 0.0]]))
     # gamma 0.5: 0.85; -0.1 + 0.5 * 0.85 = 0.325; -0.05 + 0.5 * 0.325 = 0.1125 | -0.2; -0.25 + 0.5 * -0.2 = -0.35
-    assert close(L.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 0.5), t([[0.1125, 0.325, 0.85], [-0.35, -0.2, 0.0]]))
+    assert close(A.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 0.5), t([[0.1125, 0.325, 0.85], [-0.35, -0.2, 0.0]]))
     # group baseline (one group of 2, mean 0.5): scores 0.5, -0.5 -> rewards -0.05, -0.1, 0.35 | -0.25, -0.7
-    base = L.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 1.0, group_size=2, group_baseline=True)
+    base = A.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 1.0, group_size=2, group_baseline=True)
     assert close(base, t([[0.2, 0.25, 0.35], [-0.95, -0.7, 0.0]]))
-    padded = L.reinforce_pp_returns(SCORES, pad(KL, 1e6), 0.5, pad(MASK, 0.0), 1.0)
-    assert close(padded[:, :3], L.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 1.0)) and close(padded[:, 3:], 0.0)
+    padded = A.reinforce_pp_returns(SCORES, pad(KL, 1e6), 0.5, pad(MASK, 0.0), 1.0)
+    assert close(padded[:, :3], A.reinforce_pp_returns(SCORES, KL, 0.5, MASK, 1.0)) and close(padded[:, 3:], 0.0)
 
 
 def test_reinforce_pp_advantages_are_whitened_over_the_whole_batch():
     # returns 0.7, 0.75, 0.85, -0.45, -0.2: mean 0.33, squared deviations 0.1369 + 0.1764 + 0.2704 + 0.6084
     # + 0.2809 = 1.473, unbiased variance 1.473 / 4 = 0.36825; adv = (ret - 0.33) / sqrt(0.36825)
-    cfg = AlgorithmConfig(estimator=Estimator.reinforce_pp, kl_placement=KLPlacement.reward, gamma=1.0)
+    cfg = AlgorithmConfig(
+        estimator=Estimator.reinforce_pp, kl_placement=KLPlacement.reward, reinforce_pp=ReinforcePPConfig(gamma=1.0)
+    )
     adv, returns = advantages(cfg, SCORES, KL, 0.5, MASK, None, 2, t([True, True]))
     want = (t([[0.7, 0.75, 0.85], [-0.45, -0.2, 0.33]]) - 0.33) / math.sqrt(0.36825)  # padding comes out 0
     assert returns is None and close(adv, want)
@@ -190,26 +208,24 @@ def test_policy_loss_dispatches_on_algorithm_policy_loss(kind, agg):
     g = torch.Generator().manual_seed(0)
     logits, temperature = torch.randn(2, 3, 5, generator=g), 0.7
     ids = torch.randint(0, 5, (2, 4), generator=g)
-    mb = {
-        "input_ids": ids,
-        "mask": MASK,
-        "old_logprobs": -torch.rand(2, 3, generator=g),
-        "advantages": torch.randn(2, 3, generator=g) * MASK,
-    }
+    mb = make_micro_batch(
+        ids, MASK, old_logprobs=-torch.rand(2, 3, generator=g), advantages=torch.randn(2, 3, generator=g) * MASK
+    )
     algo = AlgorithmConfig(
         policy_loss=kind,
         kl_placement=KLPlacement.reward,
         clip_eps=0.1,
         clip_eps_high=0.3,
-        cispo_clip_low=0.4,
+        cispo=CISPOConfig(clip_low=0.4),
         loss_aggregation=LossAggregation(agg),
     )
-    loss, terms = policy_loss(logits, mb, algo, 0.0, temperature, 4, A.aggregate_total(MASK, agg), agg, norm_tokens=6)
+    loss, terms = policy_loss(
+        logits, mb, algo, 0.0, LossSettings(temperature, 4, A.aggregate_total(MASK, agg), agg, norm_tokens=6)
+    )
     lp = A.logprobs_from_logits(logits / temperature, ids[:, 1:])
     low = 0.4 if kind == PolicyLoss.cispo else 0.1  # cispo's lower bound is its own key
-    want, wm = L.POLICY_LOSSES[kind.value](
-        lp, mb["old_logprobs"], mb["advantages"], MASK, low, 0.3, agg, A.aggregate_total(MASK, agg), None, 6
-    )
+    x = A.PolicyLossInput(lp, mb.old_logprobs, mb.advantages, MASK, agg, A.aggregate_total(MASK, agg), None, 6)
+    want, wm = L.POLICY_LOSSES[kind.value](x, low, 0.3)
     assert close(loss, want, 1e-6) and close(terms["clip_frac"], wm["clip_frac"])
     assert L.POLICY_LOSSES["ppo"] is A.ppo_policy_loss
 
@@ -230,13 +246,13 @@ def test_an_update_with_reinforce_pp_gspo_and_seq_sum_norm_adds_up_over_micro_ba
     policy = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False)
     cfg = AlgorithmConfig(
         estimator=Estimator.reinforce_pp,
-        reinforce_pp_group_baseline=True,
+        reinforce_pp=ReinforcePPConfig(group_baseline=True),
         kl_placement=KLPlacement.reward,
         policy_loss=PolicyLoss.gspo,
         loss_aggregation=LossAggregation.seq_sum_norm,
     )
     sampling = SamplingConfig(n_samples_per_prompt=4)
-    exp = make_experience(policy, None, batch, scored, cfg, 0.05, sampling, 0, 4, 0, 1)
+    exp = make_experience(policy, None, batch, scored, cfg, 0.05, ForwardSettings(sampling, 0, 4, 0, 1))
     # REINFORCE++-baseline: whitened over the batch after the group mean (Hu 2025)
     assert exp.returns is None and close(A.masked_var(exp.advantages, exp.mask), 1.0, 1e-4)
     assert close(A.masked_mean(exp.advantages, exp.mask), 0.0, 1e-5)
@@ -244,8 +260,8 @@ def test_an_update_with_reinforce_pp_gspo_and_seq_sum_norm_adds_up_over_micro_ba
 
     def loss(rows):
         mb = exp.rows(rows)
-        logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-        return policy_loss(logits, mb, cfg, 0.05, 1.0, 16, total, agg, norm_tokens=norm)[0]
+        logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)
+        return policy_loss(logits, mb, cfg, 0.05, LossSettings(1.0, 16, total, agg, norm_tokens=norm))[0]
 
     whole = loss(torch.arange(8))
     assert torch.isfinite(whole) and close(loss(torch.arange(3)) + loss(torch.arange(3, 8)), whole, 1e-6)

@@ -6,9 +6,9 @@ from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
 from learner.config import AlgorithmConfig
-from learner.experience import make_experience
+from learner.experience import ForwardSettings, MicroBatch, make_experience
 from learner.models import PolicyValue
-from learner.worker import policy_loss
+from learner.worker import LossSettings, policy_loss
 from rollout.config import SamplingConfig
 from rollout.logprobs import chunked_logprobs
 
@@ -20,7 +20,7 @@ def setup(tiny_model):
     policy = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False)
     cfg = AlgorithmConfig(init_kl_coef=0.05)
     exp = make_experience(
-        policy, None, batch, scored, cfg, 0.05, SamplingConfig(n_samples_per_prompt=4), 0, MICRO, 0, 1
+        policy, None, batch, scored, cfg, 0.05, ForwardSettings(SamplingConfig(n_samples_per_prompt=4), 0, MICRO, 0, 1)
     )
     return policy, cfg, exp
 
@@ -41,19 +41,19 @@ def test_bucketed_trimmed_micro_batches_give_the_padded_loss_and_gradients(tiny_
         policy.zero_grad()
         loss = 0.0
         for mb in micro_batches:
-            logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
-            part, _ = policy_loss(logits, mb, cfg, 0.05, 1.0, 16, total, "token_mean")
+            logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)
+            part, _ = policy_loss(logits, mb, cfg, 0.05, LossSettings(1.0, 16, total, "token_mean"))
             part.backward()
             loss += float(part)
         return loss, [p.grad.clone() for p in policy.parameters()]
 
     full = [
-        {k: v[i : i + MICRO] if isinstance(v, torch.Tensor) else v for k, v in vars(exp).items()}
+        MicroBatch(**{k: v[i : i + MICRO] if isinstance(v, torch.Tensor) else v for k, v in vars(exp).items()})
         for i in range(0, n, MICRO)
     ]
     order = exp.by_length(torch.arange(n))
     bucketed = [exp.rows(order[i : i + MICRO]) for i in range(0, n, MICRO)]
-    widths = [mb["input_ids"].shape[1] for mb in bucketed]
+    widths = [mb.input_ids.shape[1] for mb in bucketed]
     assert widths == sorted(widths, reverse=True) and widths[-1] < exp.input_ids.shape[1]  # padding was cut
     (loss0, grads0), (loss1, grads1) = run(full), run(bucketed)
     assert abs(loss0 - loss1) < 1e-6

@@ -11,7 +11,8 @@ from conftest import make_scored_batch
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
-from learner.worker import Learner, loss_norm_tokens, policy_loss
+from learner.engine import RankAddress
+from learner.worker import Learner, LossSettings, loss_norm_tokens, policy_loss
 from rollout.config import SamplingConfig
 from rollout.weight_sync import free_port
 
@@ -27,12 +28,8 @@ def learner(tiny_model):
         LearnerConfig(model_path=tiny_model, lr=1e-3),
         algo,
         SamplingConfig(n_samples_per_prompt=GROUP),
-        rank=0,
-        world_size=1,
-        master_addr="127.0.0.1",
-        master_port=free_port(),
         seed=0,
-        threads=1,
+        address=RankAddress(0, 1, "127.0.0.1", free_port(), threads=1),
     )
 
 
@@ -47,17 +44,19 @@ def reference_grads(learner: Learner, exp, rows: torch.Tensor) -> list[torch.Ten
     agg = a.loss_aggregation.value
     mb = exp.rows(rows)
     with torch.enable_grad():
-        logits, _ = learner.policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+        logits, _ = learner.policy(mb.input_ids, mb.attention_mask, mb.position_ids)
         loss, _ = policy_loss(
             logits,
             mb,
             a,
             learner.kl_ctl.value,
-            learner.temperature,
-            learner.cfg.logprob_chunk_tokens,
-            max(A.aggregate_total(exp.mask[rows], agg), 1e-8),
-            agg,
-            norm_tokens=loss_norm_tokens(a, learner.sampling),
+            LossSettings(
+                learner.temperature,
+                learner.cfg.logprob_chunk_tokens,
+                max(A.aggregate_total(exp.mask[rows], agg), 1e-8),
+                agg,
+                norm_tokens=loss_norm_tokens(a, learner.sampling),
+            ),
         )
         loss.backward()
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
@@ -145,7 +144,7 @@ def test_per_token_metrics_weigh_every_token_of_the_update_not_each_mini_batch_a
 
     def record(logits, mb, *args, **kwargs):
         loss, terms = forward(logits, mb, *args, **kwargs)
-        seen.append((float(mb["mask"].sum()), float(terms["entropy_token"]), float(terms["approx_kl"])))
+        seen.append((float(mb.mask.sum()), float(terms["entropy_token"]), float(terms["approx_kl"])))
         return loss, terms
 
     monkeypatch.setattr(worker, "policy_loss", record)

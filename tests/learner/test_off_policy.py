@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from conftest import make_micro_batch
 
 from learner import algorithms as A
 
@@ -73,8 +74,8 @@ def test_none_gives_no_weights_and_unit_weights_change_nothing():
     assert A.off_policy_weights(PROX, MU, MASK, "none") is None
     assert A.ratio_stats(PROX, MU, MASK, "none")["clipped_frac"] == 0.0
     lp, adv = PROX + 0.1, t([[1.0, -2.0, 0.5], [1.0, 0.0, 0.0]])
-    plain, _ = A.ppo_policy_loss(lp, PROX, adv * MASK, MASK, 0.2)
-    ones, _ = A.ppo_policy_loss(lp, PROX, adv * MASK, MASK, 0.2, weights=torch.ones_like(MASK))
+    plain, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, PROX, adv * MASK, MASK), 0.2)
+    ones, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, PROX, adv * MASK, MASK, weights=torch.ones_like(MASK)), 0.2)
     assert torch.equal(plain, ones)
 
 
@@ -85,7 +86,7 @@ def test_the_decoupled_objective_weights_each_tokens_clipped_term_hand_example()
     adv = t([[1.0, -2.0, 0.5], [1.0, 0.0, 0.0]]) * MASK
     w = A.off_policy_weights(PROX, MU, MASK, "decoupled", cap=2.0)
     lp = PROX.clone().requires_grad_(True)
-    loss, m = A.ppo_policy_loss(lp, PROX, adv, MASK, 0.2, weights=w)
+    loss, m = A.ppo_policy_loss(A.PolicyLossInput(lp, PROX, adv, MASK, weights=w), 0.2)
     assert close(loss, -0.375)
     loss.backward()
     assert close(lp.grad, t([[-0.5, 0.25, -0.125], [0.0, 0.0, 0.0]]))
@@ -94,7 +95,7 @@ def test_the_decoupled_objective_weights_each_tokens_clipped_term_hand_example()
     lp2 = PROX.clone()
     lp2[0, 0] += math.log(1.5)
     lp2.requires_grad_(True)
-    loss2, _ = A.ppo_policy_loss(lp2, PROX, adv, MASK, 0.2, weights=w)
+    loss2, _ = A.ppo_policy_loss(A.PolicyLossInput(lp2, PROX, adv, MASK, weights=w), 0.2)
     assert close(loss2, -(2 * 1.2 + 0.5 * (-2) + 0.5) / 4)
     loss2.backward()
     assert close(lp2.grad[0, 0], 0.0)
@@ -105,7 +106,7 @@ def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_s
     processed logprobs): the ratio must be 1 and IcePop must keep every token. Unfiltered, the
     ratio would be the kept mass, 2/8-ish here, and IcePop (low .5) would mask every token."""
     from learner.config import AlgorithmConfig, KLPlacement, OffPolicyConfig, OffPolicyKind
-    from learner.worker import policy_loss
+    from learner.worker import LossSettings, policy_loss
 
     logits = t([[[0.3, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0]] * 3])  # (1, 3, 8); the 2 kept tokens hold ~.28
     ids = t([[5, 0, 1, 0]])  # labels 0, 1, 0: inside the top-2
@@ -116,14 +117,18 @@ def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_s
     ice = AlgorithmConfig(
         kl_placement=KLPlacement.reward, off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop, low=0.5, high=2.0)
     )
-    mb = {"input_ids": ids, "mask": mask, "advantages": adv, "behaviour_logprobs": filtered.clone()}
-    want, _ = policy_loss(logits, mb, plain, 0.0, 1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
+    mb = make_micro_batch(ids, mask, advantages=adv, behaviour_logprobs=filtered.clone())
+    want, _ = policy_loss(
+        logits, mb, plain, 0.0, LossSettings(1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
+    )
     # single pass: pi_prox (and its filtered view) come from this forward
-    got, terms = policy_loss(logits, mb, ice, 0.0, 1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
+    got, terms = policy_loss(
+        logits, mb, ice, 0.0, LossSettings(1.0, 16, 3.0, "token_mean", old_from_forward=True, top_k=2)
+    )
     assert close(got, want) and close(terms["sampler_logprobs"], filtered)
     # recompute path: the experience's sampler_logprobs (the learner's under the filter) are used
-    mb |= {"old_logprobs": A.logprobs_from_logits(logits, ids[:, 1:]), "sampler_logprobs": filtered}
-    got, _ = policy_loss(logits, mb, ice, 0.0, 1.0, 16, 3.0, "token_mean", top_k=2)
+    mb.old_logprobs, mb.sampler_logprobs = A.logprobs_from_logits(logits, ids[:, 1:]), filtered
+    got, _ = policy_loss(logits, mb, ice, 0.0, LossSettings(1.0, 16, 3.0, "token_mean", top_k=2))
     assert close(got, want) and float(want) != 0.0
-    ratio = A.ratio_stats(mb["sampler_logprobs"], mb["behaviour_logprobs"], mask, "icepop", low=0.5, high=2.0)
+    ratio = A.ratio_stats(mb.sampler_logprobs, mb.behaviour_logprobs, mask, "icepop", low=0.5, high=2.0)
     assert close(ratio["ratio_mean"], 1.0) and ratio["clipped_frac"] == 0.0

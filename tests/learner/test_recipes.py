@@ -11,11 +11,12 @@ import math
 
 import pytest
 import torch
+from conftest import make_micro_batch
 
 from learner import algorithms as A
 from learner.config import Estimator, KLEstimator, KLPlacement, Method, PolicyLoss
 from learner.experience import advantages
-from learner.worker import policy_loss
+from learner.worker import LossSettings, policy_loss
 from orchestrator.load_config import ConfigError, load_config
 from orchestrator.methods import RECIPES
 
@@ -66,24 +67,16 @@ def advantages_and_loss(cfg, kl_coef: float = 0.0):
         cfg.rollout.sampling.n_samples_per_prompt,
         torch.ones(4, dtype=torch.bool),
     )
-    mb = {
-        "input_ids": torch.zeros(4, 4, dtype=torch.long),
-        "mask": MASK,
-        "old_logprobs": OLD,
-        "advantages": adv,
-        "ref_logprobs": REF,
-    }
+    mb = make_micro_batch(torch.zeros(4, 4, dtype=torch.long), MASK, old_logprobs=OLD, advantages=adv, ref_logprobs=REF)
     agg = a.loss_aggregation.value
     loss, _ = policy_loss(
         torch.zeros(4, 3, 4),
         mb,
         a,
         kl_coef,
-        cfg.rollout.sampling.temperature,
-        16,
-        A.aggregate_total(MASK, agg),
-        agg,
-        norm_tokens=a.loss_norm_tokens,
+        LossSettings(
+            cfg.rollout.sampling.temperature, 16, A.aggregate_total(MASK, agg), agg, norm_tokens=a.loss_norm_tokens
+        ),
     )
     return adv, float(loss)
 
@@ -99,7 +92,7 @@ G = 1 / math.sqrt(2)  # GRPO's (1 - .5) / std([1, 0]) with the unbiased std sqrt
 def test_dr_grpo_divides_by_no_std_and_sums_tokens_over_a_constant(tmp_path):
     cfg = load(tmp_path, "dr_grpo")
     a = cfg.algorithm
-    assert (a.estimator, a.grpo_scale_by_std, a.normalize_advantages) == (Estimator.grpo, False, False)
+    assert (a.estimator, a.grpo.scale_by_std, a.normalize_advantages) == (Estimator.grpo, False, False)
     adv, loss = advantages_and_loss(cfg)
     assert torch.equal(adv, per_sample([0.5, -0.5, 0.0, 0.0]))  # r - group mean, nothing else
     # token terms: -.5 * clip(1.5, 1.2) = -.6 | .5 x 3 | 0 | 0; sums / 4 tokens, mean over 4 sequences
@@ -231,7 +224,7 @@ def test_a_method_set_in_code_is_checked_against_its_recipe_naming_the_key(tmp_p
     cfg = load(tmp_path, "none")
     coded = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, method=Method.dr_grpo))
     problems = dict(validate(coded))
-    assert "algorithm.method=dr_grpo sets it to false, got true" in problems["algorithm.grpo_scale_by_std"]
+    assert "algorithm.method=dr_grpo sets it to false, got true" in problems["algorithm.grpo.scale_by_std"]
     assert "algorithm.loss_aggregation" in problems and "algorithm.normalize_advantages" in problems
     assert not any(k.startswith("algorithm.") for k, _ in validate(load(tmp_path, "dr_grpo")))
 

@@ -83,7 +83,7 @@ def test_openai_client_calls_become_episodes_of_the_next_update(ray_cluster, pol
             "data.rollout_batch_size=4",
             "data.eval_size=8",
             "algorithm.estimator=reinforce_baseline",
-            "algorithm.reinforce_baseline=batch",
+            "algorithm.reinforce_baseline.baseline=batch",
             "algorithm.mini_batch_size=4",
             "algorithm.micro_batch_size=4",
             "reward.sources=[{kind: environment}]",

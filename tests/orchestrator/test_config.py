@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from learner.config import Estimator, KLControllerKind
+from orchestrator.config import PipelineConfig
 from orchestrator.load_config import ConfigError, load_config, to_dict
 from reward_service.config import SourceKind
 
@@ -115,6 +116,45 @@ def test_bad_files_fail_with_one_line_naming_file_line_and_key(tmp_path, text, m
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "text, override, message",
+    [
+        ("algorithm:\n  gamma: 0.9\n", "algorithm.gamma=0.9", "algorithm.gamma moved to algorithm.gae.gamma"),
+        ("algorithm:\n  lam: 0.9\n", "algorithm.lam=0.9", "algorithm.lam moved to algorithm.gae.lam"),
+        ("algorithm:\n  vf_coef: 1\n", "algorithm.vf_coef=1", "algorithm.vf_coef moved to algorithm.gae.vf_coef"),
+        (
+            "algorithm:\n  grpo_scale_by_std: false\n",
+            "algorithm.grpo_scale_by_std=false",
+            "algorithm.grpo_scale_by_std moved to algorithm.grpo.scale_by_std",
+        ),
+        (
+            "algorithm:\n  reinforce_pp_group_baseline: true\n",
+            "algorithm.reinforce_pp_group_baseline=true",
+            "algorithm.reinforce_pp_group_baseline moved to algorithm.reinforce_pp.group_baseline",
+        ),
+        (
+            "algorithm:\n  cispo_clip_low: 0.1\n",
+            "algorithm.cispo_clip_low=0.1",
+            "algorithm.cispo_clip_low moved to algorithm.cispo.clip_low",
+        ),
+        (
+            "algorithm:\n  reinforce_baseline: batch\n",
+            "algorithm.reinforce_baseline=batch",
+            "algorithm.reinforce_baseline moved to algorithm.reinforce_baseline.baseline",
+        ),
+    ],
+)
+def test_an_algorithm_key_that_moved_into_a_sub_section_names_its_new_place(tmp_path, text, override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, BASE + text))
+    assert "c.yaml:6: " in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=f"command line {override!r}: .*{message}"):
+        load_config(DEFAULT, [override])
+    pipeline = "ppo:\n  " + text.replace("\n  ", "\n    ")
+    with pytest.raises(ConfigError, match=f"ppo.{message}".replace("to algorithm.", "to ppo.algorithm.")):
+        load_config(write(tmp_path, pipeline), root=PipelineConfig)
+
+
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml: cannot read config"):
         load_config(tmp_path / "nope.yaml")
@@ -172,7 +212,7 @@ def test_policy_losses_and_their_keys_are_checked_by_key():
         DEFAULT, ["algorithm.policy_loss=gspo", "algorithm.clip_eps=0.9", "algorithm.loss_aggregation=seq_mean"]
     )
     assert cfg.algorithm.policy_loss.value == "gspo"  # a large clip is fine: a sequence ratio moves less than a token's
-    cfg = load_config(DEFAULT, ["algorithm.grpo_scale_by_std=false", "algorithm.loss_aggregation=seq_sum_norm"])
+    cfg = load_config(DEFAULT, ["algorithm.grpo.scale_by_std=false", "algorithm.loss_aggregation=seq_sum_norm"])
     assert cfg.algorithm.loss_aggregation.value == "seq_sum_norm" and cfg.algorithm.loss_norm_tokens == 0  # Dr. GRPO
     assert (
         load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.clip_eps_high=4"]).algorithm.clip_eps_high == 4
@@ -181,8 +221,8 @@ def test_policy_losses_and_their_keys_are_checked_by_key():
         load_config(DEFAULT, ["algorithm.policy_loss=sapo"])
     with pytest.raises(ConfigError, match="algorithm.loss_norm_tokens: must be >= 0"):
         load_config(DEFAULT, ["algorithm.loss_norm_tokens=-1"])
-    with pytest.raises(ConfigError, match=r"algorithm.cispo_clip_low: must be in \[0, 1\)"):
-        load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.cispo_clip_low=1"])
+    with pytest.raises(ConfigError, match=r"algorithm.cispo.clip_low: must be in \[0, 1\)"):
+        load_config(DEFAULT, ["algorithm.policy_loss=cispo", "algorithm.cispo.clip_low=1"])
     over = [
         "algorithm.estimator=reinforce_pp",
         "rollout.sampling.n_samples_per_prompt=1",
@@ -190,8 +230,8 @@ def test_policy_losses_and_their_keys_are_checked_by_key():
         "algorithm.micro_batch_size=64",
     ]
     assert load_config(DEFAULT, over).algorithm.estimator.value == "reinforce_pp"  # REINFORCE++ needs no groups
-    with pytest.raises(ConfigError, match="algorithm.reinforce_pp_group_baseline: a group baseline needs >= 2"):
-        load_config(DEFAULT, over + ["algorithm.reinforce_pp_group_baseline=true"])
+    with pytest.raises(ConfigError, match="algorithm.reinforce_pp.group_baseline: a group baseline needs >= 2"):
+        load_config(DEFAULT, over + ["algorithm.reinforce_pp.group_baseline=true"])
 
 
 def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monkeypatch):
@@ -221,7 +261,7 @@ ENDPOINT = [
     "rollout.endpoint.enabled=true",
     "rollout.sampling.n_samples_per_prompt=1",
     "algorithm.estimator=reinforce_baseline",
-    "algorithm.reinforce_baseline=batch",
+    "algorithm.reinforce_baseline.baseline=batch",
     "algorithm.mini_batch_size=32",
     "algorithm.micro_batch_size=32",
     "reward.sources=[{kind: environment}]",
@@ -256,7 +296,7 @@ ENDPOINT = [
                 "rollout.endpoint.enabled=true",
                 "rollout.sampling.n_samples_per_prompt=1",
                 "algorithm.estimator=reinforce_baseline",
-                "algorithm.reinforce_baseline=batch",
+                "algorithm.reinforce_baseline.baseline=batch",
                 "algorithm.mini_batch_size=32",
                 "algorithm.micro_batch_size=32",
             ],

@@ -354,10 +354,12 @@ def test_a_group_baseline_needs_groups():
         "algorithm.mini_batch_size=64",
         "algorithm.micro_batch_size=64",
     ]
-    with pytest.raises(ConfigError, match="algorithm.reinforce_baseline: a group baseline needs >= 2"):
+    with pytest.raises(ConfigError, match="algorithm.reinforce_baseline.baseline: a group baseline needs >= 2"):
         load_config(DEFAULT, over)
     assert (
-        load_config(DEFAULT, over + ["algorithm.reinforce_baseline=batch"]).algorithm.reinforce_baseline.value
+        load_config(
+            DEFAULT, over + ["algorithm.reinforce_baseline.baseline=batch"]
+        ).algorithm.reinforce_baseline.baseline.value
         == "batch"
     )
 

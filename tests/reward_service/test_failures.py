@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.config import AlgorithmConfig, Estimator, LearnerConfig
-from learner.experience import make_experience
+from learner.config import AlgorithmConfig, Estimator, GRPOConfig, LearnerConfig
+from learner.experience import ForwardSettings, make_experience
 from learner.models import build_policy
 from learner.tiny_gpt import char_tokenizer
-from learner.worker import policy_loss
+from learner.worker import LossSettings, policy_loss
 from orchestrator.phases import batch_metrics, informative
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.service import ScoringService
@@ -60,7 +60,7 @@ def learner_view(tiny_model, batch, scored):
     """The advantages (per sample, on its response tokens), the loss mask and the gradient each
     sample's tokens get, through the learner's own experience and loss code."""
     policy = build_policy(LearnerConfig(model_path=tiny_model), value_head=False)
-    algo = AlgorithmConfig(estimator=Estimator.grpo, grpo_scale_by_std=True)
+    algo = AlgorithmConfig(estimator=Estimator.grpo, grpo=GRPOConfig(scale_by_std=True))
     exp = make_experience(
         policy,
         None,
@@ -68,16 +68,12 @@ def learner_view(tiny_model, batch, scored):
         scored,
         algo,
         0.0,
-        SamplingConfig(n_samples_per_prompt=len(batch)),
-        pad_id=0,
-        micro=len(batch),
-        rank=0,
-        world=1,
+        ForwardSettings(SamplingConfig(n_samples_per_prompt=len(batch)), pad_id=0, micro=len(batch), rank=0, world=1),
     )
     mb = exp.rows(torch.arange(len(batch)))
-    logits, _ = policy(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)
     logits.retain_grad()
-    loss, _ = policy_loss(logits, mb, algo, 0.0, 1.0, 1024, float(mb["mask"].sum()), "token_mean")
+    loss, _ = policy_loss(logits, mb, algo, 0.0, LossSettings(1.0, 1024, float(mb.mask.sum()), "token_mean"))
     loss.backward()
     response = torch.zeros_like(exp.mask)  # the response tokens, whether or not they train
     for i, r in enumerate(batch.response_ids):
