@@ -153,6 +153,7 @@ class Learner(Profiled):
             self.device,
             recompute=not one_pass,
         )
+        advantages_s = time.perf_counter() - start  # the recompute, values and advantages: the paper's phase
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
         n_mini, norms = 0, []
@@ -177,6 +178,7 @@ class Learner(Profiled):
             log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", skipped)
         tokens = float(exp.mask.sum()) * self.algo.ppo_epochs
         metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start)
+        metrics["timing/advantages"] = advantages_s
         self.updates += 1
         return metrics
 

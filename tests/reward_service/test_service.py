@@ -114,6 +114,7 @@ def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
     assert scored.invalid == [False, False, True, False] and scored.valid == [True, True, False, True]
     assert scored.components["format"] == [0.0, 0.0, 0.0, 1.0]
     assert [len(x) for x in scored.ref_logprobs] == [len(r) for r in batch.response_ids]
+    assert scored.metrics.pop("timing/reference") > 0  # the reference phase's seconds, reported to the loop
     assert scored.metrics == {"reward/timeouts": 0.0, "reward/errors": 0.0, "reward/retried_attempts": 0.0}
     assert batch_metrics(batch, scored)["reward/invalid_frac"] == 0.25
     direct = ReferenceModel(tiny_model).logprobs(batch)
