@@ -104,7 +104,7 @@ class Learner:
     """The learner group: `update` returns `stats`; checkpoints are a file each."""
 
     def __init__(self, calls: list, stats: dict | None = None):
-        self.calls, self.stats = calls, stats or STATS
+        self.calls, self.stats, self.ranks = calls, stats or STATS, ["rank 0"]
 
     def update(self, batch, scored, step) -> dict:
         self.calls.append("update")
@@ -141,12 +141,17 @@ def examples(n: int) -> list[dict]:
     return [{"prompt": f"{i}+1=", "answer": str(i + 1), "metadata": {}} for i in range(n)]
 
 
-def small_trainer(tmp_path: Path, *overrides: str, judge=None, stats=None, sleep_engines=False, gateway=None):
+def small_trainer(
+    tmp_path: Path, *overrides: str, judge=None, stats=None, sleep_engines=False, gateway=None, run_dir=None
+):
     """A real Trainer (2 prompts x 2 samples a step, 3 steps) on the stand-ins above, and the list
     that records every call they get, in order. `judge(batch, k)`: the k-th scored batch's scores
-    (default: rewards 0, 1, ...); `gateway`: batches from the agent endpoint instead of prompts."""
+    (default: rewards 0, 1, ...); `gateway`: batches from the agent endpoint instead of prompts;
+    `run_dir`: the run's folder (default tmp_path/small)."""
     calls = []
-    base = [f"run_root={tmp_path}", "name=small", "logging.wandb.mode=disabled", "data.rollout_batch_size=2"]
+    run_dir = run_dir or tmp_path / "small"
+    base = [f"run_root={run_dir.parent}", f"name={run_dir.name}", "logging.wandb.mode=disabled"]
+    base += ["data.rollout_batch_size=2", "checkpoint.resume=never"]
     base += ["rollout.sampling.n_samples_per_prompt=2", "total_steps=3", "eval.every_n_steps=0", "data.shuffle=false"]
     base += ["algorithm.mini_batch_size=4", "algorithm.micro_batch_size=4", "checkpoint.every_n_steps=0"]
     cfg = load_config(DEFAULT, base + list(overrides))

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from learner.checkpoint import publish, recover
+from orchestrator.batches import LaunchedBatch
 from orchestrator.config import DataConfig
 from orchestrator.data import DataError, load_split
-from orchestrator.load_config import ConfigError, load_config
-from orchestrator.batches import LaunchedBatch
 from orchestrator.dynamic_sampling import Group, Sampled, dynamic_sample, pick_groups
+from orchestrator.load_config import ConfigError, load_config
 from orchestrator.phases import TrainingError, batch_metrics, check_progress
 from reward_service.types import ScoredBatch
 from rollout.seeds import EVALUATION
@@ -422,3 +422,28 @@ def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_p
     assert len(built) == 1  # the policy's copy; none for the reference
     assert alive == [1, 0]  # while the policy generates, and freed before the reference's turn
     assert evals["reference"].metrics["eval/sampled/kl_ref"] == 0.0  # its own logprobs: the service's model
+
+
+def test_checkpoints_keep_the_last_ones_with_the_batches_generated_ahead_and_resume_from_the_newest(tmp_path):
+    """Checkpointer through the real loop: every step saved, keep_last kept, the batch launched ahead
+    collected into the checkpoint (Trainer.save's explicit step), and a resume=auto run restores the
+    newest: learner, scoring state, counts, the batch ahead, and the engines' weights."""
+    over = ("async_training.mode=one_step", "total_steps=4", "checkpoint.every_n_steps=1", "checkpoint.keep_last=2")
+    trainer, _ = small_trainer(tmp_path, *over)
+    ahead_at = {}
+
+    def stop_after_two(step, metrics):
+        ahead_at[step] = [job.step for job in trainer.batches.launched]
+        return step == 2
+
+    trainer.run(on_step=stop_after_two)
+    root = trainer.run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_1", "step_2"] and ahead_at == {1: [1], 2: [2]}
+    state = json.loads((root / "step_2" / "orchestrator.json").read_text())
+    assert state["step"] == 2 and [a["step"] for a in state["ahead"]] == [2] and state["ahead"][0]["batch"]
+    assert state["scoring"] == {"running": "state"} and state["counters"]["rollout/dropped_groups"] == 0
+    resumed, calls = small_trainer(tmp_path, *over, "checkpoint.resume=auto")
+    assert resumed.step == 2 and calls == [("load", "step_2"), ("sync", 2)]
+    assert resumed.roles.scoring.loaded == {"running": "state"}
+    assert [job.step for job in resumed.batches.launched] == [2] and resumed.batches.launched[0].batch is not None
+    assert resumed.batches.sampler.state_dict() == trainer.batches.sampler.state_dict()
