@@ -38,8 +38,8 @@ def learner_algorithm(cfg: TrainConfig):
 
 
 @dataclasses.dataclass
-class Where:
-    """Where the actors of each role go and with how many threads: the placement group's RoleBundles
+class RolePlacement:
+    """RolePlacement the actors of each role go and with how many threads: the placement group's RoleBundles
     (None: no bundles, each actor asks for a unit of its role's custom resource), the torch threads
     of (rollout, learner, scoring) (placement.cpu_threads), and whether the engines sleep while the
     learner updates on their GPUs."""
@@ -61,7 +61,9 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
     c = cfg.cluster
     placement_group, bundles = placement(c)
     # engines and learner on the same GPUs: vLLM sleeps during the update (sleep_engines)
-    where = Where(bundles, cpu_threads(cfg), c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0)
+    where = RolePlacement(
+        bundles, cpu_threads(cfg), c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0
+    )
     rollout = start_rollout(cfg, model_path, where)
     scoring = start_scoring(cfg, model_path, where)
     learner = start_learner(cfg, model_path, where)
@@ -70,7 +72,7 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
     return Roles(rollout, scoring, learner, channel, gateway, placement_group, where.sleep_engines)
 
 
-def start_rollout(cfg: TrainConfig, model_path: str, where: Where) -> RolloutPool:
+def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> RolloutPool:
     c = cfg.cluster
     return RolloutPool(
         dataclasses.replace(cfg.rollout, cpu_threads=where.threads[0]),
@@ -89,7 +91,7 @@ def start_rollout(cfg: TrainConfig, model_path: str, where: Where) -> RolloutPoo
     )
 
 
-def start_scoring(cfg: TrainConfig, model_path: str, where: Where) -> ScoringPool:
+def start_scoring(cfg: TrainConfig, model_path: str, where: RolePlacement) -> ScoringPool:
     c = cfg.cluster
     env = malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)
     return ScoringPool(
@@ -109,7 +111,7 @@ def start_scoring(cfg: TrainConfig, model_path: str, where: Where) -> ScoringPoo
     )
 
 
-def start_learner(cfg: TrainConfig, model_path: str, where: Where) -> LearnerGroup:
+def start_learner(cfg: TrainConfig, model_path: str, where: RolePlacement) -> LearnerGroup:
     c = cfg.cluster
     return LearnerGroup(
         dataclasses.replace(cfg.learner, model_path=model_path, threads=where.threads[1]),
