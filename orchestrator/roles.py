@@ -39,7 +39,7 @@ def learner_algorithm(cfg: TrainConfig):
 
 @dataclasses.dataclass
 class RolePlacement:
-    """RolePlacement the actors of each role go and with how many threads: the placement group's RoleBundles
+    """Where the actors of each role go and with how many threads: the placement group's RoleBundles
     (None: no bundles, each actor asks for a unit of its role's custom resource), the torch threads
     of (rollout, learner, scoring) (placement.cpu_threads), and whether the engines sleep while the
     learner updates on their GPUs."""
