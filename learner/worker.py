@@ -147,6 +147,7 @@ class Learner(Profiled):
         exp = make_experience(
             self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value, run, not one_pass
         )
+        advantages_s = time.perf_counter() - start  # the recompute, values and advantages: the paper's phase
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
         n_mini, norms = 0, []
@@ -171,6 +172,7 @@ class Learner(Profiled):
             log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", skipped)
         tokens = float(exp.mask.sum()) * self.algo.ppo_epochs
         metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start)
+        metrics["timing/advantages"] = advantages_s
         self.updates += 1
         return metrics
 

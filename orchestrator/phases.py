@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from learner.checkpoint import recover
@@ -15,27 +13,6 @@ from rollout.prompts import is_chat, is_token_ids
 from rollout.types import RolloutBatch
 
 VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # sources whose mean is an accuracy
-
-
-@dataclass
-class Ahead:
-    """A batch whose generation was launched before the learner asked for it (async_training)."""
-
-    step: int  # the step it trains at, which also seeds its requests
-    indices: list[int]  # its prompts, as indices into the training prompts
-    pending: list | None  # its generate calls in flight
-    batch: RolloutBatch | None = None  # once collected
-    judged: object = None  # its scoring launched behind its generation (ScoringPool.judge_ahead), if any
-    draw: int = 0  # with step, seeds its requests (rollout.seeds.request_seed): unique per batch launched
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch), "draw": self.draw}
-
-    @staticmethod
-    def from_state(state: dict) -> Ahead:
-        batch = RolloutBatch(**state["batch"])
-        batch.skipped = [tuple(s) for s in batch.skipped]
-        return Ahead(state["step"], state["indices"], None, batch, draw=state["draw"])
 
 
 def staleness_metrics(versions: list[int], step: int, lead: int) -> dict[str, float]:
@@ -158,26 +135,6 @@ def prompt_text(prompt) -> str:
     if is_token_ids(prompt):
         return "token ids: " + " ".join(map(str, prompt))
     return str(prompt)
-
-
-def offset(batch: RolloutBatch, by: int) -> RolloutBatch:
-    """The same batch with prompt indices shifted (for batches generated in top-up rounds)."""
-    batch.prompt_index = [i + by for i in batch.prompt_index]
-    batch.skipped = [(i + by, why) for i, why in batch.skipped]
-    return batch
-
-
-def informative(rewards: list[float], valid: list[bool]) -> bool:
-    """A group teaches a group baseline something only if the rewards of the samples that train
-    differ: a dropped sample (invalid: drop) is no part of its group."""
-    return len({r for r, keep in zip(rewards, valid) if keep}) > 1
-
-
-def pick_groups(groups: list[tuple], want: int) -> tuple[list[tuple], int]:
-    """The `want` groups a dynamic-sampling step trains on, informative ones (last field True) first,
-    in the order generated, and how many generated groups it drops."""
-    chosen = ([g for g in groups if g[-1]] + [g for g in groups if not g[-1]])[:want]
-    return chosen, len(groups) - len(chosen)
 
 
 class TrainingError(RuntimeError):

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import ray
+
+
+@dataclass
+class RoleBundles:
+    """The scheduling strategies of each role's placement-group bundles (colocate: false), by role."""
+
+    rollout: list  # one per rollout worker
+    learner: list  # one per learner rank
+    scoring: object  # the scoring service's one
 
 
 def placement(c):
     """colocate: false -> one placement group with a bundle per actor (rollout workers, learner
     ranks, then the scoring service), so each role holds its own CPUs/GPUs on any number of nodes.
     colocate: true -> no group: actors reserve nothing and take turns on the same devices.
-    Returns (the group or None, a scheduling strategy per bundle or None)."""
+    Returns (the group or None, its RoleBundles or None)."""
     if c.colocate:
         return None, None
     from ray.util.placement_group import placement_group
@@ -20,7 +30,9 @@ def placement(c):
     wanted = bundles(c)
     pg = placement_group(wanted, strategy="PACK")
     ray.get(pg.ready(), timeout=600)
-    return pg, [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(wanted))]
+    each = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(wanted))]
+    workers = c.rollout_workers
+    return pg, RoleBundles(rollout=each[:workers], learner=each[workers:-1], scoring=each[-1])
 
 
 def bundles(c) -> list[dict[str, float]]:
@@ -40,7 +52,7 @@ def cpu_threads(cfg) -> tuple[int, int, int]:
     that take turns (the sync loop) each use every core. When generation overlaps the learner
     (async_training, colocated on CPUs), the engines get half the cores and the learner ranks the
     other half: oversubscribed cores would make both sides slower than taking turns. The scoring
-    service judges each batch behind its generation, while the engines wait (Trainer._judge_next),
+    service judges each batch behind its generation, while the engines wait (PromptBatches.score_next_ahead),
     so it gets the engines' half. With bundles of their own, Ray's setting (their CPUs) stands."""
     c, cores = cfg.cluster, os.cpu_count() or 1
     if not c.colocate:

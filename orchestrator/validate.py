@@ -366,7 +366,7 @@ def _endpoint(cfg):
     if cfg.rollout.endpoint.max_staleness < 0:
         yield "rollout.endpoint.max_staleness", f"must be >= 0, got {cfg.rollout.endpoint.max_staleness}"
     c = cfg.cluster
-    if c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:  # as Trainer.sleep_engines
+    if c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:  # as Roles.sleep_engines
         yield (
             "cluster.colocate",
             (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 
 import ray
@@ -73,6 +74,7 @@ class Judged:
     invalid: list[bool]
     ref_logprobs: list[list[float]]
     overlong: list[float]
+    timings: dict = dataclasses.field(default_factory=dict)  # timing/reference: seconds of the reference logprobs
 
 
 class ScoringService(Profiled, Busy):
@@ -120,7 +122,10 @@ class ScoringService(Profiled, Busy):
             penalty = self._overlong(batch)
             if self.cfg.overlong_buffer:
                 runs["overlong"] = SourceRun(penalty)  # reported beside the sources
-            return Judged(runs, total, invalid, self.reference.logprobs(batch, temperature), penalty)
+            start = time.perf_counter()
+            ref_logprobs = self.reference.logprobs(batch, temperature)
+            timings = {"timing/reference": time.perf_counter() - start}  # the paper's reference phase
+            return Judged(runs, total, invalid, ref_logprobs, penalty, timings)
 
     def finish(self, judged: Judged) -> ScoredBatch:
         """The other half: add the overlong penalty, clip and normalise (the running normaliser moves,
@@ -130,7 +135,9 @@ class ScoringService(Profiled, Busy):
         trained = [(0.0 if bad and zero else t) + p for t, bad, p in zip(judged.total, judged.invalid, judged.overlong)]
         left_out = [bad and not zero for bad in judged.invalid]
         rewards = shape(trained, left_out, self.cfg.clip, self.cfg.normalization, self.running)
-        return self._scored(judged.runs, judged.total, judged.invalid, rewards, judged.ref_logprobs)
+        scored = self._scored(judged.runs, judged.total, judged.invalid, rewards, judged.ref_logprobs)
+        scored.metrics |= judged.timings
+        return scored
 
     def evaluate(
         self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0, with_reference: bool = True

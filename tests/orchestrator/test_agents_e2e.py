@@ -92,20 +92,21 @@ def test_openai_client_calls_become_episodes_of_the_next_update(ray_cluster, pol
     )
     trainer = Trainer(cfg)
     try:
-        url, out = ray_cluster.get(trainer.gateway.url.remote()), {}
+        url, out = ray_cluster.get(trainer.roles.gateway.url.remote()), {}
         agents = [
             threading.Thread(target=agent, args=(url, f"ep{k}", f"{10 + k}+{20 + k}=", float(k), out)) for k in range(4)
         ]
         for a in agents:
             a.start()
         seen = {}
-        update = trainer.learner.update
+        learner = trainer.roles.learner
+        update = learner.update
 
         def spy(batch, scored, step):  # what the learner is given, recorded on the way
             seen["batch"], seen["scored"] = batch, scored
             return update(batch, scored, step)
 
-        trainer.learner.update = spy
+        learner.update = spy
         metrics = trainer.train_step()  # waits for the 4 finished episodes
         for a in agents:
             a.join()

@@ -67,36 +67,32 @@ def test_one_step_off_with_a_rollout_worker_killed_mid_generation(ray_cluster, p
     cfg = config(policy, tmp_path, name="one_step_kill", total_steps=4, **{"async_training.mode": "one_step"})
     trainer = Trainer(cfg)
     trained = []  # the prompts of every batch the learner trained on, in order
-    generate = trainer.generate
+    batches, pool = trainer.batches, trainer.roles.rollout
+    next_batch, submit = batches.next, pool.submit
 
-    def recording(*args, **kwargs):
-        batch, examples = generate(*args, **kwargs)
-        trained.append([e["prompt"] for e in examples])
-        return batch, examples
+    def recording(step):
+        this = next_batch(step)
+        trained.append([e["prompt"] for e in this.examples])
+        return this
 
-    trainer.generate = recording
-    launch = trainer._launch
+    def killing(prompts, step, *args, **kwargs):  # kill the engine right after step 3's batch was queued on it
+        pending = submit(prompts, step, *args, **kwargs)
+        if step == 2 and not killed:
+            killed.append(step)
+            ray.kill(pool.workers[0], no_restart=False)
+        return pending
 
-    def killing(step, n):  # kill the engine right after step 3's batch was queued on it
-        job = launch(step, n)
-        if step == 2:
-            ray.kill(trainer.rollout.workers[0], no_restart=False)
-        return job
-
-    trainer._launch = killing
+    killed = []
+    batches.next, pool.submit = recording, killing
     try:
-        trainer.before = trainer.evaluate()
-        while trainer.step < cfg.total_steps:
-            trainer.tracker.log(trainer.step + 1, trainer.train_step(), cfg.total_steps)
-            trainer.step += 1
-        trainer.channel.settle()
+        trainer.run()
     finally:
         trainer.shutdown()
     got = rows(tmp_path / "one_step_kill")
     assert [r["step"] for r in got] == [1, 2, 3, 4] and got[-1]["restarts/rollout"] == 1
     # no prompt lost or trained twice: exactly the sampler's order, one batch per step
-    sampler = PromptSampler(len(trainer.train), cfg.seed, cfg.data.shuffle)
-    want = [[trainer.train[i]["prompt"] for i in sampler.next(cfg.data.rollout_batch_size)] for _ in range(4)]
+    sampler, train = PromptSampler(len(batches.train), cfg.seed, cfg.data.shuffle), batches.train
+    want = [[train[i]["prompt"] for i in sampler.next(cfg.data.rollout_batch_size)] for _ in range(4)]
     assert trained == want
     # the regenerated batch came from the current weights; the others one version behind
     assert [r["async/staleness_max"] for r in got] == [0.0, 1.0, 0.0, 1.0]

@@ -389,7 +389,7 @@ def test_relay_train_with_a_missing_model_fails_before_ray_starts(tmp_path):
 def test_seq_sum_norms_constant_defaults_to_a_samples_whole_budget():
     """algorithm.loss_norm_tokens 0: the longest sample the run can make, an episode's whole budget
     (model and observation tokens), not one turn's max_new_tokens; an explicit value stands."""
-    from orchestrator.trainer import learner_algorithm
+    from orchestrator.roles import learner_algorithm
 
     calc = REPO / "configs" / "calculator_tiny_cpu.yaml"
     single, episode = load_config(DEFAULT), load_config(calc)

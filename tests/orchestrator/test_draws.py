@@ -1,18 +1,17 @@
 """Which seeds the loop's batches sample with (review A 1, 8): every batch launched at one step (round 0,
 top-ups of skipped prompts, dynamic-sampling rounds) has its own draw, so none repeats another's seeds,
-and evaluation has a stream of its own, the same for every evaluation. Through the real Trainer.generate,
-_launch, _resubmit, RolloutPool.submit and RolloutWorker._request_seed, on engines that record seeds."""
+and evaluation has a stream of its own, the same for every evaluation. Through the real PromptBatches,
+RolloutPool.submit and RolloutWorker._request_seed, on engines that record seeds, and the real Evaluator."""
 
 from types import SimpleNamespace
 
-from orchestrator import trainer as trainer_module
-from orchestrator.data import PromptSampler
-from orchestrator.phases import Ahead
-from orchestrator.trainer import Trainer
+from orchestrator.batches import LaunchedBatch, PromptBatches
+from orchestrator.load_config import load_config
 from rollout.config import SamplingConfig
 from rollout.pool import RolloutPool
 from rollout.seeds import EVALUATION, request_seed
 from rollout.types import RolloutBatch
+from tests.orchestrator.small_loop import DEFAULT, small_trainer
 
 B = 4  # prompts per step
 
@@ -46,72 +45,58 @@ class Engine:
         return batch
 
 
-def loop_for(run_seed: int) -> SimpleNamespace:
+def batches_for(run_seed: int, *overrides: str) -> tuple[PromptBatches, Engine]:
+    """Real PromptBatches on one recording engine, behind the real RolloutPool.submit."""
     engine = Engine(run_seed)
     pool = SimpleNamespace(workers=[engine])
-    loop = SimpleNamespace(
-        cfg=SimpleNamespace(data=SimpleNamespace(rollout_batch_size=B)),
-        step=3,
-        lead=0,
-        sampler=PromptSampler(50, run_seed, shuffle=True),
-        counters={"async/dropped_stale": 0},
-        train=[{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(50)],
-        _prompt=lambda e: e["prompt"],
-        _meta=lambda e: e,
-        rollout=SimpleNamespace(
-            submit=lambda *a, **k: RolloutPool.submit(pool, *a, **k),
-            collect=lambda pending: RolloutBatch.concat(pending),
-        ),
+    rollout = SimpleNamespace(
+        submit=lambda *a, **k: RolloutPool.submit(pool, *a, **k), collect=lambda pending: RolloutBatch.concat(pending)
     )
-    for name in ("_launch", "_resubmit", "_collect"):
-        setattr(loop, name, getattr(Trainer, name).__get__(loop))
-    return loop, engine
+    sizes = [f"data.rollout_batch_size={B}", "algorithm.mini_batch_size=32", "algorithm.micro_batch_size=32"]
+    cfg = load_config(DEFAULT, [f"seed={run_seed}", *sizes, *overrides])
+    train = [{"prompt": f"{i}+1=", "answer": str(i + 1), "metadata": {}} for i in range(50)]
+    return PromptBatches(cfg, train, rollout, scoring=None, restart_rollout=None), engine
 
 
 def test_a_top_up_and_a_dynamic_sampling_round_never_reuse_a_rounds_seeds():
-    loop, engine = loop_for(run_seed=0)
-    batch, examples = Trainer.generate(loop)  # round 0 skips one prompt: a top-up of 1 follows, at the same step
+    batches, engine = batches_for(run_seed=0)
+    batch, examples = batches.generate(3)  # round 0 skips one prompt: a top-up of 1 follows, at the same step
     assert len(set(batch.prompt_index)) == B and len(engine.calls) == 2
-    again, _ = Trainer.generate(loop)  # what a dynamic-sampling round does: a fresh batch at the same step
+    again, _ = batches.generate(3)  # what a dynamic-sampling round does: a fresh batch at the same step
     first, top_up, dynamic = engine.calls[0], engine.calls[1], engine.calls[2]
     # before: every launch at step 3 seeded its prompt k with request_seed(run, 3, k): the top-up's one
     # prompt drew round 0's first prompt's seed, and the dynamic round repeated round 0 request by request
     assert top_up[0] not in first and not set(dynamic) & set(first + top_up)
     assert len(set(first + top_up + dynamic)) == len(first) + len(top_up) + len(dynamic)
     # a resumed run redoes the step from the same sampler state: the same draws, the same seeds
-    replay, replayed = loop_for(run_seed=0)
-    Trainer.generate(replay)
-    Trainer.generate(replay)
+    replay, replayed = batches_for(run_seed=0)
+    replay.generate(3)
+    replay.generate(3)
     assert replayed.calls == engine.calls
 
 
 def test_a_batch_launched_ahead_keeps_its_draw_through_a_checkpoint():
-    loop, engine = loop_for(run_seed=0)
-    job = Trainer._launch(loop, 4, B)
-    job.batch = Trainer._collect(loop, job)
-    restored = Ahead.from_state(job.state_dict())
-    assert restored.draw == job.draw == loop.sampler.drawn == B
-    Trainer._resubmit(loop, restored)  # e.g. its engine died after the resume: generated again alike
-    assert engine.calls[-1] == engine.calls[0][: len(engine.calls[-1])]
+    batches, engine = batches_for(0, "async_training.mode=one_step", "total_steps=10")
+    batches.next(3)  # launches steps 3 and 4, trains on 3 (topped up: its engine skipped a prompt)
+    batches.collect_launched(3)
+    state = batches.state_dict()
+    restored, restored_engine = batches_for(0, "async_training.mode=one_step", "total_steps=10")
+    restored.load_state_dict(state, {"async/dropped_stale": 0})
+    ahead = restored.launched[0]
+    assert ahead.draw == batches.launched[0].draw == 2 * B and ahead.step == 4
+    assert LaunchedBatch.from_state(ahead.state_dict()).batch == ahead.batch
+    ahead.batch = None  # e.g. its engine died after the resume: generated again alike
+    restored.relaunch_uncollected()
+    assert restored_engine.calls == [engine.calls[1]]  # step 4's launch: the same seeds
 
 
-def test_evaluation_samples_from_its_own_stream_the_same_every_time(monkeypatch):
-    loop, _ = loop_for(run_seed=0)
-    calls = []
-    loop.held_out = loop.train[:3]
-    loop.rollout.generate = lambda prompts, step, greedy, tasks, draw: calls.append((step, draw))
-    loop._sample_table = lambda *a: []
-    monkeypatch.setattr(
-        trainer_module, "evaluate_policy", lambda generate, *a: (generate(["p"], False), SimpleNamespace(metrics={}))[1]
-    )
-    monkeypatch.setattr(trainer_module, "shown", lambda ev: (None, None))
-    loop.cfg = SimpleNamespace(eval=SimpleNamespace(greedy=True), **vars(loop.cfg))
-    loop._temperature, loop.scoring = 1.0, SimpleNamespace(evaluate=None)
-    loop.learner = SimpleNamespace(policy_logprobs=None)
-    Trainer.evaluate(loop)
-    loop.step = 7
-    Trainer.evaluate(loop)
-    assert calls == [(0, EVALUATION), (0, EVALUATION)]  # paired: every evaluation draws the same
+def test_evaluation_samples_from_its_own_stream_the_same_every_time(tmp_path):
+    trainer, _ = small_trainer(tmp_path)
+    trainer.evaluator.evaluate(0)
+    trainer.evaluator.evaluate(7)
+    assert (
+        trainer.roles.rollout.evaluations == [(0, EVALUATION)] * 4
+    )  # greedy and sampled, twice: every evaluation draws the same
     # before: step 0's training stream (draw 0); no training draw is negative, so none shares a seed
     evaluation = {request_seed(0, 0, k, EVALUATION) for k in range(64)}
     training = {request_seed(0, 0, k, draw) for k in range(64) for draw in range(0, 65)}

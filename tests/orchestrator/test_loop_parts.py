@@ -4,21 +4,22 @@ sampling's choice, the non-finite stop, held-out splits, checkpoint publishing, 
 import json
 import math
 import os
-from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from learner.checkpoint import publish, recover
+from orchestrator.batches import LaunchedBatch
 from orchestrator.config import DataConfig
 from orchestrator.data import DataError, load_split
+from orchestrator.dynamic_sampling import Group, Sampled, dynamic_sample, pick_groups
 from orchestrator.load_config import ConfigError, load_config
-from orchestrator.phases import TrainingError, batch_metrics, check_progress, pick_groups
-from orchestrator.trainer import Trainer
+from orchestrator.phases import TrainingError, batch_metrics, check_progress
 from reward_service.types import ScoredBatch
 from rollout.seeds import EVALUATION
 from rollout.types import RolloutBatch
+from tests.orchestrator.small_loop import small_trainer
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "grpo_tiny_cpu.yaml"
 nan = float("nan")
@@ -44,12 +45,12 @@ def test_dropped_samples_are_counted_and_left_out_of_reward_statistics():
 
 def test_dynamic_sampling_counts_every_generated_group_it_does_not_train_on():
     # generated in order: equal, informative, equal, informative, informative; 3 wanted
-    groups = [("a", False), ("b", True), ("c", False), ("d", True), ("e", True)]
+    groups = [Group(None, None, {"prompt": p}, good) for p, good in zip("abcde", [False, True, False, True, True])]
     chosen, dropped = pick_groups(groups, 3)
-    assert [g[0] for g in chosen] == ["b", "d", "e"] and dropped == 2
+    assert [g.example["prompt"] for g in chosen] == ["b", "d", "e"] and dropped == 2
     # short of informative groups, equal ones fill the batch and only the rest count as dropped
     chosen, dropped = pick_groups(groups, 4)
-    assert [g[0] for g in chosen] == ["b", "d", "e", "a"] and dropped == 1
+    assert [g.example["prompt"] for g in chosen] == ["b", "d", "e", "a"] and dropped == 1
 
 
 def stats(skipped: bool, **nonfinite):
@@ -82,41 +83,7 @@ def test_a_run_of_skipped_updates_stops_the_run_naming_the_cause():
         check(stats(True), limit=0)  # 0: never stop
 
 
-def unjudged_loop(max_unjudged: int, scores):
-    """A Trainer whose phases are stubs: every step's batch is scored by `scores(step)`."""
-    n = 4
-    batch = RolloutBatch(
-        [0, 0, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n, version_first=[0] * n
-    )
-    stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
-    cfg = SimpleNamespace(
-        data=SimpleNamespace(dynamic_sampling=False),
-        logging=SimpleNamespace(profile_step=0),
-        algorithm=SimpleNamespace(max_skipped_updates=0),
-        reward=SimpleNamespace(max_unjudged_steps=max_unjudged),
-    )
-    loop = SimpleNamespace(
-        cfg=cfg,
-        step=0,
-        counters={"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0},
-        sleep_engines=False,
-        lead=0,
-        gateway=None,
-        endpoint=SimpleNamespace(max_staleness=0),
-        next_batch=lambda: (batch, [{}, {}], None),
-        score=lambda b, e, judged: scores(loop.step),
-        _judge_next=lambda: None,
-        _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
-        rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()),
-        scoring=SimpleNamespace(restarts=0),
-        learner=SimpleNamespace(update=lambda b, s, step: stats, update_kl=lambda kl, n: 0.0),
-        push=lambda version: None,
-    )
-    loop.check_progress = lambda s, scored: Trainer.check_progress(loop, s, scored)
-    return loop
-
-
-def nobody_answered(step):
+def nobody_answered(batch, k):
     n = 4
     return ScoredBatch(
         [0.0] * n,
@@ -130,13 +97,11 @@ def nobody_answered(step):
     )
 
 
-def test_steps_in_which_no_sample_could_be_judged_stop_the_run_naming_the_source_and_its_error():
+def test_steps_in_which_no_sample_could_be_judged_stop_the_run_naming_the_source_and_its_error(tmp_path):
     """Review A, item 6: a reward server that is down made every sample invalid; the run trained on
     nothing (invalid: drop) for every step and "finished" with the policy unchanged."""
-    loop = unjudged_loop(3, nobody_answered)
-    for step in range(2):
-        Trainer.train_step(loop)
-        loop.step += 1
+    trainer, _ = small_trainer(tmp_path / "a", "reward.max_unjudged_steps=3", "total_steps=5", judge=nobody_answered)
+    steps = []
     with pytest.raises(
         TrainingError,
         match=r"no sample could be judged in 3 steps in a row "
@@ -144,17 +109,18 @@ def test_steps_in_which_no_sample_could_be_judged_stop_the_run_naming_the_source
         r"http://rm:8000/score: unreachable.*refused; "
         r"format failed on 1 of 4 samples: no error raised",
     ):
-        Trainer.train_step(loop)
+        trainer.run(on_step=lambda step, m: steps.append(step))
+    assert steps == [1, 2]  # the third step raised
     # one step with a judged sample resets the count; 0 never stops
-    loop = unjudged_loop(2, lambda step: judged(4) if step == 1 else nobody_answered(step))
-    for step in range(3):
-        Trainer.train_step(loop)
-        loop.step += 1
-    assert loop.counters["reward/unjudged_steps_in_a_row"] == 1
-    loop = unjudged_loop(0, nobody_answered)
-    for _ in range(5):
-        Trainer.train_step(loop)
-    assert loop.counters["reward/unjudged_steps_in_a_row"] == 5
+    judge = lambda batch, k: judged(4) if k == 1 else nobody_answered(batch, k)  # noqa: E731
+    trainer, _ = small_trainer(tmp_path / "b", "reward.max_unjudged_steps=2", judge=judge)
+    rows = []
+    trainer.run(on_step=lambda step, m: rows.append(m["reward/unjudged_steps_in_a_row"]))
+    assert rows == [1, 0, 1]
+    trainer, _ = small_trainer(tmp_path / "c", "reward.max_unjudged_steps=0", "total_steps=5", judge=nobody_answered)
+    rows = []
+    trainer.run(on_step=lambda step, m: rows.append(m["reward/unjudged_steps_in_a_row"]))
+    assert rows == [1, 2, 3, 4, 5]
 
 
 def test_dynamic_sampling_reports_the_trained_batch_and_every_rounds_calls():
@@ -179,17 +145,17 @@ def test_dynamic_sampling_reports_the_trained_batch_and_every_rounds_calls():
         n = 2 * groups
         return RolloutBatch([i // 2 for i in range(n)], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
 
-    second = (batch_of(1), [{"prompt": "c"}])
-    loop = SimpleNamespace(
-        cfg=SimpleNamespace(data=SimpleNamespace(rollout_batch_size=2, dynamic_sampling_rounds=1)),
-        counters={"rollout/dropped_groups": 0},
-        generate=lambda want: second,
-        score=lambda b, e: scored_of([0.0, 1.0], 2.0),
-    )
-    batch, examples, scored = Trainer.keep_informative(
-        loop, batch_of(2), [{"prompt": "a"}, {"prompt": "b"}], scored_of([1.0, 1.0, 1.0, 0.0], 1.0)
-    )
-    assert [e["prompt"] for e in examples] == ["b", "c"] and loop.counters["rollout/dropped_groups"] == 1
+    asked = []
+
+    def sample_more(n):
+        asked.append(n)
+        return Sampled(batch_of(1), [{"prompt": "c"}], scored_of([0.0, 1.0], 2.0))
+
+    first = Sampled(batch_of(2), [{"prompt": "a"}, {"prompt": "b"}], scored_of([1.0, 1.0, 1.0, 0.0], 1.0))
+    kept, dropped = dynamic_sample(first, want=2, rounds=1, sample_more=sample_more)
+    batch, examples, scored = kept.rollouts, kept.examples, kept.scored
+    assert asked == [1] and [e["prompt"] for e in examples] == ["b", "c"] and dropped == 1
+    assert batch.prompt_index == [0, 0, 1, 1]
     m = batch_metrics(batch, scored)
     assert m["reward/accuracy"] == 0.5 and m["reward/math_answer/mean"] == 0.5 and m["reward/mean"] == 0.5
     assert m["reward/timeouts"] == 3.0 and m["reward/errors"] == 3.0  # both rounds' calls, summed
@@ -365,74 +331,48 @@ def test_a_group_baseline_needs_groups():
 
 
 @pytest.mark.parametrize("sleep", [True, False])
-def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(sleep):
+def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(sleep, tmp_path):
     """The call sequence of one training step (recorded; on GPU the memory itself is in
     scripts/gpu_check.sh): engines asleep only while the learner updates, awake for the sync."""
-    from rollout.pool import RolloutPool
-
-    calls = []
-    n = 4
-    batch = RolloutBatch([0, 0, 1, 1], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n)
-    scored = ScoredBatch([1.0, 0.0, 1.0, 1.0], {}, [True] * n, [False] * n, [[0.0]] * n, raw=[1.0, 0.0, 1.0, 1.0])
-    engines = SimpleNamespace(sleep=lambda: calls.append("sleep"), wake_up=lambda: calls.append("wake_up"))
-    stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
-    batch.version_first = [0] * n
-    loop = SimpleNamespace(
-        cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=0)),
-        step=0,
-        counters={},
-        sleep_engines=sleep,
-        lead=0,
-        gateway=None,
-        next_batch=lambda: (calls.append("generate"), (batch, [{}, {}], None))[1],
-        score=lambda b, e, judged: (calls.append("score"), scored)[1],
-        _judge_next=lambda: calls.append("judge_next"),
-        _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
-        rollout=SimpleNamespace(asleep=lambda enabled: RolloutPool.asleep(engines, enabled)),
-        scoring=SimpleNamespace(restarts=0),
-        learner=SimpleNamespace(
-            update=lambda b, s, step: (calls.append("update"), stats)[1],
-            update_kl=lambda kl, n: (calls.append("update_kl"), 0.01)[1],
-        ),
-        check_progress=lambda s, scored: None,
-        push=lambda version: calls.append(("sync", version)),
-    )
-    Trainer.train_step(loop)
+    trainer, calls = small_trainer(tmp_path, "async_training.mode=one_step", sleep_engines=sleep)
+    trainer.run(on_step=lambda step, metrics: True)  # one step
+    step = calls[: [i for i, c in enumerate(calls) if c[0] == "update_kl"][0] + 1]
     middle = ["sleep", "update", "wake_up"] if sleep else ["update"]
-    # the next batch's scoring is launched after this one's (the service runs its calls in order)
-    assert calls == ["generate", "score", "judge_next", *middle, ("sync", 1), "update_kl"]
+    # step 1's batch is launched ahead; the next batch's scoring is launched after this one's (the
+    # service runs its calls in order)
+    assert step == [
+        ("submit", 0, 2),
+        ("submit", 1, 4),
+        "generate",
+        "score",
+        ("judge_ahead", [(2, 1)], ["3", "4"]),
+        *middle,
+        ("sync", 1),
+        ("update_kl", 0.0, 4),
+    ]
 
 
-def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or_its_samples():
-    """Trainer._judge_next: the scoring service runs its calls in order, so a judge call queued behind a
-    generation further ahead would hold up the next step's scoring; a batch generated again (stale,
-    or its engine died) drops its judge call."""
+def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or_its_samples(tmp_path):
+    """PromptBatches.score_next_ahead: the scoring service runs its calls in order, so a judge call
+    queued behind a generation further ahead would hold up the next step's scoring; a batch
+    generated again (stale, or its engine died) drops its judge call."""
     from collections import deque
 
-    from orchestrator.phases import Ahead
-
-    launched = []
-    loop = SimpleNamespace(
-        train=[{"prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}],
-        _temperature=1.0,
-        _meta=lambda e: e["prompt"],
-        scoring=SimpleNamespace(judge_ahead=lambda parts, meta, t: launched.append((parts, meta)) or len(launched)),
-        rollout=SimpleNamespace(submit=lambda prompts, step, tasks, draw: ["regenerated"]),
-        _prompt=lambda e: e["prompt"],
-    )
-    nxt, after = Ahead(1, [0, 2], ["gen1"]), Ahead(2, [1], ["gen2"])
-    loop.ahead = deque([nxt, after])
-    Trainer._judge_next(loop)
-    Trainer._judge_next(loop)  # already judged: not again
-    assert launched == [(["gen1"], ["a", "c"])] and nxt.judged == 1 and after.judged is None
-    Trainer._resubmit(loop, nxt)
-    assert nxt.pending == ["regenerated"] and nxt.judged is None
+    trainer, calls = small_trainer(tmp_path, "async_training.mode=full")
+    batches = trainer.batches
+    nxt, after = LaunchedBatch(1, [0, 2], ["gen1"]), LaunchedBatch(2, [1], ["gen2"])
+    batches.launched = deque([nxt, after])
+    batches.score_next_ahead()
+    batches.score_next_ahead()  # already judged: not again
+    assert calls == [("judge_ahead", ["gen1"], ["1", "3"])] and nxt.scoring == 1 and after.scoring is None
+    batches.relaunch_uncollected()  # an engine restarted: both generated again
+    assert nxt.pending == [(2, 1)] and nxt.scoring is None and after.pending == [(1, 2)]
     nxt.batch = "collected"  # e.g. restored from a checkpoint: judged from its samples
-    Trainer._judge_next(loop)
-    assert launched[-1] == (["collected"], ["a", "c"]) and nxt.judged == 2
-    loop.ahead = deque()
-    Trainer._judge_next(loop)  # sync mode: nothing ahead
-    assert len(launched) == 2
+    batches.score_next_ahead()
+    assert calls[-1] == ("judge_ahead", ["collected"], ["1", "3"]) and nxt.scoring == len(calls)
+    batches.launched = deque()
+    batches.score_next_ahead()  # sync mode: nothing ahead
+    assert sum(c[0] == "judge_ahead" for c in calls) == 2
 
 
 def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_policy_copy(tiny_model, monkeypatch):
@@ -484,3 +424,28 @@ def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_p
     assert len(built) == 1  # the policy's copy; none for the reference
     assert alive == [1, 0]  # while the policy generates, and freed before the reference's turn
     assert evals["reference"].metrics["eval/sampled/kl_ref"] == 0.0  # its own logprobs: the service's model
+
+
+def test_checkpoints_keep_the_last_ones_with_the_batches_generated_ahead_and_resume_from_the_newest(tmp_path):
+    """Checkpointer through the real loop: every step saved, keep_last kept, the batch launched ahead
+    collected into the checkpoint (Trainer.save's explicit step), and a resume=auto run restores the
+    newest: learner, scoring state, counts, the batch ahead, and the engines' weights."""
+    over = ("async_training.mode=one_step", "total_steps=4", "checkpoint.every_n_steps=1", "checkpoint.keep_last=2")
+    trainer, _ = small_trainer(tmp_path, *over)
+    ahead_at = {}
+
+    def stop_after_two(step, metrics):
+        ahead_at[step] = [job.step for job in trainer.batches.launched]
+        return step == 2
+
+    trainer.run(on_step=stop_after_two)
+    root = trainer.run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_1", "step_2"] and ahead_at == {1: [1], 2: [2]}
+    state = json.loads((root / "step_2" / "orchestrator.json").read_text())
+    assert state["step"] == 2 and [a["step"] for a in state["ahead"]] == [2] and state["ahead"][0]["batch"]
+    assert state["scoring"] == {"running": "state"} and state["counters"]["rollout/dropped_groups"] == 0
+    resumed, calls = small_trainer(tmp_path, *over, "checkpoint.resume=auto")
+    assert resumed.step == 2 and calls == [("load", "step_2"), ("sync", 2)]
+    assert resumed.roles.scoring.loaded == {"running": "state"}
+    assert [job.step for job in resumed.batches.launched] == [2] and resumed.batches.launched[0].batch is not None
+    assert resumed.batches.sampler.state_dict() == trainer.batches.sampler.state_dict()

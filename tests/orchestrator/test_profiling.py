@@ -2,17 +2,13 @@
 where the run keeps them; and the trainer profiles that step only."""
 
 import json
-from contextlib import nullcontext
-from types import SimpleNamespace
+from contextlib import contextmanager
 
 import torch
 
 from orchestrator.cli import _parser
 from orchestrator.profiling import profiled
-from orchestrator.trainer import Trainer
-from reward_service.types import ScoredBatch
 from rollout.profiling import Profiled
-from rollout.types import RolloutBatch
 
 
 def test_a_profiled_step_writes_each_roles_tables_and_trace(ray_cluster, tmp_path):
@@ -33,38 +29,21 @@ def test_a_profiled_step_writes_each_roles_tables_and_trace(ray_cluster, tmp_pat
     assert ray_cluster.get(role.profile.remote(False)) == ""  # switched off: a second stop is harmless
 
 
-def test_the_trainer_profiles_only_the_configured_step_and_the_cli_flag_sets_it(tmp_path):
-    n = 2
-    batch = RolloutBatch([0, 0], [[1]] * n, [[2]] * n, [[0.0]] * n, ["x"] * n, ["stop"] * n, version_first=[0, 0])
-    scored = ScoredBatch([1.0, 0.0], {}, [True] * n, [False] * n, [[0.0]] * n, raw=[1.0, 0.0])
-    stats = {"kl/ref_seq": 0.0, "learner/skipped_steps": 0.0, "learner/nonfinite_losses": 0.0}
-    for step in (0, 1):
-        run_dir = tmp_path / f"step{step}"
-        batch.version_first = [step] * n
-        loop = SimpleNamespace(
-            step=step,
-            run_dir=run_dir,
-            roles=lambda: {},
-            counters={},
-            sleep_engines=False,
-            lead=0,
-            gateway=None,
-            cfg=SimpleNamespace(data=SimpleNamespace(dynamic_sampling=False), logging=SimpleNamespace(profile_step=2)),
-            next_batch=lambda: (batch, [{}], None),
-            score=lambda b, e, judged: scored,
-            _judge_next=lambda: None,
-            _busy=lambda: {"rollout": [0.0], "scoring": [0.0]},
-            rollout=SimpleNamespace(asleep=lambda enabled: nullcontext()),
-            scoring=SimpleNamespace(restarts=0),
-            learner=SimpleNamespace(update=lambda b, s, step: stats, update_kl=lambda kl, n: 0.01),
-            check_progress=lambda s, scored: None,
-            push=lambda version: None,
-        )
-        Trainer.train_step(loop)
-        profiled_here = step + 1 == 2
-        assert (run_dir / "profile" / "driver.txt").exists() == profiled_here
-        if profiled_here:
-            assert "generate" in (run_dir / "profile" / "phases.txt").read_text()
+def test_the_trainer_profiles_only_the_configured_step_and_the_cli_flag_sets_it(tmp_path, monkeypatch):
+    from orchestrator import trainer as trainer_module
+    from tests.orchestrator.small_loop import small_trainer
+
+    profiled_steps = []
+
+    @contextmanager
+    def recording(roles, out_dir, timings):  # the real one profiles Ray actors (the test above)
+        yield
+        profiled_steps.append((sorted(roles), out_dir, "timing/generate" in timings))
+
+    monkeypatch.setattr(trainer_module, "profiled", recording)
+    trainer, _ = small_trainer(tmp_path, "logging.profile_step=2")
+    trainer.run()
+    assert profiled_steps == [(["learner_0", "scoring"], trainer.run_dir / "profile", True)]  # step 2 only
     assert _parser().parse_args(["train", "--profile"]).profile
 
 

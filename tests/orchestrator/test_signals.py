@@ -2,7 +2,6 @@
 
 import os
 import signal
-from types import SimpleNamespace
 
 import pytest
 
@@ -72,61 +71,45 @@ def test_stopped_says_where_the_checkpoint_is():
     assert "nothing to save" in str(Stopped("SIGINT", 0, 10, None))
 
 
-class FakeTracker:
-    def __init__(self):
-        self.steps, self.closed = [], False
-
-    def log(self, step, metrics, total_steps):
-        self.steps.append(step)
-
-    def log_table(self, *args):
-        pass
-
-    def close(self):
-        self.closed = True
-
-
 def loop(tmp_path, stop_during_step, every=0, total_steps=4):
-    """Trainer.run's loop without Ray: the phases are stubs; a stop is requested while step
-    `stop_during_step` runs (0: before the first step). Returns (the Stopped raised, saved steps, tracker)."""
-    from orchestrator.trainer import Trainer  # imports vLLM and DeepSpeed: slow, only here
+    """The real Trainer.run on stand-in roles (tests/orchestrator/small_loop.py); a stop is requested
+    during step `stop_during_step` (0: before the first step). Returns (the Stopped raised, the steps
+    checkpointed, the steps logged)."""
+    import json
 
-    t, stop, saved = object.__new__(Trainer), StopRequest(), []
-    t.cfg = SimpleNamespace(
-        total_steps=total_steps, eval=SimpleNamespace(every_n_steps=0), checkpoint=SimpleNamespace(every_n_steps=every)
-    )
-    t.step, t.run_dir, t.tracker, t.samples = 0, tmp_path, FakeTracker(), []
-    t._write_json = lambda name, data: None
+    from tests.orchestrator.small_loop import small_trainer  # imports vLLM and DeepSpeed: slow, only here
 
-    def evaluate():
-        if stop_during_step == 0:
-            stop.request("SIGINT")
-        return {"eval/x": 1.0}
+    over = (f"total_steps={total_steps}", f"checkpoint.every_n_steps={every}")
+    trainer, calls = small_trainer(tmp_path, *over)
+    stop = StopRequest()
+    if stop_during_step == 0:
+        stop.request("SIGINT")
 
-    def train_step():
-        if t.step + 1 == stop_during_step:
+    def during(step, metrics):  # read between steps, as a signal during step `step` would be
+        if step == stop_during_step:
             stop.request("SIGTERM")
-        return {"timing/total": 1.0}
 
-    t.evaluate, t.train_step, t.save = evaluate, train_step, lambda: saved.append(t.step)
     with pytest.raises(Stopped) as e:
-        t.run(stop)
-    return e.value, saved, t.tracker
+        trainer.run(stop, on_step=during)
+    saved = [int(c[1].removeprefix("step_").removesuffix(".tmp")) for c in calls if c[0] == "save"]
+    rows = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+    logged = [r["step"] for r in map(json.loads, rows) if "timing/total" in r]
+    return e.value, saved, logged
 
 
 def test_a_stop_during_a_step_finishes_it_then_checkpoints_it_and_does_not_evaluate(tmp_path):
-    e, saved, tracker = loop(tmp_path, stop_during_step=2)
-    assert tracker.steps == [1, 2] and saved == [2] and tracker.closed  # no eval-after row (step 2 again)
-    assert (e.signal_name, e.step, e.checkpoint) == ("SIGTERM", 2, tmp_path / "checkpoints" / "step_2")
+    e, saved, logged = loop(tmp_path, stop_during_step=2)
+    assert logged == [1, 2] and saved == [2]  # no eval-after row
+    assert (e.signal_name, e.step, e.checkpoint) == ("SIGTERM", 2, tmp_path / "small" / "checkpoints" / "step_2")
 
 
 def test_a_step_just_checkpointed_is_not_written_again(tmp_path):
-    e, saved, _ = loop(tmp_path, stop_during_step=2, every=2)
-    assert saved == [2] and e.checkpoint == tmp_path / "checkpoints" / "step_2"
-    e, saved, tracker = loop(tmp_path, stop_during_step=4)  # the last step: the resumed run only evaluates
-    assert saved == [4] and tracker.steps == [1, 2, 3, 4] and e.step == 4
+    e, saved, _ = loop(tmp_path / "a", stop_during_step=2, every=2)
+    assert saved == [2] and e.checkpoint == tmp_path / "a" / "small" / "checkpoints" / "step_2"
+    e, saved, logged = loop(tmp_path / "b", stop_during_step=4)  # the last step: the resumed run only evaluates
+    assert saved == [4] and logged == [1, 2, 3, 4] and e.step == 4
 
 
 def test_a_stop_before_the_first_step_saves_nothing(tmp_path):
-    e, saved, tracker = loop(tmp_path, stop_during_step=0)
-    assert saved == [] and tracker.steps == [] and e.checkpoint is None and e.step == 0
+    e, saved, logged = loop(tmp_path, stop_during_step=0)
+    assert saved == [] and logged == [] and e.checkpoint is None and e.step == 0

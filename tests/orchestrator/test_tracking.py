@@ -1,8 +1,7 @@
-"""Tracker through Trainer.run's loop (phases stubbed, no Ray): every wandb log carries its step, so
+"""Tracker through Trainer.run's loop (on stand-in roles, no Ray): every wandb log carries its step, so
 nothing of the last step is dropped; a resumed run's metrics.jsonl holds each step once."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -71,26 +70,32 @@ def fake_wandb(monkeypatch):
     return fake
 
 
-def trainer(tmp_path, total_steps, step=0, every_eval=0):
-    """A Trainer whose phases are stubs and whose tracker is real, at `step` (a resumed run: > 0)."""
-    from orchestrator.trainer import Trainer  # imports vLLM and DeepSpeed: slow, only here
+def write_checkpoint(run_dir, step):
+    """What a first run checkpointed at `step`, as the loop's state: a resumed run starts there."""
+    counts = ["data/skipped_lines", "rollout/dropped_groups", "learner/skipped_updates_in_a_row"]
+    counts += ["reward/unjudged_steps_in_a_row", "restarts/rollout", "restarts/scoring", "async/dropped_stale"]
+    state = {"step": step, "counters": dict.fromkeys(counts, 0), "scoring": {}, "config": {}}
+    state |= {"sampler": {"epoch": 0, "position": 2 * step}, "ahead": []}
+    (run_dir / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    (run_dir / "checkpoints" / f"step_{step}" / "orchestrator.json").write_text(json.dumps(state))
 
-    t = object.__new__(Trainer)
-    t.cfg = SimpleNamespace(
-        total_steps=total_steps,
-        eval=SimpleNamespace(every_n_steps=every_eval),
-        checkpoint=SimpleNamespace(every_n_steps=0),
-    )
-    t.step, t.run_dir, t.samples = step, tmp_path, SAMPLES
-    t.channel = SimpleNamespace(settle=lambda: None)
-    t._write_json = lambda name, data: (tmp_path / name).write_text(json.dumps(data))
-    t.evaluate = lambda: {"eval/greedy_accuracy": 0.5}
-    t.train_step = lambda: {"timing/total": 1.0, "run/resumed": float(step > 0)}
-    t.save = lambda: None
-    logging = LoggingConfig(wandb=WandbConfig(mode=WandbMode.offline), progress_bar=False)
-    t.finished = finished_before(tmp_path, step if step else None, total_steps)
-    t.tracker = Tracker(logging, tmp_path, "run", {}, resumed_at=step if step else None, finished=t.finished)
-    return t
+
+def trainer(run_dir, total_steps, step=0, every_eval=0):
+    """The real Trainer on stand-in roles (tests/orchestrator/small_loop.py) with a real tracker, in
+    `run_dir`, resumed from the checkpoint of `step` if > 0 (written here unless a run left one).
+    Every row it trains carries run/resumed."""
+    from tests.orchestrator.small_loop import STATS, small_trainer  # imports vLLM and DeepSpeed: slow, only here
+
+    if step and not (run_dir / "checkpoints" / f"step_{step}").exists():
+        write_checkpoint(run_dir, step)
+    over = [f"total_steps={total_steps}", f"eval.every_n_steps={every_eval}"]
+    over += [
+        "logging.wandb.mode=offline",
+        "logging.progress_bar=false",
+        f"checkpoint.resume={'auto' if step else 'never'}",
+    ]
+    stats = STATS | {"run/resumed": float(step > 0)}
+    return small_trainer(run_dir, *over, stats=stats, run_dir=run_dir)[0]
 
 
 def rows(path):
@@ -104,7 +109,7 @@ def test_every_wandb_log_carries_its_step_and_the_last_image_is_kept(tmp_path, f
     assert not run.dropped, run.dropped
     last = run.logged[4]
     assert last["pipeline"] == ("image", str(tmp_path / "pipeline.png"))
-    assert {"eval/samples", "eval/greedy_accuracy", "timing/total"} <= set(last)
+    assert {"eval/samples", "eval/greedy/reward/mean", "timing/total"} <= set(last)
     assert "eval/samples" in run.logged[0] and "eval/samples" in run.logged[2]
 
 
@@ -114,7 +119,7 @@ def test_a_resumed_run_holds_each_step_once(tmp_path, fake_wandb):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first) + '{"step": 27, "timing/')
     tables = [{"step": s, "table": "eval/samples", "rows": SAMPLES} for s in (0, 10, 20, 25)]
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tables))
-    (tmp_path / "eval_before.json").write_text(json.dumps({"eval/greedy_accuracy": 0.1}))
+    (tmp_path / "eval_before.json").write_text(json.dumps({"eval/greedy/reward/mean": 0.1}))
     trainer(tmp_path, total_steps=30, step=20).run()
     steps = [r for r in rows(tmp_path / "metrics.jsonl") if "timing/total" in r]
     assert [r["step"] for r in steps] == list(range(1, 31))
@@ -136,16 +141,13 @@ def test_a_fresh_run_starts_new_files(tmp_path):
 def killed_at(tmp_path, total_steps, step):
     """A first run that logs steps 1..step, checkpointing none of them here, then dies."""
     t = trainer(tmp_path, total_steps)
-    train_step = t.train_step
 
-    def dies():
-        if t.step == step:
+    def dies(done, metrics):
+        if done == step:
             raise KeyboardInterrupt("killed")
-        return train_step()
 
-    t.train_step = dies
     with pytest.raises(KeyboardInterrupt):
-        t.run()
+        t.run(on_step=dies)
     t.tracker.close()
 
 
@@ -195,10 +197,10 @@ def test_a_resume_wandb_cannot_rewind_logs_to_a_new_run_and_says_so(tmp_path, fa
 def test_resuming_a_finished_run_logs_its_last_step_once(tmp_path, fake_wandb):
     """Review A, item 15: a finished run resumed at its last step kept its final evaluation's row
     and evaluated again: the last step twice in metrics.jsonl."""
-    trainer(tmp_path, total_steps=4, every_eval=2).run()
+    first = trainer(tmp_path, total_steps=4, every_eval=2).run()
     before = (tmp_path / "metrics.jsonl").read_text(), (tmp_path / "samples.jsonl").read_text()
     after = trainer(tmp_path, total_steps=4, every_eval=2, step=4).run()
-    assert after == {"eval/greedy_accuracy": 0.5}  # the first run's, read back
+    assert after == first and "eval/greedy/reward/mean" in after  # the first run's, read back
     assert ((tmp_path / "metrics.jsonl").read_text(), (tmp_path / "samples.jsonl").read_text()) == before
     assert [r["step"] for r in rows(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 4]  # step 4, then its evaluation
     assert not fake_wandb.run.dropped
@@ -217,8 +219,12 @@ def test_a_crash_after_the_final_rows_redoes_the_final_evaluation_once(tmp_path,
 def test_a_fresh_run_is_never_taken_for_a_finished_one(tmp_path, fake_wandb):
     trainer(tmp_path, total_steps=2).run()  # an earlier run of this name finished
     t = trainer(tmp_path, total_steps=2)  # a fresh one dies after its last step, before evaluating it
-    t.evaluate = lambda: (_ for _ in ()).throw(KeyboardInterrupt("killed")) if t.step == 2 else {"eval/x": 0.0}
+
+    def dies(step, metrics):
+        if step == 2:
+            raise KeyboardInterrupt("killed")
+
     with pytest.raises(KeyboardInterrupt):
-        t.run()
+        t.run(on_step=dies)
     assert not (tmp_path / "eval_after.json").exists()
     assert not finished_before(tmp_path, 2, 2)  # so its resume at step 2 evaluates

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from orchestrator.dynamic_sampling import Sampled
 from orchestrator.load_config import load_config
 from orchestrator.trainer import Trainer
 from reward_service.rules import math_answer
@@ -40,18 +41,19 @@ def config(policy, root, preset="grpo_tiny_cpu", **over):
     return load_config(REPO / "configs" / f"{preset}.yaml", overrides(policy, root, **over))
 
 
-def train(cfg, kill_before_step=None, kill="rollout"):
+def train(cfg, kill_after_step=None, kill="rollout"):
+    """Run to the end; `kill_after_step`: kill the rollout worker (or the scoring service) once that
+    step is done (Ray restarts it: max_restarts). Returns the run's counts."""
     trainer = Trainer(cfg)
+
+    def kill_role(step, metrics):
+        if step == kill_after_step:
+            r = trainer.roles
+            ray.kill(r.rollout.workers[0] if kill == "rollout" else r.scoring.actor, no_restart=False)
+
     try:
-        if kill_before_step is None:
-            return trainer.run()
-        trainer.before = trainer.evaluate()
-        while trainer.step < cfg.total_steps:
-            if trainer.step == kill_before_step:  # Ray restarts it (max_restarts)
-                ray.kill(trainer.rollout.workers[0] if kill == "rollout" else trainer.scoring.actor, no_restart=False)
-            trainer.tracker.log(trainer.step + 1, trainer.train_step(), cfg.total_steps)
-            trainer.step += 1
-        return trainer.counters
+        trainer.run(on_step=kill_role)
+        return trainer.all_counters()
     finally:
         trainer.shutdown()
 
@@ -74,7 +76,8 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     }
     steps = 12 if preset == "ppo_tiny_cpu" else 6
     cfg = config(policy, tmp_path, preset, name=preset, **(ppo if preset == "ppo_tiny_cpu" else {"total_steps": 6}))
-    after = train(cfg)
+    train(cfg)
+    after = json.loads((tmp_path / preset / "eval_after.json").read_text())
     before = json.loads((tmp_path / preset / "eval_before.json").read_text())
     rows = [r for r in metrics(tmp_path / preset) if "timing/total" in r]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
@@ -209,7 +212,7 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_run_completes(ray_cluster, policy, tmp_path):
-    counters = train(config(policy, tmp_path, name="restart", total_steps=3), kill_before_step=1)
+    counters = train(config(policy, tmp_path, name="restart", total_steps=3), kill_after_step=1)
     assert counters["restarts/rollout"] == 1
     rows = [r for r in metrics(tmp_path / "restart") if "timing/total" in r]
     assert len(rows) == 3 and rows[-1]["rollout/logprob_gap"] < 1e-3  # the restarted engine got the weights
@@ -217,13 +220,13 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_completes(ray_cluster,
 
 def test_a_killed_scoring_service_is_restarted_with_its_state(ray_cluster, policy, tmp_path):
     cfg = config(policy, tmp_path, name="restart_scoring", total_steps=3, **{"reward.normalization": "running"})
-    counters = train(cfg, kill_before_step=2, kill="scoring")
+    counters = train(cfg, kill_after_step=2, kill="scoring")
     assert counters["restarts/scoring"] == 1 and counters["restarts/rollout"] == 0
     rows = [r for r in metrics(tmp_path / "restart_scoring") if "timing/total" in r]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["restarts/scoring"] == 1
     # the running reward normaliser came back: after a fresh start it would have seen one batch, not three
     uninterrupted = config(policy, tmp_path, name="no_restart", total_steps=3, **{"reward.normalization": "running"})
-    train(uninterrupted, kill_before_step=99)
+    train(uninterrupted)
     want = [r for r in metrics(tmp_path / "no_restart") if "timing/total" in r]
     assert rows[-1]["reward/mean"] == pytest.approx(want[-1]["reward/mean"], abs=1e-6)
 
@@ -283,15 +286,17 @@ def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp
     trainer = Trainer(cfg)
     try:
         # evaluation is read-only: the running reward normaliser does not move, and rewards are raw
-        state = ray.get(trainer.scoring.actor.state_dict.remote())
-        evaluated = trainer.evaluate()
-        assert ray.get(trainer.scoring.actor.state_dict.remote()) == state and state["running"]["count"] == 0
+        actor = trainer.roles.scoring.actor
+        state = ray.get(actor.state_dict.remote())
+        evaluated = trainer.evaluator.evaluate(0)
+        assert ray.get(actor.state_dict.remote()) == state and state["running"]["count"] == 0
         assert 0.0 < evaluated["eval/sampled/reward/mean"] <= 1.0 and "eval/greedy/reward/accuracy" in evaluated
-        batch, examples = trainer.generate()
+        batch, examples = trainer.batches.generate(0)
         scored = trainer.score(batch, examples)
         equal = sum(len({r for r, p in zip(scored.rewards, batch.prompt_index) if p == j}) == 1 for j in range(16))
         assert equal > 0
-        kept, kept_examples, kept_scored = trainer.keep_informative(batch, examples, scored)
+        kept = trainer.keep_informative(Sampled(batch, examples, scored))
+        kept, kept_examples, kept_scored = kept.rollouts, kept.examples, kept.scored
         assert (
             len(kept) == len(batch) and len(kept_examples) == 16 and sorted(set(kept.prompt_index)) == list(range(16))
         )

@@ -1,0 +1,83 @@
+"""Held-out evaluation during training: before the first step, every eval.every_n_steps, after the
+last; the sample table beside the reference policy's answers, and the eval files in the run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.config import TrainConfig
+from orchestrator.data import policy_prompt, reward_metadata
+from orchestrator.evaluate import evaluate_policy, sample_rows, shown
+from rollout.seeds import EVALUATION
+from rollout.types import RolloutBatch
+
+
+class Evaluator:
+    """Owns the held-out prompts, the reference policy's answers to the first of them (step 0's, kept
+    in eval_reference_samples.json), the latest sample table, and the run's eval_before/eval_after
+    files. Generates on the rollout pool, scores read-only on the scoring pool, and reads the KL side
+    from the learner's logprobs."""
+
+    def __init__(self, cfg: TrainConfig, held_out: list[dict], run_dir: Path, rollout, scoring, learner):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.rollout, self.scoring, self.learner = rollout, scoring, learner
+        template = cfg.data.apply_chat_template
+        self.prompts = [policy_prompt(e["prompt"], template) for e in held_out]
+        self.metadata = [reward_metadata(e, template) for e in held_out]
+        self.reference_samples: dict[str, tuple] = {}  # prompt -> (answer, reward) at step 0
+        self.samples: list[dict] = []  # the latest evaluation's table rows
+        self.before: dict[str, float] = {}  # the metrics before training
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out prompts through orchestrator.evaluate (read-only scoring, raw rewards); the table
+        of the first prompts is kept in `samples`."""
+        ev = evaluate_policy(
+            lambda p, greedy: self.rollout.generate(p, 0, greedy, tasks=self.metadata, draw=EVALUATION),
+            self.scoring.evaluate,
+            self.prompts,
+            self.metadata,
+            self.cfg.eval.greedy,
+            self.cfg.rollout.sampling.temperature,
+            self.learner.policy_logprobs,
+        )
+        self.samples = self._sample_table(step, *shown(ev))
+        return ev.metrics
+
+    def _sample_table(self, step: int, greedy: RolloutBatch, scored) -> list[dict]:
+        """The first held-out prompts, the current policy's greedy answer beside the reference
+        policy's. The reference answer is the step-0 one: at step 0 the policy is the reference
+        (unless reward.reference_model_path names another model)."""
+        rows = sample_rows(self.prompts, greedy, scored, self.cfg.eval.num_samples_to_log)
+        if step == 0:
+            self.reference_samples = {r["prompt"]: (r["policy"], r["reward"]) for r in rows}
+            self.write("eval_reference_samples.json", self.reference_samples)
+        for r in rows:
+            r["reference"], r["reference_reward"] = self.reference_samples.get(r["prompt"], (None, None))
+        return rows
+
+    def evaluate_before(self, step: int) -> dict[str, float]:
+        """The metrics before training: evaluated at step 0 (an earlier run's eval_after.json of this
+        name removed), read back from the run folder when resumed (with the reference answers)."""
+        if step == 0:
+            (self.run_dir / "eval_after.json").unlink(missing_ok=True)
+            self.before = self.evaluate(step)
+            self.write("eval_before.json", self.before)
+        else:
+            self.before = json.loads((self.run_dir / "eval_before.json").read_text())
+            saved = self.run_dir / "eval_reference_samples.json"
+            self.reference_samples = json.loads(saved.read_text()) if saved.exists() else {}  # else: no column
+        return self.before
+
+    def evaluate_after(self, step: int) -> dict[str, float]:
+        after = self.evaluate(step)
+        self.write("eval_after.json", after)
+        return after
+
+    def read_after(self) -> dict[str, float]:
+        """A resumed run that had finished: the final evaluation it wrote."""
+        return json.loads((self.run_dir / "eval_after.json").read_text())
+
+    def write(self, name: str, data: dict) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / name).write_text(json.dumps(data, indent=1))

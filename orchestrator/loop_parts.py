@@ -1,0 +1,37 @@
+"""What the training loop drives, built for a run: the data split, Ray, the roles, the batch source
+and the evaluator on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.batches import EndpointBatches, PromptBatches
+from orchestrator.builtin_models import resolve_model_path
+from orchestrator.config import TrainConfig
+from orchestrator.data import load_split
+from orchestrator.evaluator import Evaluator
+from orchestrator.roles import Roles, init_ray, start_roles
+
+
+@dataclass
+class LoopParts:
+    """What the loop drives, built by start_parts (tests build it from small real parts)."""
+
+    roles: Roles
+    batches: PromptBatches | EndpointBatches
+    evaluator: Evaluator
+    skipped_lines: int  # data lines load_split skipped
+
+
+def start_parts(cfg: TrainConfig, run_dir: Path) -> LoopParts:
+    """The data split (bad data fails first), Ray, every role, and the batch source and evaluator on them."""
+    train, held_out, skipped_lines = load_split(cfg.data, cfg.seed)
+    model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
+    init_ray(cfg)
+    r = start_roles(cfg, model_path)
+    if r.gateway is not None:  # an agent program's finished episodes, not data prompts
+        batches = EndpointBatches(cfg, r.gateway)
+    else:
+        batches = PromptBatches(cfg, train, r.rollout, r.scoring, r.restart_rollout)
+    return LoopParts(r, batches, Evaluator(cfg, held_out, run_dir, r.rollout, r.scoring, r.learner), skipped_lines)

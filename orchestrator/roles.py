@@ -1,0 +1,190 @@
+"""The roles of a training run as the loop sees them: Ray started, every role built where it runs
+(placement bundles, thread split, malloc environment), the weight sync, a rollout restart, and the
+shutdown."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from contextlib import AbstractContextManager
+
+import ray
+
+from learner.group import LearnerGroup
+from orchestrator.agents import start_gateway
+from orchestrator.config import TrainConfig
+from orchestrator.placement import RoleBundles, cpu_threads, placement, unit
+from reward_service.pool import ScoringPool
+from rollout.channel import WeightChannel
+from rollout.device import malloc_env
+from rollout.pool import RolloutPool, await_ready
+
+log = logging.getLogger(__name__)
+
+
+def init_ray(cfg: TrainConfig) -> None:
+    """Join the cluster at cluster.address (or start a local one), unless this process already has."""
+    if not ray.is_initialized():
+        ray.init(address=cfg.cluster.address or None, include_dashboard=False, log_to_driver=False)
+
+
+def learner_algorithm(cfg: TrainConfig):
+    """The algorithm section the learner runs: loss_norm_tokens 0 resolved to the budget of the
+    longest sample this run can make (seq_sum_norm's constant): one response, an episode's model
+    and observation tokens, or an endpoint conversation (at most rollout.max_model_len)."""
+    a, r = cfg.algorithm, cfg.rollout
+    budget = r.max_model_len if r.endpoint.enabled else cfg.env.response_tokens(r.sampling.max_new_tokens)
+    return dataclasses.replace(a, loss_norm_tokens=a.loss_norm_tokens or budget)
+
+
+@dataclasses.dataclass
+class RolePlacement:
+    """Where the actors of each role go and with how many threads: the placement group's RoleBundles
+    (None: no bundles, each actor asks for a unit of its role's custom resource), the torch threads
+    of (rollout, learner, scoring) (placement.cpu_threads), and whether the engines sleep while the
+    learner updates on their GPUs."""
+
+    bundles: RoleBundles | None
+    threads: tuple[int, int, int]
+    sleep_engines: bool
+
+    def cpus(self) -> int:
+        return 1 if self.bundles else 0  # colocated actors reserve no CPU: they take turns
+
+    def resources(self, resource: str) -> dict | None:
+        return unit(resource) if self.bundles is None else None
+
+
+def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
+    """Every role of the run, built in its placement: rollout pool, scoring pool, learner group, the
+    weight channel between them, and the agent endpoint when enabled."""
+    c = cfg.cluster
+    placement_group, bundles = placement(c)
+    # engines and learner on the same GPUs: vLLM sleeps during the update (sleep_engines)
+    where = RolePlacement(
+        bundles, cpu_threads(cfg), c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0
+    )
+    rollout = start_rollout(cfg, model_path, where)
+    scoring = start_scoring(cfg, model_path, where)
+    learner = start_learner(cfg, model_path, where)
+    channel = WeightChannel(rollout, learner, cfg.rollout.sync_bucket_mb)
+    gateway = start_gateway(rollout.workers, model_path, cfg.rollout) if cfg.rollout.endpoint.enabled else None
+    return Roles(rollout, scoring, learner, channel, gateway, placement_group, where.sleep_engines)
+
+
+def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> RolloutPool:
+    c = cfg.cluster
+    return RolloutPool(
+        dataclasses.replace(cfg.rollout, cpu_threads=where.threads[0]),
+        model_path,
+        c.rollout_workers,
+        cfg.seed,
+        num_cpus=where.cpus(),
+        num_gpus=c.gpus_per_rollout_worker,
+        max_restarts=c.max_restarts,
+        sleep_mode=where.sleep_engines,
+        scheduling=where.bundles.rollout if where.bundles else None,
+        resources=where.resources(c.rollout_resource),
+        step_samples=cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt,
+        keep_freed_memory=c.cpu_keep_freed_memory,
+        env=cfg.env,
+    )
+
+
+def start_scoring(cfg: TrainConfig, model_path: str, where: RolePlacement) -> ScoringPool:
+    c = cfg.cluster
+    env = malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)
+    return ScoringPool(
+        cfg.reward,
+        model_path,
+        cfg.learner.dtype.value,
+        where.threads[2],
+        cfg.learner.logprob_chunk_tokens,
+        dict(
+            num_cpus=where.cpus(),
+            num_gpus=c.gpus_per_scoring,
+            max_restarts=c.max_restarts,
+            resources=where.resources(c.scoring_resource) or {},
+            runtime_env={"env_vars": env},
+            **({"scheduling_strategy": where.bundles.scoring} if where.bundles else {}),
+        ),
+    )
+
+
+def start_learner(cfg: TrainConfig, model_path: str, where: RolePlacement) -> LearnerGroup:
+    c = cfg.cluster
+    return LearnerGroup(
+        dataclasses.replace(cfg.learner, model_path=model_path, threads=where.threads[1]),
+        learner_algorithm(cfg),
+        cfg.rollout.sampling,
+        c.learner_ranks,
+        cfg.seed,
+        num_cpus=where.cpus(),
+        num_gpus=c.gpus_per_learner,
+        scheduling=where.bundles.learner if where.bundles else None,
+        resources=where.resources(c.learner_resource),
+        keep_freed_memory=c.cpu_keep_freed_memory,
+    )
+
+
+class Roles:
+    """Owns every actor of the run: the rollout pool (and the agent endpoint in front of it), the
+    scoring pool, the learner group, the weight channel between learner and engines, and the
+    placement group they sit in (start_roles builds them); counts the rollout restarts it recovered from."""
+
+    def __init__(
+        self, rollout, scoring, learner, channel, gateway=None, placement_group=None, sleep_engines: bool = False
+    ):
+        self.rollout, self.scoring, self.learner, self.channel = rollout, scoring, learner, channel
+        self.gateway, self.placement_group, self.sleep_engines = gateway, placement_group, sleep_engines
+        self.rollout_restarts = 0
+
+    # ------------------------------------------------------------------ during the run
+    def actors(self) -> dict:
+        """Every actor by role name (rollout_i, scoring, learner_i)."""
+        return (
+            {f"rollout_{i}": w for i, w in enumerate(self.rollout.workers)}
+            | {"scoring": self.scoring.actor}
+            | {f"learner_{i}": r for i, r in enumerate(self.learner.ranks)}
+        )
+
+    def busy(self) -> dict[str, list[float]]:
+        """Each role's seconds of work so far, one per actor (phases.busy_metrics)."""
+        return {"rollout": self.rollout.busy_seconds(), "scoring": [self.scoring.busy_seconds()]}
+
+    def engines_asleep(self) -> AbstractContextManager:
+        """The engines asleep for the block when they share the learner's GPUs (awake again after)."""
+        return self.rollout.asleep(self.sleep_engines)
+
+    def sync_weights(self, version: int, wait: bool, on_restart) -> None:
+        """The learner's weights to the engines as policy `version` (wait=False: do not wait for the
+        engines). If an engine died, restart_rollout, then `on_restart()` (launch again what was lost)."""
+        try:
+            self.channel.push(version, wait=wait)
+        except ray.exceptions.RayActorError as e:
+            self.restart_rollout(e, version)
+            on_restart()
+
+    def restart_rollout(self, error: Exception, version: int) -> None:
+        """An engine died: wait for Ray to restart it, rebuild the weight-sync group and give every
+        engine the learner's weights (policy `version`). What it was generating is the caller's to relaunch."""
+        self.rollout_restarts += 1
+        log.warning("rollout worker died (%s); waiting for its restart and generating again", type(error).__name__)
+        await_ready(self.rollout.workers)
+        self.channel.connect()
+        self.channel.push(version)
+
+    def finish_sync(self) -> None:
+        """Wait for a weight sync still in flight."""
+        self.channel.settle()
+
+    def shutdown(self) -> None:
+        if self.gateway is not None:
+            ray.get(self.gateway.shutdown.remote())
+        self.rollout.shutdown()
+        self.learner.shutdown()
+        self.scoring.shutdown()
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
