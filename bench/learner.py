@@ -27,8 +27,8 @@ from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.group import LearnerGroup
 from learner.tiny_gpt import init_tiny_gpt
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
+from runtime.logprobs import SamplerSettings
 
 SHAPE = dict(n_embd=384, n_layer=5, n_head=6)
 
@@ -64,7 +64,7 @@ def bench(model: str, world: int, zero: int, batch, scored, repeats: int) -> flo
     group = LearnerGroup(
         LearnerConfig(model_path=model, lr=1e-5, zero_stage=zero),
         algo,
-        SamplingConfig(n_samples_per_prompt=8),
+        SamplerSettings(n_samples_per_prompt=8),
         world,
         seed=0,
         num_cpus=0,

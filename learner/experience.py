@@ -16,14 +16,15 @@ from learner import algorithms as A
 from learner import losses as L
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
-from rollout.device import to_device
-from rollout.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs, map_chunks
 from rollout.types import RolloutBatch, pack
+from runtime.device import to_device
+from runtime.logprobs import DEFAULT_CHUNK_TOKENS, SamplerSettings, chunked_logprobs, filtered_logprobs, map_chunks
 
 
 @dataclass
 class Experience:
+    """One rank's training tensors of a batch, aligned with the logits of the packed sequences."""
+
     input_ids: torch.Tensor  # (B, L)
     attention_mask: torch.Tensor  # (B, L)
     position_ids: torch.Tensor  # (B, L)
@@ -169,7 +170,7 @@ def make_experience(
     scored: ScoredBatch,
     cfg: AlgorithmConfig,
     kl_coef: float,
-    sampling: SamplingConfig,
+    sampling: SamplerSettings,
     pad_id: int,
     micro: int,
     rank: int,
@@ -205,7 +206,7 @@ def make_experience(
         logprobs = chunked_logprobs(logits, labels, t, chunk_tokens)
         filtered = (
             map_chunks(
-                lambda x, y: A.filtered_logprobs(x, y, sampling.top_k, sampling.top_p), logits, labels, t, chunk_tokens
+                lambda x, y: filtered_logprobs(x, y, sampling.top_k, sampling.top_p), logits, labels, t, chunk_tokens
             )
             if filters
             else None

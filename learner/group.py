@@ -12,9 +12,9 @@ import ray
 from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.worker import Learner, node_address
-from rollout.config import SamplingConfig
-from rollout.device import malloc_env
 from rollout.weight_sync import encode_plan
+from runtime.device import malloc_env
+from runtime.logprobs import SamplerSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def rank_options(
     env: dict[str, str] | None = None,
 ) -> dict:
     """Ray options of one learner rank. `resources`: custom Ray resources it requires (placement knobs);
-    `env`: more environment (rollout.device.malloc_env)."""
+    `env`: more environment (runtime.device.malloc_env)."""
     return {
         "num_cpus": num_cpus,
         "num_gpus": num_gpus,
@@ -85,11 +85,15 @@ def start_ranks(
 
 
 class LearnerGroup:
+    """The N learner ranks as the trainer sees them: it starts them (start_ranks) and makes each call
+    of a phase on all of them at once, returning rank 0's answer; it is also the sender a
+    WeightChannel calls."""
+
     def __init__(
         self,
         cfg: LearnerConfig,
         algo: AlgorithmConfig,
-        sampling: SamplingConfig,
+        sampling: SamplerSettings,
         world_size: int,
         seed: int,
         num_cpus: float = 1.0,
@@ -101,7 +105,7 @@ class LearnerGroup:
     ):
         """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt);
         `scheduling`/`resources`: where the ranks go (start_ranks); keep_freed_memory: see
-        rollout.device.malloc_env."""
+        runtime.device.malloc_env."""
         self.ranks = start_ranks(
             Learner,
             world_size,

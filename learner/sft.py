@@ -11,6 +11,7 @@ import time
 import torch
 
 from learner import algorithms as A
+from runtime.logprobs import logprobs_from_logits
 
 
 def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +77,7 @@ def sft_tokens(
     for step in range(steps):
         rows = torch.randint(0, len(ids), (batch_size,), generator=g)
         logits = model(input_ids=ids[rows], attention_mask=attention[rows]).logits[:, :-1]
-        loss = -A.masked_mean(A.logprobs_from_logits(logits, ids[rows, 1:]), mask[rows])
+        loss = -A.masked_mean(logprobs_from_logits(logits, ids[rows, 1:]), mask[rows])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

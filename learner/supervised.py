@@ -18,8 +18,8 @@ from learner.engine import init_distributed, make_engine
 from learner.group import start_ranks
 from learner.models import no_dropout_config
 from learner.worker import seed_everything
-from rollout.device import collective_backend, compute, process_device
-from rollout.logprobs import chunked_logprobs
+from runtime.device import collective_backend, compute, process_device
+from runtime.logprobs import chunked_logprobs
 
 SFT, RM = "sft", "rm"
 
@@ -42,6 +42,10 @@ def build_model(cfg: LearnerConfig, kind: str, pad_token_id: int | None) -> torc
 
 
 class SupervisedLearner:
+    """One rank of `relay sft` or `relay rm` (a Ray actor): it owns the model being trained (a causal
+    LM, or a one-output sequence classifier for `kind` RM), its DeepSpeed engine and its share of
+    every batch."""
+
     def __init__(
         self,
         cfg: LearnerConfig,

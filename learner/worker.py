@@ -40,11 +40,6 @@ from learner.experience import Experience, experience_metrics, make_experience, 
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
-from rollout.device import collective_backend, process_device, to_device
-from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy, map_chunks
-from rollout.profiling import Profiled
-from rollout.seeds import stream_seed
 from rollout.types import RolloutBatch
 from rollout.weight_sync import (
     SyncGroup,
@@ -56,6 +51,16 @@ from rollout.weight_sync import (
     send_weights,
     stage_buckets,
 )
+from runtime.device import collective_backend, process_device, to_device
+from runtime.logprobs import (
+    SamplerSettings,
+    chunked_logprobs,
+    chunked_logprobs_entropy,
+    filtered_logprobs,
+    map_chunks,
+)
+from runtime.profiling import Profiled
+from runtime.seeds import stream_seed
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +79,15 @@ def node_address() -> tuple[str, str, int]:
 
 
 class Learner(Profiled):
+    """One data-parallel learner rank (a Ray actor): it owns the policy and the optional critic with
+    their DeepSpeed engines, its device, precision and memory, the update (experience, mini-batch
+    epochs, KL control) and the sending end of weight sync. LearnerGroup calls every rank alike."""
+
     def __init__(
         self,
         cfg: LearnerConfig,
         algo: AlgorithmConfig,
-        sampling: SamplingConfig,
+        sampling: SamplerSettings,
         rank: int,
         world_size: int,
         master_addr: str,
@@ -423,7 +432,7 @@ def policy_loss(
     if old_from_forward:
         sampled = (
             map_chunks(
-                lambda x, y: A.filtered_logprobs(x, y, top_k, top_p),
+                lambda x, y: filtered_logprobs(x, y, top_k, top_p),
                 logits.detach(),
                 mb["input_ids"][:, 1:],
                 temperature,
@@ -487,7 +496,7 @@ def micro_metrics(terms: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[st
     return m
 
 
-def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplingConfig) -> int:
+def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplerSettings) -> int:
     """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens (the trainer sets 0 to the sample's
     whole budget, orchestrator.trainer.learner_algorithm), else one response's max_new_tokens."""
     return algo.loss_norm_tokens or sampling.max_new_tokens

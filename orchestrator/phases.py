@@ -11,8 +11,8 @@ from pathlib import Path
 
 from learner.checkpoint import recover
 from reward_service.types import ScoredBatch
-from rollout.prompts import is_chat, is_token_ids
 from rollout.types import RolloutBatch
+from runtime.prompts import is_chat, is_token_ids
 
 VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # sources whose mean is an accuracy
 
@@ -26,7 +26,7 @@ class Ahead:
     pending: list | None  # its generate calls in flight
     batch: RolloutBatch | None = None  # once collected
     judged: object = None  # its scoring launched behind its generation (ScoringPool.judge_ahead), if any
-    draw: int = 0  # with step, seeds its requests (rollout.seeds.request_seed): unique per batch launched
+    draw: int = 0  # with step, seeds its requests (runtime.seeds.request_seed): unique per batch launched
 
     def state_dict(self) -> dict:
         return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch), "draw": self.draw}

@@ -42,10 +42,12 @@ from orchestrator.signals import Stopped, StopRequest
 from orchestrator.tracking import Tracker
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
-from rollout.device import malloc_env
-from rollout.pool import RolloutPool, await_ready
-from rollout.seeds import EVALUATION
+from rollout.pool import PoolOptions, RolloutPool
 from rollout.types import RolloutBatch
+from runtime.actors import await_ready
+from runtime.device import malloc_env
+from runtime.logprobs import SamplerSettings
+from runtime.seeds import EVALUATION
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +112,16 @@ class Trainer:
             self.model_path,
             c.rollout_workers,
             self.cfg.seed,
-            num_cpus=cpus,
-            num_gpus=c.gpus_per_rollout_worker,
-            max_restarts=c.max_restarts,
-            sleep_mode=self.sleep_engines,
-            scheduling=place[: c.rollout_workers] if place else None,
-            resources=unit(c.rollout_resource) if free else None,
-            step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt,
-            keep_freed_memory=c.cpu_keep_freed_memory,
+            PoolOptions(
+                num_cpus=cpus,
+                num_gpus=c.gpus_per_rollout_worker,
+                max_restarts=c.max_restarts,
+                sleep_mode=self.sleep_engines,
+                scheduling=place[: c.rollout_workers] if place else None,
+                resources=unit(c.rollout_resource) if free else None,
+                step_samples=self.cfg.data.rollout_batch_size * self.cfg.rollout.sampling.n_samples_per_prompt,
+                keep_freed_memory=c.cpu_keep_freed_memory,
+            ),
             env=self.cfg.env,
         )
         self.scoring = ScoringPool(
@@ -139,7 +143,7 @@ class Trainer:
         self.learner = LearnerGroup(
             learner_cfg,
             learner_algorithm(self.cfg),
-            self.cfg.rollout.sampling,
+            SamplerSettings.of(self.cfg.rollout.sampling),
             c.learner_ranks,
             self.cfg.seed,
             num_cpus=cpus,

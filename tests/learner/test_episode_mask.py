@@ -9,8 +9,8 @@ from learner.experience import make_experience
 from learner.models import build_policy
 from learner.worker import policy_loss
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
+from runtime.logprobs import SamplerSettings
 
 
 @pytest.mark.parametrize("loss", list(PolicyLoss))
@@ -35,7 +35,7 @@ def test_observation_tokens_get_no_gradient_no_kl_and_no_advantage(tiny_model, l
         scored,
         algo,
         0.1,
-        SamplingConfig(n_samples_per_prompt=2),
+        SamplerSettings(n_samples_per_prompt=2),
         pad_id=0,
         micro=2,
         rank=0,

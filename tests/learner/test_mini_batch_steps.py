@@ -12,8 +12,8 @@ from conftest import make_scored_batch
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.worker import Learner, loss_norm_tokens, policy_loss
-from rollout.config import SamplingConfig
 from rollout.weight_sync import free_port
+from runtime.logprobs import SamplerSettings
 
 GROUP = 3
 
@@ -26,7 +26,7 @@ def learner(tiny_model):
     return Learner(
         LearnerConfig(model_path=tiny_model, lr=1e-3),
         algo,
-        SamplingConfig(n_samples_per_prompt=GROUP),
+        SamplerSettings(n_samples_per_prompt=GROUP),
         rank=0,
         world_size=1,
         master_addr="127.0.0.1",

@@ -11,8 +11,8 @@ from orchestrator.phases import Ahead
 from orchestrator.trainer import Trainer
 from rollout.config import SamplingConfig
 from rollout.pool import RolloutPool
-from rollout.seeds import EVALUATION, request_seed
 from rollout.types import RolloutBatch
+from runtime.seeds import EVALUATION, request_seed
 
 B = 4  # prompts per step
 

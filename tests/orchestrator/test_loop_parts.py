@@ -17,8 +17,8 @@ from orchestrator.load_config import ConfigError, load_config
 from orchestrator.phases import TrainingError, batch_metrics, check_progress, pick_groups
 from orchestrator.trainer import Trainer
 from reward_service.types import ScoredBatch
-from rollout.seeds import EVALUATION
 from rollout.types import RolloutBatch
+from runtime.seeds import EVALUATION
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "grpo_tiny_cpu.yaml"
 nan = float("nan")

@@ -25,8 +25,8 @@ from learner.worker import policy_loss
 from orchestrator.phases import batch_metrics, informative
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.service import ScoringService
-from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
+from runtime.logprobs import SamplerSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_remote import Server, lengths  # noqa: E402  (the loopback server of the remote tests)
@@ -68,7 +68,7 @@ def learner_view(tiny_model, batch, scored):
         scored,
         algo,
         0.0,
-        SamplingConfig(n_samples_per_prompt=len(batch)),
+        SamplerSettings(n_samples_per_prompt=len(batch)),
         pad_id=0,
         micro=len(batch),
         rank=0,
