@@ -7,7 +7,7 @@ What a user writes with transformers and torch alone, as TRL's GRPOTrainer does 
 advantages, one forward/backward over the completions, AdamW. It reads the same relay config and
 trains on the same prompts with the same loss (PPO clip, k3 KL to the reference in the loss, token
 mean over the mini-batch) and the same optimizer settings, in the learner's dtype (bfloat16 as
-relay and PyTorch AMP do it: autocast over float32 weights, rollout.device.compute). Old logprobs
+relay and PyTorch AMP do it: autocast over float32 weights, runtime.device.compute). Old logprobs
 are the current ones, detached, when one epoch of one mini-batch cannot move them (TRL's rule);
 otherwise a no-grad forward computes them first. Relay's own code is used only where the two must
 agree exactly: the data, prompt encoding and the reward function.
@@ -31,8 +31,8 @@ from orchestrator.config import TrainConfig
 from orchestrator.data import PromptSampler, load_split, policy_prompt, reward_metadata
 from orchestrator.load_config import load_config
 from reward_service.service import RewardFunction
-from rollout.device import compute
-from rollout.prompts import encode_prompt
+from runtime.device import compute
+from runtime.prompts import encode_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("generate", "score", "update", "total")

@@ -24,11 +24,11 @@ import ray
 import torch
 
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
-from learner.group import LearnerGroup
+from learner.group import LearnerGroup, RankPlacement
 from learner.tiny_gpt import init_tiny_gpt
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
+from runtime.logprobs import SamplerSettings
 
 SHAPE = dict(n_embd=384, n_layer=5, n_head=6)
 
@@ -64,11 +64,10 @@ def bench(model: str, world: int, zero: int, batch, scored, repeats: int) -> flo
     group = LearnerGroup(
         LearnerConfig(model_path=model, lr=1e-5, zero_stage=zero),
         algo,
-        SamplingConfig(n_samples_per_prompt=8),
+        SamplerSettings(n_samples_per_prompt=8),
         world,
         seed=0,
-        num_cpus=0,
-        threads=threads,
+        placement=RankPlacement(num_cpus=0, threads=threads),
     )
     try:
         group.update(batch, scored, step=0)

@@ -33,9 +33,9 @@ import torch
 from learner.tiny_gpt import init_tiny_gpt, init_tiny_llama
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env
-from rollout.pool import RolloutPool
-from rollout.seeds import request_seed
+from rollout.pool import PoolOptions, RolloutPool
 from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
+from runtime.seeds import request_seed
 
 ARCHS = {"llama": init_tiny_llama, "gpt2": init_tiny_gpt}
 SIZES = {
@@ -91,7 +91,7 @@ def bench_generation(model: str, args) -> dict:
         sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens, temperature=1.0),
     )
     prompts = make_prompts(args.prompts)
-    pool = RolloutPool(cfg, model, num_workers=1, seed=0, num_cpus=1)
+    pool = RolloutPool(cfg, model, num_workers=1, seed=0)
     # same process layout and threads as a RolloutWorker (engine core in the actor's process), but
     # plain vLLM: no relay code, no plain-linear CPU fix
     env = engine_env(cfg, threads=2, gpu=False)
@@ -109,7 +109,7 @@ def bench_generation(model: str, args) -> dict:
             pool_tokens, bare_tokens = sum(batch.response_lengths), tokens
     ray.kill(bare)
     pool.shutdown()
-    pool2 = RolloutPool(cfg, model, num_workers=2, seed=0, num_cpus=1)
+    pool2 = RolloutPool(cfg, model, num_workers=2, seed=0)
     pool2.generate(prompts, step=0)
     two_times, two_tokens = [], 0
     for rep in range(args.repeats):
@@ -140,7 +140,7 @@ def bench_startup(model: str, args) -> dict:
             sampling=SamplingConfig(n_samples_per_prompt=args.n, max_new_tokens=args.new_tokens),
         )
         start = time.perf_counter()
-        pool = RolloutPool(cfg, model, num_workers=1, seed=0, num_cpus=1)
+        pool = RolloutPool(cfg, model, num_workers=1, seed=0)
         res[f"{mode}_startup_s"] = time.perf_counter() - start
         prompts = make_prompts(args.prompts)
         pool.generate(prompts, step=0)  # warm-up
@@ -159,7 +159,7 @@ def bench_sync(root: Path, arch: str, size: str, workers: int, repeats: int, buc
     state = _state(model)
     params = sum(t.numel() for k, t in state.items() if k != "lm_head.weight")
     cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, sync_bucket_mb=bucket_mb)
-    pool = RolloutPool(cfg, model, num_workers=workers, seed=0, num_cpus=0.5)
+    pool = RolloutPool(cfg, model, num_workers=workers, seed=0, options=PoolOptions(num_cpus=0.5))
     buckets = plan_buckets(tensor_metas(state.items()), cfg.sync_bucket_mb << 20)
     port = free_port()
     joined = pool.init_weight_sync("127.0.0.1", port)

@@ -1,4 +1,4 @@
-"""The environment interface, loading one by name, and running many steps with a deadline.
+"""The environment interface, and running many steps with a deadline.
 
 An Environment holds one episode. relay makes an instance per episode, calls `reset(task, seed)` once and
 `step(action)` after every model turn, from worker threads: either may be a coroutine function
@@ -9,7 +9,6 @@ episode (counted); it never stops the run, and never the other episodes.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -23,7 +22,7 @@ class Environment:
     def reset(self, task: dict, seed: int) -> str | list[dict] | None:
         """Start an episode. `task`: the data example's "prompt", "answer" and metadata fields.
         `seed`: for whatever the environment draws at random (e.g. `random.Random(seed)`), from the
-        run seed (rollout.seeds.env_seed: per step, batch, prompt and sample), so another run seed
+        run seed (runtime.seeds.env_seed: per step, batch, prompt and sample), so another run seed
         plays other draws and the same one replays them. Returns the first prompt (text or chat
         messages), or None to use the data's prompt."""
         return None
@@ -37,40 +36,14 @@ class Environment:
 
 @dataclass
 class StepResult:
+    """One environment call's outcome, a failure (timeout, error) included."""
+
     observation: str | None = None
     reward: float = 0.0
     done: bool = True
     info: dict = field(default_factory=dict)
     failure: str = ""  # "" ok; "timeout" or "error" (the episode ends)
     message: str = ""  # what went wrong, for the log
-
-
-def load_env(name: str) -> type:
-    """`module.path:Class` or a built-in name -> the Environment class; errors name `env.name`."""
-    from envs.builtin import BUILTIN
-
-    if name in BUILTIN:
-        return BUILTIN[name]
-    if ":" not in name:
-        raise ValueError(f"env.name: {name!r} is neither a built-in ({', '.join(BUILTIN)}) nor 'module.path:Class'")
-    module, _, attr = name.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"env.name: cannot load {name!r}: {e}") from None
-    if not (inspect.isclass(cls) and callable(getattr(cls, "step", None))):
-        raise ValueError(f"env.name: {name!r} is not a class with a step() method")
-    return cls
-
-
-def make_factory(name: str, options: dict[str, Any]) -> Callable[[], Any]:
-    """A function making one environment per episode; builds one now so bad options fail at start."""
-    cls = load_env(name)
-    try:
-        cls(**options)
-    except TypeError as e:
-        raise ValueError(f"env.options: {name} does not take these options: {e}") from None
-    return lambda: cls(**options)
 
 
 def _call(fn: Callable, *args):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from runtime.logprobs import logprobs_from_logits
+
 # ---------------------------------------------------------------- masked statistics
 
 
@@ -56,42 +58,6 @@ def masked_rescale(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     """1 - Var(returns - values) / Var(returns): 1 is a perfect critic, 0 no better than a constant."""
     return 1.0 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp(min=1e-8)
-
-
-# ---------------------------------------------------------------- log-probabilities, entropy
-
-
-def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
-    """log p(label) per position: logits (B, T, V), labels (B, T) -> (B, T).
-    Holds a float32 copy of all the logits: the learner and the reference model use
-    rollout/logprobs.py's chunked version (the same numbers, a chunk of tokens at a time)."""
-    logits = logits.float()
-    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-
-
-def filtered_logprobs(logits: Tensor, labels: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor:
-    """log p(label) under the distribution a sampler draws from after top-k / top-p filtering and
-    renormalising (as vLLM's processed logprobs are); -inf for a label outside the kept set.
-    logits (B, T, V) already divided by the temperature; top_k -1 and top_p 1 keep everything."""
-    logits = logits.float()
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        # keep the smallest set of most likely tokens whose mass reaches top_p (always the top one)
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop_sorted = probs.cumsum(-1) - probs >= top_p
-        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    return logprobs_from_logits(logits, labels)
-
-
-def entropy_from_logits(logits: Tensor, mask: Tensor) -> Tensor:
-    """Per-token entropy of the categorical distribution, (B, T, V) -> (B, T), 0 on padding."""
-    logits = logits.float()
-    logp = torch.log_softmax(logits, -1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return torch.where(mask > 0, ent, 0.0)
 
 
 # ---------------------------------------------------------------- KL to the reference policy

@@ -47,7 +47,7 @@ class RankAddress:
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, backend: str) -> None:
     """The learner ranks' own process group (the default group of these processes). `backend`
-    follows the rank's device (rollout.device.collective_backend). Ray makes exactly the actor's
+    follows the rank's device (runtime.device.collective_backend). Ray makes exactly the actor's
     own GPU visible, so it is always local device 0."""
     import deepspeed
 

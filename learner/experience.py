@@ -15,10 +15,9 @@ import torch.distributed as dist
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
-from rollout.device import to_device
-from rollout.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs, map_chunks
 from rollout.types import RolloutBatch, pack
+from runtime.device import to_device
+from runtime.logprobs import DEFAULT_CHUNK_TOKENS, SamplerSettings, chunked_logprobs, filtered_logprobs, map_chunks
 
 
 @dataclass
@@ -180,7 +179,7 @@ def single_pass(cfg: AlgorithmConfig, batch_size: int) -> bool:
 class ForwardSettings:
     """How make_experience runs the learner's no-grad forward over a batch, and reads its output."""
 
-    sampling: SamplingConfig  # the sampler's temperature, top-k/top-p filter and samples per prompt
+    sampling: SamplerSettings  # the sampler's temperature, top-k/top-p filter and samples per prompt
     pad_id: int  # the tokenizer's padding id
     micro: int  # rows per forward
     rank: int  # this learner rank
@@ -258,7 +257,7 @@ def old_outputs(
         logprobs = chunked_logprobs(logits, labels, t, chunk_tokens)
         filtered = (
             map_chunks(
-                lambda x, y: A.filtered_logprobs(x, y, sampling.top_k, sampling.top_p), logits, labels, t, chunk_tokens
+                lambda x, y: filtered_logprobs(x, y, sampling.top_k, sampling.top_p), logits, labels, t, chunk_tokens
             )
             if filters
             else None

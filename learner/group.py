@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -14,9 +15,9 @@ from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.engine import RankAddress
 from learner.worker import Learner, node_address
-from rollout.config import SamplingConfig
-from rollout.device import malloc_env
 from rollout.weight_sync import encode_plan
+from runtime.device import malloc_env
+from runtime.logprobs import SamplerSettings
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def rank_options(
     env: dict[str, str] | None = None,
 ) -> dict:
     """Ray options of one learner rank. `resources`: custom Ray resources it requires (placement knobs);
-    `env`: more environment (rollout.device.malloc_env)."""
+    `env`: more environment (runtime.device.malloc_env)."""
     return {
         "num_cpus": num_cpus,
         "num_gpus": num_gpus,
@@ -49,7 +50,7 @@ def rank_options(
 class RankPlacement:
     """Where the ranks start and with what (their Ray options): CPUs and GPUs per rank, torch threads
     (0 = the machine's cores split among the ranks), a scheduling strategy per rank (placement-group
-    bundles) or custom Ray resources each requires, and more environment (rollout.device.malloc_env)."""
+    bundles) or custom Ray resources each requires, and more environment (runtime.device.malloc_env)."""
 
     num_cpus: float = 1.0
     num_gpus: float = 0.0
@@ -100,19 +101,16 @@ class LearnerGroup:
         self,
         cfg: LearnerConfig,
         algo: AlgorithmConfig,
-        sampling: SamplingConfig,
+        sampling: SamplerSettings,
         world_size: int,
         seed: int,
-        num_cpus: float = 1.0,
-        num_gpus: float = 0.0,
-        threads: int = 0,
-        scheduling: list | None = None,
-        resources: dict[str, float] | None = None,
+        placement: RankPlacement | None = None,
         keep_freed_memory: bool = False,
     ):
         """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt);
-        `scheduling`/`resources`: where the ranks go (start_ranks); keep_freed_memory: see
-        rollout.device.malloc_env."""
+        `placement`: where the ranks go (start_ranks; its threads default to cfg.threads, its env is
+        set here); keep_freed_memory: see runtime.device.malloc_env."""
+        placement = placement or RankPlacement()
         self.ranks = start_ranks(
             Learner,
             world_size,
@@ -123,13 +121,10 @@ class LearnerGroup:
                 seed,
                 RankAddress(rank, world_size, addr, port, threads),
             ),
-            RankPlacement(
-                num_cpus,
-                num_gpus,
-                threads or cfg.threads,
-                scheduling,
-                resources,
-                malloc_env(keep_freed_memory, num_gpus > 0),
+            dataclasses.replace(
+                placement,
+                threads=placement.threads or cfg.threads,
+                env=malloc_env(keep_freed_memory, placement.num_gpus > 0),
             ),
         )
 

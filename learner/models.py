@@ -10,7 +10,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from learner.config import CriticInit, Dtype, LearnerConfig, LoraConfig
-from rollout.device import compute
+from runtime.device import compute
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -31,7 +31,7 @@ def hidden_size(cfg) -> int:
 
 class PolicyValue(nn.Module):
     """forward -> (logits for the next tokens (B, L-1, V), values (B, L-1) or None), computed in
-    `dtype` (rollout.device.compute)."""
+    `dtype` (runtime.device.compute)."""
 
     def __init__(self, lm: nn.Module, value_head: bool, dtype: Dtype = Dtype.float32):
         super().__init__()

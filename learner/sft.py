@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from learner import algorithms as A
+from runtime.logprobs import logprobs_from_logits
 
 
 def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +67,7 @@ def sft_tokens(model, pad_id: int, ids: torch.Tensor, mask: torch.Tensor, schedu
     for step in range(steps):
         rows = torch.randint(0, len(ids), (schedule.batch_size,), generator=g)
         logits = model(input_ids=ids[rows], attention_mask=attention[rows]).logits[:, :-1]
-        loss = -A.masked_mean(A.logprobs_from_logits(logits, ids[rows, 1:]), mask[rows])
+        loss = -A.masked_mean(logprobs_from_logits(logits, ids[rows, 1:]), mask[rows])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -18,8 +18,8 @@ from learner.engine import RankAddress, init_distributed, make_engine
 from learner.group import RankPlacement, start_ranks
 from learner.models import no_dropout_config
 from learner.worker import seed_everything
-from rollout.device import collective_backend, compute, process_device
-from rollout.logprobs import chunked_logprobs
+from runtime.device import collective_backend, compute, process_device
+from runtime.logprobs import chunked_logprobs
 
 SFT, RM = "sft", "rm"
 

@@ -41,11 +41,6 @@ from learner.experience import Experience, ForwardSettings, MicroBatch, experien
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
-from rollout.device import collective_backend, process_device, to_device
-from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy, map_chunks
-from rollout.profiling import Profiled
-from rollout.seeds import stream_seed
 from rollout.types import RolloutBatch
 from rollout.weight_sync import (
     SyncGroup,
@@ -57,6 +52,16 @@ from rollout.weight_sync import (
     send_weights,
     stage_buckets,
 )
+from runtime.device import collective_backend, process_device, to_device
+from runtime.logprobs import (
+    SamplerSettings,
+    chunked_logprobs,
+    chunked_logprobs_entropy,
+    filtered_logprobs,
+    map_chunks,
+)
+from runtime.profiling import Profiled
+from runtime.seeds import stream_seed
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +80,13 @@ def node_address() -> tuple[str, str, int]:
 
 
 class Learner(Profiled):
-    """One data-parallel learner rank. Owns its device, its process group, the policy (with a value
-    head when the critic is shared), the optional separate critic, their DeepSpeed engines and
+    """One data-parallel learner rank (a Ray actor). Owns its device, its process group, the policy (with a
+    value head when the critic is shared), the optional separate critic, their DeepSpeed engines and
     optimizers, the KL controller, and the weight-sync sender (rank 0). The update reads a scored
     rollout batch: experience (old logprobs, values, advantages), then epochs of mini-batches."""
 
     def __init__(
-        self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplingConfig, seed: int, address: RankAddress
+        self, cfg: LearnerConfig, algo: AlgorithmConfig, sampling: SamplerSettings, seed: int, address: RankAddress
     ):
         rank, world_size = address.rank, address.world_size
         if address.threads:
@@ -452,7 +457,7 @@ def off_policy_terms(
     if how.old_from_forward:
         sampled = (
             map_chunks(
-                lambda x, y: A.filtered_logprobs(x, y, how.top_k, how.top_p),
+                lambda x, y: filtered_logprobs(x, y, how.top_k, how.top_p),
                 logits.detach(),
                 mb.input_ids[:, 1:],
                 how.temperature,
@@ -486,7 +491,7 @@ def micro_metrics(terms: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[st
     return m
 
 
-def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplingConfig) -> int:
+def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplerSettings) -> int:
     """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens (the trainer sets 0 to the sample's
     whole budget, orchestrator.trainer.learner_algorithm), else one response's max_new_tokens."""
     return algo.loss_norm_tokens or sampling.max_new_tokens

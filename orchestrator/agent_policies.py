@@ -22,7 +22,7 @@ from learner.sft import SFTSchedule, sft_tokens
 from learner.tiny_gpt import init_tiny_gpt
 from orchestrator.tasks import draw_task
 from rollout.episodes import observation_ids
-from rollout.prompts import encode_text
+from runtime.prompts import encode_text
 
 
 def transcript(tokenizer, prompt: str, turns: list[str]) -> tuple[list[int], list[int]]:

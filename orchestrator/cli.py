@@ -115,7 +115,7 @@ def _report_parsers(sub) -> None:
     data.add_argument("kind", choices=["demos", "prefs"])
     data.add_argument("--task", required=True, help="addition_2digit, chat_addition_2digit or a reasoning-gym task")
     data.add_argument("--n", type=int, default=1000)
-    data.add_argument("--seed", type=int, default=0, help="the run seed its streams derive from (rollout/seeds.py)")
+    data.add_argument("--seed", type=int, default=0, help="the run seed its streams derive from (runtime/seeds.py)")
     data.add_argument("--out", required=True)
     data.set_defaults(func=_data)
 
@@ -252,7 +252,7 @@ def _plot(args) -> int:
 def _data(args) -> int:
     from orchestrator.datagen import demonstrations, preferences, write_jsonl
     from orchestrator.tasks import draw_task
-    from rollout.seeds import stream_seed
+    from runtime.seeds import stream_seed
 
     # trainable prompts only (tasks.reserved: never a run's held-out one), as relay sft/rm draw them; the
     # rejected answers from their own stream (the task's seed would replay the sums' random sequence)

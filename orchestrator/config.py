@@ -145,7 +145,7 @@ class TrainConfig:
     name: str = "run"
     """run folder: <run_root>/<name>; also the wandb run name"""
     seed: int = 0
-    """every random stream (rollout/seeds.py): sampling, data, held-out draw, engines, envs, learner"""
+    """every random stream (runtime/seeds.py): sampling, data, held-out draw, engines, envs, learner"""
     total_steps: int = 10
     """RL steps (generate, score, update, sync)"""
     run_root: str = "runs"

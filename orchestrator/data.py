@@ -11,8 +11,8 @@ from pathlib import Path
 
 from orchestrator.config import BadLinePolicy, DataConfig
 from orchestrator.tasks import RESERVE_ONE_IN, TaskTooSmall, draw_task, prompt_id
-from rollout.prompts import is_chat, is_token_ids
-from rollout.seeds import stream_seed
+from runtime.prompts import is_chat, is_token_ids
+from runtime.seeds import stream_seed
 
 log = logging.getLogger(__name__)
 

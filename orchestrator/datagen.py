@@ -23,7 +23,7 @@ def demonstrations(examples: list[dict]) -> list[dict]:
 
 def preferences(examples: list[dict], seed: int) -> list[dict]:
     """Task examples as preference pairs; `seed` picks the rejected answers: give it a stream of its own
-    (rollout.seeds.stream_seed), not the task's seed, or the picks replay the task's random sequence."""
+    (runtime.seeds.stream_seed), not the task's seed, or the picks replay the task's random sequence."""
     rng = random.Random(seed)
     return [{"prompt": e["prompt"], "chosen": e["answer"], "rejected": corrupt(e["answer"], rng)} for e in examples]
 

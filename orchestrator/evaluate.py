@@ -22,7 +22,7 @@ from orchestrator.config import TrainConfig
 from orchestrator.data import load_split, policy_prompt, reward_metadata
 from orchestrator.phases import prompt_text, reward_metrics
 from reward_service.config import RewardSource, SourceKind
-from rollout.seeds import EVALUATION
+from runtime.seeds import EVALUATION
 
 # (label in tables and report.json, metric key)
 LABELS = [

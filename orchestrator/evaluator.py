@@ -9,8 +9,8 @@ from pathlib import Path
 from orchestrator.config import TrainConfig
 from orchestrator.data import policy_prompt, reward_metadata
 from orchestrator.evaluate import evaluate_policy, sample_rows, shown
-from rollout.seeds import EVALUATION
 from rollout.types import RolloutBatch
+from runtime.seeds import EVALUATION
 
 
 class Evaluator:

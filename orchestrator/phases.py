@@ -9,8 +9,8 @@ from pathlib import Path
 
 from learner.checkpoint import recover
 from reward_service.types import ScoredBatch
-from rollout.prompts import is_chat, is_token_ids
 from rollout.types import RolloutBatch
+from runtime.prompts import is_chat, is_token_ids
 
 VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # sources whose mean is an accuracy
 

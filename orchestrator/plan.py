@@ -1,7 +1,7 @@
 """`relay plan`: the memory each role needs, per device, before anything is launched.
 
 Pure arithmetic on a model's shape (its config.json, or a small table of known architectures), counted as
-the code allocates: ZeRO 0-3 with AdamW, HF eager layers, rollout/logprobs.py's chunks, vLLM's memory
+the code allocates: ZeRO 0-3 with AdamW, HF eager layers, runtime/logprobs.py's chunks, vLLM's memory
 fraction, async training's staged weights. tests/orchestrator/test_plan.py checks it against real CPU steps."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from orchestrator.load_config import ConfigError
 GB = 1e9  # decimal, as GPUs are sold ("80 GB"); vLLM's kv_cache_space_gb is GiB and converted
 SAFETY = 0.9  # fits = peak <= 90% of the device: allocator fragmentation, CUDA context, NCCL buffers
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# float32 [chunk, vocab] temporaries alive at once in rollout/logprobs.py (torch.profiler): forward with the entropy
+# float32 [chunk, vocab] temporaries alive at once in runtime/logprobs.py (torch.profiler): forward with the entropy
 # metric: chunk, p; backward: 1, in place (7 with an entropy gradient); no-grad: chunk, exp
 CHUNK_TEMPS = {"backward": 2, "backward with entropy": 7, "no grad": 2}
 
@@ -161,7 +161,7 @@ def activation_bytes(s: ModelShape, micro_batch: int, tokens: int, dtype: str, c
 
 
 def chunk_len(micro_batch: int, tokens: int, chunk_tokens: int) -> int:
-    """Tokens in rollout.logprobs' largest chunk (chunk_spans): whole rows while a row fits."""
+    """Tokens in runtime.logprobs' largest chunk (chunk_spans): whole rows while a row fits."""
     return min(micro_batch, max(1, chunk_tokens // tokens)) * tokens if tokens <= chunk_tokens else chunk_tokens
 
 
@@ -247,7 +247,7 @@ def learner_lines(
             f"({'off' if ckpt else 'on'}: {fmt(other)})",
         )
     )
-    if lm_head:  # the loss's logprobs (and entropy) come chunk by chunk: rollout/logprobs.py
+    if lm_head:  # the loss's logprobs (and entropy) come chunk by chunk: runtime/logprobs.py
         temps = "backward with entropy" if entropy_grad else "backward"
         lines.append(
             (f"{who} logits", *logits_bytes(s, micro_batch, tokens, lc.dtype.value, lc.logprob_chunk_tokens, temps))
@@ -259,7 +259,7 @@ def scoring_lines(
     ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, dtype: str, chunk_tokens: int
 ) -> Lines:
     """The frozen scoring service in the learner's dtype: reference policy (float32 weights computed
-    in `dtype`, as the policy's, rollout.device.compute), reward models, and the reference's logits
+    in `dtype`, as the policy's, runtime.device.compute), reward models, and the reference's logits
     (its peak: the layers' smaller temporaries are freed by then)."""
     b = DTYPE_BYTES[dtype]
     lines = [

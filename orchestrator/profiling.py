@@ -16,7 +16,7 @@ import ray
 
 @contextmanager
 def profiled(roles: dict, out_dir: Path, timings: dict[str, float]):
-    """Profile every actor in `roles` (name -> actor with rollout.profiling.Profiled) and this process
+    """Profile every actor in `roles` (name -> actor with runtime.profiling.Profiled) and this process
     around the block; afterwards write the files above, with `timings` (filled by the block) as the phases."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ray.get([actor.profile.remote(True) for actor in roles.values()])

@@ -10,14 +10,16 @@ from contextlib import AbstractContextManager
 
 import ray
 
-from learner.group import LearnerGroup
+from learner.group import LearnerGroup, RankPlacement
 from orchestrator.agents import start_gateway
 from orchestrator.config import TrainConfig
 from orchestrator.placement import RoleBundles, cpu_threads, placement, unit
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
-from rollout.device import malloc_env
-from rollout.pool import RolloutPool, await_ready
+from rollout.pool import PoolOptions, RolloutPool
+from runtime.actors import await_ready
+from runtime.device import malloc_env
+from runtime.logprobs import SamplerSettings
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +81,16 @@ def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Ro
         model_path,
         c.rollout_workers,
         cfg.seed,
-        num_cpus=where.cpus(),
-        num_gpus=c.gpus_per_rollout_worker,
-        max_restarts=c.max_restarts,
-        sleep_mode=where.sleep_engines,
-        scheduling=where.bundles.rollout if where.bundles else None,
-        resources=where.resources(c.rollout_resource),
-        step_samples=cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt,
-        keep_freed_memory=c.cpu_keep_freed_memory,
+        PoolOptions(
+            num_cpus=where.cpus(),
+            num_gpus=c.gpus_per_rollout_worker,
+            max_restarts=c.max_restarts,
+            sleep_mode=where.sleep_engines,
+            scheduling=where.bundles.rollout if where.bundles else None,
+            resources=where.resources(c.rollout_resource),
+            step_samples=cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt,
+            keep_freed_memory=c.cpu_keep_freed_memory,
+        ),
         env=cfg.env,
     )
 
@@ -116,13 +120,15 @@ def start_learner(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Le
     return LearnerGroup(
         dataclasses.replace(cfg.learner, model_path=model_path, threads=where.threads[1]),
         learner_algorithm(cfg),
-        cfg.rollout.sampling,
+        SamplerSettings.of(cfg.rollout.sampling),
         c.learner_ranks,
         cfg.seed,
-        num_cpus=where.cpus(),
-        num_gpus=c.gpus_per_learner,
-        scheduling=where.bundles.learner if where.bundles else None,
-        resources=where.resources(c.learner_resource),
+        RankPlacement(
+            num_cpus=where.cpus(),
+            num_gpus=c.gpus_per_learner,
+            scheduling=where.bundles.learner if where.bundles else None,
+            resources=where.resources(c.learner_resource),
+        ),
         keep_freed_memory=c.cpu_keep_freed_memory,
     )
 

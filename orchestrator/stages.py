@@ -27,8 +27,8 @@ from orchestrator.load_config import to_dict
 from orchestrator.tracking import Tracker
 from reward_service.rm_input import pad_right, rm_input_ids
 from reward_service.sources import REWARD_STATS_FILE
-from rollout.prompts import encode_chat, encode_text
-from rollout.seeds import stream_seed
+from runtime.prompts import encode_chat, encode_text
+from runtime.seeds import stream_seed
 
 
 def run_stage(cfg: StageConfig, kind: str) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from envs.base import make_factory
+from envs.registry import make_factory
 from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, Method, ValueHead
 from orchestrator.methods import endpoint_incompatible, tree_conflicts
 from reward_service.config import SourceKind

@@ -11,7 +11,7 @@ import ray
 
 from reward_service.config import RewardConfig
 from reward_service.service import ScoringService
-from rollout.pool import await_ready, busy_seconds
+from runtime.actors import await_ready, busy_seconds
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +21,9 @@ class Restarted(Exception):
 
 
 class ScoringPool:
+    """The scoring service as the trainer sees it: it owns the service's actor, the copy of its state
+    taken after every call, and the restarts it has recovered from (see the module docstring)."""
+
     def __init__(
         self, cfg: RewardConfig, reference_path: str, dtype: str, threads: int, chunk_tokens: int, options: dict
     ):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rollout.device import compute, to_device
-from rollout.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 from rollout.types import RolloutBatch, pack, unpad
+from runtime.device import compute, to_device
+from runtime.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 
 
 def response_logprobs(
@@ -19,13 +19,16 @@ def response_logprobs(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
     """(B, L-1) logprob of each next token under `model` at `temperature`; 0 off the response.
-    The learner's own function (rollout/logprobs.py), chunk by chunk: the same numbers as the
+    The learner's own function (runtime/logprobs.py), chunk by chunk: the same numbers as the
     policy's old logprobs, and no float32 (B, L-1, V) tensor."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, :-1]
     return chunked_logprobs(logits, input_ids[:, 1:], temperature, chunk_tokens) * response_mask
 
 
 class ReferenceModel:
+    """The frozen reference policy on the scoring process's device: it owns the model and its
+    tokenizer, and computes the sampled tokens' logprobs micro-batch by micro-batch."""
+
     def __init__(
         self,
         path: str,
@@ -34,9 +37,9 @@ class ReferenceModel:
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         device: torch.device = torch.device("cpu"),
     ):
-        """`dtype`: the learner's compute dtype, applied as the learner does (rollout.device.compute:
+        """`dtype`: the learner's compute dtype, applied as the learner does (runtime.device.compute:
         float32 weights, bf16 autocast), so at step 0 the reference's logprobs are the policy's;
-        `device`: the scoring process's (rollout.device)."""
+        `device`: the scoring process's (runtime.device)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from rollout.prompts import encode_text, is_chat, is_token_ids
+from runtime.prompts import encode_text, is_chat, is_token_ids
 
 
 def rm_prompt_text(tokenizer, prompt) -> str:

@@ -22,10 +22,10 @@ from reward_service.reference import ReferenceModel
 from reward_service.shaping import RunningMeanStd, overlong_penalty, shape
 from reward_service.sources import build_source, deadline_s
 from reward_service.types import ScoredBatch
-from rollout.device import process_device
-from rollout.logprobs import DEFAULT_CHUNK_TOKENS
-from rollout.profiling import Busy, Profiled
 from rollout.types import RolloutBatch
+from runtime.device import process_device
+from runtime.logprobs import DEFAULT_CHUNK_TOKENS
+from runtime.profiling import Busy, Profiled
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,9 @@ class Judged:
 
 
 class ScoringService(Profiled, Busy):
+    """The frozen judge (a Ray actor): it owns the reward sources, the reference model, the reward
+    shaping and the running reward normaliser (its only state, which evaluation never changes)."""
+
     def __init__(
         self,
         cfg: RewardConfig,
@@ -87,7 +90,7 @@ class ScoringService(Profiled, Busy):
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ):
         """`dtype`: the learner's compute dtype (the reference's logprobs then match the policy's);
-        `chunk_tokens`: learner.logprob_chunk_tokens. The device is this process's (rollout.device)."""
+        `chunk_tokens`: learner.logprob_chunk_tokens. The device is this process's (runtime.device)."""
         if threads:
             torch.set_num_threads(threads)
         self.cfg = cfg

@@ -19,13 +19,15 @@ from reward_service import rules
 from reward_service.config import RewardSource, SourceKind
 from reward_service.remote import RemoteReward
 from reward_service.rm_input import pad_right, rm_input_ids
-from rollout.device import to_device
-from rollout.prompts import is_chat
+from runtime.device import to_device
+from runtime.prompts import is_chat
 
 REWARD_STATS_FILE = "relay_reward_stats.json"  # written next to a reward model by `relay rm`
 
 
 class RuleSource:
+    """A rule-based reward (math answer, exact match, format, length) of one configured source."""
+
     def __init__(self, cfg: RewardSource):
         self.cfg = cfg
 
@@ -145,6 +147,8 @@ def _rm_prompt(decoded: str, meta: dict):
 
 
 class RemoteSource:
+    """A reward served over HTTP: it owns the client, with its timeouts, retries and concurrency."""
+
     def __init__(self, cfg: RewardSource):
         self.client = RemoteReward(cfg.url, cfg.timeout_s, cfg.max_retries, cfg.max_concurrency)
 

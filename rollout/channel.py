@@ -13,6 +13,10 @@ from rollout.pool import RolloutPool
 
 
 class WeightChannel:
+    """The rollout side's end of weight sync (see the module docstring): it owns the bucket plan and
+    wire layout, the broadcast group between the sender and the pool's engines, and the sync still
+    in flight."""
+
     def __init__(self, pool: RolloutPool, sender, bucket_mb: int, timeout_s: float = 120.0):
         self.pool, self.sender, self.timeout_s = pool, sender, timeout_s
         self.buckets = sender.weight_buckets(bucket_mb)

@@ -1,13 +1,8 @@
 """Config section owned by rollout/: the vLLM engine and how it samples."""
 
 from dataclasses import dataclass, field
-from enum import Enum
 
-
-class PromptOverflow(str, Enum):
-    truncate_left = "truncate_left"  # keep the last max_prompt_tokens tokens (the question usually ends there)
-    skip = "skip"  # drop the sample, count it under rollout/skipped_prompts
-    error = "error"  # stop the run
+from runtime.prompts import PromptOverflow
 
 
 @dataclass

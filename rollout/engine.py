@@ -48,7 +48,7 @@ def make_engine(
     sleep_mode: bool = False,
     step_samples: int = 0,
 ):
-    """`device`: the worker's (rollout.device.process_device); sleep mode needs a GPU. `step_samples`:
+    """`device`: the worker's (runtime.device.process_device); sleep mode needs a GPU. `step_samples`:
     this worker's share of a step's samples (RolloutPool), decoded in one wave on CPU."""
     from vllm import LLM  # imported late: the environment above must be in place first
 

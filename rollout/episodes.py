@@ -17,8 +17,8 @@ from envs.base import call_all, step_result
 from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import completion_text, sampled_logprobs, sampling_params
-from rollout.prompts import encode_prompt
 from rollout.types import Prompt, RolloutBatch
+from runtime.prompts import encode_prompt
 
 log = logging.getLogger(__name__)
 SENTINEL = "RELAY-END-OF-TURN"  # assistant content whose end marks where an observation's tokens start
@@ -26,6 +26,9 @@ SENTINEL = "RELAY-END-OF-TURN"  # assistant content whose end marks where an obs
 
 @dataclass
 class Episode:
+    """One multi-turn episode in play: its environment and seed, and the tokens, action mask and
+    behaviour logprobs it has gathered so far."""
+
     index: int  # the prompt's global index
     prompt_ids: list[int]
     env: Any
@@ -62,29 +65,46 @@ def continuation_ids(tokenizer, messages: list[dict], last_token: int | None) ->
     return tokenizer.encode(tail, add_special_tokens=False)
 
 
+@dataclass
+class PromptShard:
+    """The prompts of one generate call on one worker, with their tasks (answer and metadata, what an
+    environment is reset on); prompt k's global index is first_index + k."""
+
+    prompts: list[Prompt]
+    tasks: list[dict]
+    first_index: int = 0
+
+
+@dataclass
+class EpisodeSeeds:
+    """Where an episode's random draws come from: `sampling(prompt index)` is a prompt's sampling seed
+    (its samples' engine calls derive theirs from it), `env(prompt index, sample)` seeds the reset of
+    that sample's environment."""
+
+    sampling: Callable[[int], int]
+    env: Callable[[int, int], int]
+
+
 def start_episodes(
     factory: Callable[[], Any],
-    prompts: list[Prompt],
-    tasks: list[dict],
-    first_index: int,
+    shard: PromptShard,
     samples: int,
-    seed_of: Callable[[int], int],
-    env_seed_of: Callable[[int, int], int],
+    seeds: EpisodeSeeds,
     tokenizer,
     cfg: RolloutConfig,
     timeout_s: float,
 ):
     """`samples` episodes per prompt, each with its own environment reset on the prompt's task and on
-    env_seed_of(prompt index, sample) (seed_of: a prompt's sampling seed). A prompt whose reset fails
-    (raises, hangs) or whose first prompt cannot be used is skipped, with the reason, as an unusable
-    data prompt is. Returns (episodes, skipped)."""
+    its env seed. A prompt whose reset fails (raises, hangs) or whose first prompt cannot be used is
+    skipped, with the reason, as an unusable data prompt is. Returns (episodes, skipped)."""
+    prompts, tasks, first_index = shard.prompts, shard.tasks, shard.first_index
     envs = [factory() for _ in range(len(prompts) * samples)]
     calls = [
         (
             env.reset,
             (
                 {"prompt": prompts[i // samples], **tasks[i // samples]},
-                env_seed_of(first_index + i // samples, i % samples),
+                seeds.env(first_index + i // samples, i % samples),
             ),
         )
         for i, env in enumerate(envs)
@@ -108,7 +128,7 @@ def start_episodes(
             skipped.append((index, reason))
             continue
         episodes += [
-            Episode(index, ids, envs[offset * samples + k], seed_of(index) + k * 100_003)
+            Episode(index, ids, envs[offset * samples + k], seeds.sampling(index) + k * 100_003)
             for k, (ids, _) in enumerate(encoded)
         ]
     return episodes, skipped

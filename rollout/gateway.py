@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 
 from rollout.config import EndpointConfig, SamplingConfig
 from rollout.episodes import continuation_ids
-from rollout.prompts import encode_chat
 from rollout.types import RolloutBatch
+from runtime.prompts import encode_chat
 
 log = logging.getLogger(__name__)
 

@@ -1,21 +1,23 @@
-"""RolloutPool: N RolloutWorker actors behind one generate() call; scaling is a config number."""
+"""RolloutPool: N RolloutWorker actors behind one generate() call; scaling is a config number.
+PoolOptions: how its actors are started and placed."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import ray
 
 from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.device import collective_backend, malloc_env
 from rollout.engine import engine_env
 from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import TensorMeta, encode_plan
 from rollout.worker import RolloutWorker
+from runtime.actors import actor_options, busy_seconds
+from runtime.device import collective_backend, malloc_env
 
 
 def sync_ranks(num_workers: int, tensor_parallel_size: int) -> tuple[int, list[int]]:
@@ -36,59 +38,66 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def worker_options(
-    num_cpus: float, num_gpus: float, max_restarts: int, env: dict[str, str], resources: dict[str, float] | None = None
-) -> dict:
-    """Ray options of one rollout worker. `resources`: custom Ray resources it requires (placement knobs)."""
-    return dict(
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        max_restarts=max_restarts,
-        runtime_env={"env_vars": env},
-        resources=dict(resources or {}),
-        name=None,
-    )
+@dataclass
+class PoolOptions:
+    """How a pool's worker actors are started and placed, beside what they run (the rollout config,
+    the model): the same for every worker of the pool."""
+
+    num_cpus: float = 1.0
+    """Ray CPUs each worker reserves"""
+    num_gpus: float = 0.0
+    """Ray GPUs each worker reserves (0: the engines run on the CPU)"""
+    max_restarts: int = 0
+    """how often Ray restarts a worker that died"""
+    sleep_mode: bool = False
+    """engines that can sleep (a learner colocated on their GPUs updates meanwhile)"""
+    scheduling: list | None = None
+    """per-worker Ray scheduling strategies (placement-group bundles)"""
+    resources: dict[str, float] | None = None
+    """custom Ray resources each worker requires (e.g. {"rollout_node": 1})"""
+    step_samples: int = 0
+    """samples of one training step (sizes the engines' batch, rollout.engine.engine_batch)"""
+    keep_freed_memory: bool = False
+    """see runtime.device.malloc_env"""
 
 
 class RolloutPool:
+    """The rollout side as the trainer sees it: it owns the N RolloutWorker actors (one vLLM engine
+    each), shards every generate call over them and gathers the batch in prompt order, the engines'
+    device and weight-sync backend, their side of the sync group, and their sleep/wake."""
+
     def __init__(
         self,
         cfg: RolloutConfig,
         model_path: str,
         num_workers: int,
         seed: int,
-        num_cpus: float = 1.0,
-        num_gpus: float = 0.0,
-        max_restarts: int = 0,
-        sleep_mode: bool = False,
-        scheduling: list | None = None,
-        resources: dict[str, float] | None = None,
-        step_samples: int = 0,
-        keep_freed_memory: bool = False,
+        options: PoolOptions | None = None,
         env: EnvConfig | None = None,
     ):
-        """`scheduling`: optional per-worker Ray scheduling strategies (placement-group bundles);
-        `resources`: custom Ray resources each worker requires (e.g. {"rollout_node": 1});
-        `step_samples`: samples of one training step (sizes the engines' batch, rollout.engine.engine_batch);
-        keep_freed_memory: see rollout.device.malloc_env; env: the environment samples play (episodes)."""
+        """`options`: how the workers are started and placed (PoolOptions' defaults when None);
+        env: the environment samples play (episodes)."""
+        options = options or PoolOptions()
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
         threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
-        env_vars = engine_env(cfg, threads, gpu=num_gpus > 0) | malloc_env(
-            keep_freed_memory, num_gpus > 0, threaded=True
+        env_vars = engine_env(cfg, threads, gpu=options.num_gpus > 0) | malloc_env(
+            options.keep_freed_memory, options.num_gpus > 0, threaded=True
         )
         self.workers = []
         for i in range(num_workers):
-            options = worker_options(num_cpus, num_gpus, max_restarts, env_vars, resources)
-            if scheduling:
-                options["scheduling_strategy"] = scheduling[i]
+            ray_options = actor_options(
+                options.num_cpus, options.num_gpus, options.max_restarts, env_vars, options.resources
+            )
+            if options.scheduling:
+                ray_options["scheduling_strategy"] = options.scheduling[i]
             actor = ray.remote(concurrency_groups={"stats": 1})(RolloutWorker).options(
-                **options
+                **ray_options
             )  # busy_seconds answers mid-generate
-            share = -(-step_samples // num_workers)
-            self.workers.append(actor.remote(cfg, model_path, seed, threads, sleep_mode, share, env))
+            share = -(-options.step_samples // num_workers)
+            self.workers.append(actor.remote(cfg, model_path, seed, threads, options.sleep_mode, share, env))
         ray.get([w.ready.remote() for w in self.workers])
-        # the engines' own device decision (rollout.device), and the weight-sync backend it implies
+        # the engines' own device decision (runtime.device), and the weight-sync backend it implies
         self.device = ray.get(self.workers[0].get_device.remote())
         self.sync_backend = collective_backend(self.device)
 
@@ -119,7 +128,7 @@ class RolloutPool:
         """Launch generate() and return its pending shards (for collect). Each engine runs its calls
         in order, so weights sent after this reach it after these samples: asynchronous training
         queues generation ahead this way. `tasks`: each prompt's answer and metadata, for episodes;
-        (step, draw, prompt index) seeds each request (rollout.seeds.request_seed)."""
+        (step, draw, prompt index) seeds each request (runtime.seeds.request_seed)."""
         shards = [(w, s, e) for w, (s, e) in zip(self.workers, split_evenly(len(prompts), len(self.workers))) if e > s]
         return [
             w.generate.remote(prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None, draw)
@@ -199,29 +208,3 @@ class RolloutPool:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
-
-
-def busy_seconds(actors: list) -> list[float]:
-    """Each Busy actor's working seconds since it (re)started, answered while it works; 0 for an
-    actor that is down (Ray is restarting it)."""
-    out = []
-    for pending in [a.busy_seconds.remote() for a in actors]:
-        try:
-            out.append(ray.get(pending))
-        except ray.exceptions.RayActorError:
-            out.append(0.0)
-    return out
-
-
-def await_ready(actors: list, timeout_s: float = 300.0) -> None:
-    """Wait until every actor answers `ready` (Ray is restarting the dead ones)."""
-    deadline = time.monotonic() + timeout_s
-    for actor in actors:
-        while True:
-            try:
-                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                break
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)

@@ -8,16 +8,16 @@ import os
 import ray
 import torch
 
-from envs.base import make_factory
 from envs.config import EnvConfig
+from envs.registry import make_factory
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.device import process_device
 from rollout.engine import completion_text, engine_env, make_engine, sampled_logprobs, sampling_params
-from rollout.episodes import play, start_episodes, to_batch
-from rollout.profiling import Busy, Profiled
-from rollout.prompts import encode_prompt
-from rollout.seeds import env_seed, request_seed, stream_seed
+from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
 from rollout.types import Prompt, RolloutBatch
+from runtime.device import process_device
+from runtime.profiling import Busy, Profiled
+from runtime.prompts import encode_prompt
+from runtime.seeds import env_seed, request_seed, stream_seed
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class RolloutWorker(Profiled, Busy):
         draw: int = 0,
     ) -> RolloutBatch:
         """Sample for `prompts`, whose global indices start at `first_index`, with the configured
-        sampling (or `sampling`, e.g. for evaluation), seeded by (step, draw, index): rollout.seeds.
+        sampling (or `sampling`, e.g. for evaluation), seeded by (step, draw, index): runtime.seeds.
         Unusable prompts are skipped and listed with their reason; the n samples of one prompt come
         back contiguous. With an environment each sample is an episode, reset on the prompt's entry of
         `tasks` (answer and metadata)."""
@@ -134,12 +134,12 @@ class RolloutWorker(Profiled, Busy):
         step, draw = key
         episodes, skipped = start_episodes(
             self.env_factory,
-            prompts,
-            tasks,
-            first_index,
+            PromptShard(prompts, tasks, first_index),
             samples,
-            lambda index: self._request_seed(sampling, key, index),
-            lambda index, k: env_seed(self.seed, step, index, draw, k),
+            EpisodeSeeds(
+                sampling=lambda index: self._request_seed(sampling, key, index),
+                env=lambda index, k: env_seed(self.seed, step, index, draw, k),
+            ),
             self.tokenizer,
             self.cfg,
             self.env.step_timeout_s,

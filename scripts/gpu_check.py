@@ -60,8 +60,8 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
     from learner.config import AlgorithmConfig, Dtype, LearnerConfig
     from learner.engine import RankAddress
     from learner.worker import Learner
-    from rollout.config import SamplingConfig
     from rollout.weight_sync import free_port
+    from runtime.logprobs import SamplerSettings
 
     os.environ["DS_ACCELERATOR"] = device.type
     from learner.algorithms import grpo_advantages
@@ -74,7 +74,7 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
         cfg = LearnerConfig(model_path=model, lr=1e-4, zero_stage=zero, dtype=dtype)
         algo = AlgorithmConfig(mini_batch_size=len(batch), micro_batch_size=len(batch), init_kl_coef=0.01)
         rank = Learner(
-            cfg, algo, SamplingConfig(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port())
+            cfg, algo, SamplerSettings(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port())
         )
         before, start, steps = surrogate(rank, batch, advantages), time.perf_counter(), 2 if quick else 5
         for step in range(steps):
@@ -106,8 +106,7 @@ def surrogate(rank, batch, advantages: list[float]) -> float:
 
 
 def check_logprobs(device: torch.device, quick: bool) -> None:
-    from learner.algorithms import entropy_from_logits, logprobs_from_logits
-    from rollout.logprobs import chunked_logprobs_entropy
+    from runtime.logprobs import chunked_logprobs_entropy, entropy_from_logits, logprobs_from_logits
 
     B, T, V = (2, 64, 1000) if quick else (4, 4096, 151_936)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -164,8 +163,8 @@ def _sync_rank(rank: int, port: int, backend: str, numel: int, out) -> None:
 def check_sync(device: torch.device, quick: bool) -> None:
     import multiprocessing as mp
 
-    from rollout.device import collective_backend
     from rollout.weight_sync import free_port
+    from runtime.device import collective_backend
 
     backend = collective_backend(device)
     if backend == "nccl" and torch.cuda.device_count() < 2:
@@ -194,7 +193,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="small shapes (the CPU test)")
     args = p.parse_args()
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device(args.device)
-    os.environ["RELAY_DEVICE"] = str(device)  # the processes' device decision outside Ray (rollout.device)
+    os.environ["RELAY_DEVICE"] = str(device)  # the processes' device decision outside Ray (runtime.device)
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model(Path(tmp), args.quick)
         check_logprobs(device, args.quick)

@@ -42,7 +42,8 @@ from orchestrator.methods import RECIPES
 from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS
 from reward_service.combine import SourceRun, combine
 from rollout.config import SamplingConfig
-from rollout.seeds import EVALUATION, stream_seed
+from runtime.logprobs import entropy_from_logits, logprobs_from_logits
+from runtime.seeds import EVALUATION, stream_seed
 
 B, T, V, GROUP = 8, 7, 5, 4  # 2 groups of 4 samples; the second group is all equal where a test wants it
 SEEDS = [0, 1, 2]
@@ -200,7 +201,7 @@ def micro_batch(shape: str, seed: int, requires_grad: bool = True):
     mask, _ = masks(shape, seed)
     logits = torch.randn(B, T, V, generator=g)
     ids = torch.randint(0, V, (B, T + 1), generator=g)
-    lp = A.logprobs_from_logits(logits, ids[:, 1:])
+    lp = logprobs_from_logits(logits, ids[:, 1:])
     mb = make_micro_batch(
         ids,
         mask,
@@ -320,9 +321,9 @@ def test_every_metric_is_a_per_token_mean_over_the_update_in_every_aggregation(l
     update_metrics, as Learner._policy_loss and _reduce use them."""
     logits, mb = micro_batch(shape, seed, requires_grad=False)
     mask = mb.mask
-    lp = A.logprobs_from_logits(logits / 0.7, mb.input_ids[:, 1:])
+    lp = logprobs_from_logits(logits / 0.7, mb.input_ids[:, 1:])
     want = {
-        "learner/entropy": A.masked_mean(A.entropy_from_logits(logits / 0.7, mask), mask),
+        "learner/entropy": A.masked_mean(entropy_from_logits(logits / 0.7, mask), mask),
         "loss/kl": A.masked_mean(A.kl_penalty(lp, mb.ref_logprobs, "k3", mask), mask),
     }
     ratio = (lp - mb.old_logprobs).where(mask > 0, 0.0)

@@ -15,8 +15,8 @@ import pytest
 from learner.group import rank_options
 from orchestrator.config import ClusterConfig
 from orchestrator.placement import bundles, unit
-from rollout.pool import worker_options
 from rollout.weight_sync import free_port
+from runtime.actors import actor_options
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -39,8 +39,8 @@ def test_placement_knobs_reach_bundles_and_actor_options():
     ]
     assert bundles(ClusterConfig(colocate=False)) == [{"CPU": 1}, {"CPU": 1}, {"CPU": 1}]
     assert unit("") == {} and unit("scoring_node") == {"scoring_node": 1}
-    assert worker_options(0, 0, 2, {}, unit("rollout_node"))["resources"] == {"rollout_node": 1}
-    assert worker_options(0, 0, 2, {})["resources"] == {}
+    assert actor_options(0, 0, 2, {}, unit("rollout_node"))["resources"] == {"rollout_node": 1}
+    assert actor_options(0, 0, 2, {})["resources"] == {}
     assert rank_options(0, 0, 1, unit("learner_node"))["resources"] == {"learner_node": 1}
 
 

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from envs.base import Environment, call_all, load_env, make_factory, step_result
+from envs.base import Environment, call_all, step_result
 from envs.builtin import Calculator, GuessNumber
+from envs.registry import load_env, make_factory
 from learner.tiny_gpt import DEFAULT_ALPHABET, char_tokenizer
 from rollout.episodes import observation_ids
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from learner import algorithms as A
+from runtime.logprobs import entropy_from_logits, filtered_logprobs, logprobs_from_logits
 
 t = torch.tensor
 
@@ -45,13 +46,13 @@ def test_explained_variance():
 def test_filtered_logprobs_renormalise_over_the_kept_tokens():
     logits = torch.log(t([[[0.5, 0.3, 0.2]]]))
     # top-p .7: .5 alone reaches .5 < .7, .5 + .3 = .8 >= .7 -> keep {0, 1}, renormalised to .625 / .375
-    assert close(A.filtered_logprobs(logits, t([[1]]), top_p=0.7), [[math.log(0.375)]])
-    assert A.filtered_logprobs(logits, t([[2]]), top_p=0.7).item() == float("-inf")
+    assert close(filtered_logprobs(logits, t([[1]]), top_p=0.7), [[math.log(0.375)]])
+    assert filtered_logprobs(logits, t([[2]]), top_p=0.7).item() == float("-inf")
     # top-k 1 keeps the argmax only; no filter is the plain logprob
-    assert close(A.filtered_logprobs(logits, t([[0]]), top_k=1), [[0.0]])
-    assert close(A.filtered_logprobs(logits, t([[2]])), A.logprobs_from_logits(logits, t([[2]])))
+    assert close(filtered_logprobs(logits, t([[0]]), top_k=1), [[0.0]])
+    assert close(filtered_logprobs(logits, t([[2]])), logprobs_from_logits(logits, t([[2]])))
     # top-k 2 then top-p .9 over the renormalised pair (.625, .375): both needed
-    assert close(A.filtered_logprobs(logits, t([[1]]), top_k=2, top_p=0.9), [[math.log(0.375)]])
+    assert close(filtered_logprobs(logits, t([[1]]), top_k=2, top_p=0.9), [[math.log(0.375)]])
 
 
 def test_masked_rescale_keeps_zero_at_zero():
@@ -63,13 +64,13 @@ def test_masked_rescale_keeps_zero_at_zero():
 def test_logprobs_and_entropy_hand_example():
     # uniform over 4 symbols: log p = -log 4, entropy = log 4
     logits = torch.zeros(1, 2, 4)
-    lp = A.logprobs_from_logits(logits, t([[0, 3]]))
+    lp = logprobs_from_logits(logits, t([[0, 3]]))
     assert close(lp, [[-math.log(4), -math.log(4)]])
-    assert close(A.entropy_from_logits(logits, t([[1.0, 0.0]])), [[math.log(4), 0.0]])
+    assert close(entropy_from_logits(logits, t([[1.0, 0.0]])), [[math.log(4), 0.0]])
     # logits [log 1, log 3]: p = [1/4, 3/4]; H = -(1/4 ln 1/4 + 3/4 ln 3/4) = 0.562335
     two = torch.log(t([[[1.0, 3.0]]]))
-    assert close(A.logprobs_from_logits(two, t([[1]])), [[math.log(0.75)]])
-    assert close(A.entropy_from_logits(two, t([[1.0]])), [[0.562335]])
+    assert close(logprobs_from_logits(two, t([[1]])), [[math.log(0.75)]])
+    assert close(entropy_from_logits(two, t([[1.0]])), [[0.562335]])
 
 
 # ---------------------------------------------------------------- KL

@@ -1,4 +1,4 @@
-"""Chunked logprobs/entropy (rollout/logprobs.py) against the unchunked math core: the same numbers
+"""Chunked logprobs/entropy (runtime/logprobs.py) against the unchunked math core: the same numbers
 and gradients, no float32 (B, T, V) tensor, the entropy out of the graph when unused; and
 gradient checkpointing in the supervised learner's model."""
 
@@ -12,7 +12,15 @@ from learner import algorithms as A
 from learner.config import AlgorithmConfig, KLPlacement, LearnerConfig
 from learner.supervised import RM, SFT, build_model
 from learner.worker import LossSettings, policy_loss
-from rollout.logprobs import chunk_spans, chunked_logprobs, chunked_logprobs_entropy, map_chunks
+from runtime.logprobs import (
+    chunk_spans,
+    chunked_logprobs,
+    chunked_logprobs_entropy,
+    entropy_from_logits,
+    filtered_logprobs,
+    logprobs_from_logits,
+    map_chunks,
+)
 
 B, T, V, TEMP = 3, 7, 11, 0.7
 
@@ -29,7 +37,7 @@ def inputs(dtype=torch.float32, seed=0):
 
 def unchunked(logits, labels, mask):
     x = logits.float() / TEMP
-    return A.logprobs_from_logits(x, labels), A.entropy_from_logits(x, mask)
+    return logprobs_from_logits(x, labels), entropy_from_logits(x, mask)
 
 
 def test_chunk_spans_cover_every_token_once_within_the_budget():
@@ -83,8 +91,8 @@ def test_chunked_equals_unchunked_within_bf16_rounding(chunk):
 def test_filtered_logprobs_by_chunks_equal_the_whole():
     logits, labels, _ = inputs()
     with torch.no_grad():
-        whole = A.filtered_logprobs(logits / TEMP, labels, top_k=4, top_p=0.8)
-    parts = map_chunks(lambda x, y: A.filtered_logprobs(x, y, 4, 0.8), logits, labels, TEMP, 3)
+        whole = filtered_logprobs(logits / TEMP, labels, top_k=4, top_p=0.8)
+    parts = map_chunks(lambda x, y: filtered_logprobs(x, y, 4, 0.8), logits, labels, TEMP, 3)
     assert torch.equal(parts, whole)  # -inf outside the kept set included
 
 
@@ -106,9 +114,9 @@ def micro_batch(logits, labels, mask):
 def old_policy_loss(logits, mb, algo, kl_coef):
     """Learner._policy_loss as it was: float32 (B, T, V) logits, entropy always in the graph."""
     x, mask = logits.float() / TEMP, mb.mask
-    lp = A.logprobs_from_logits(x, mb.input_ids[:, 1:])
+    lp = logprobs_from_logits(x, mb.input_ids[:, 1:])
     pg, _ = A.ppo_policy_loss(A.PolicyLossInput(lp, mb.old_logprobs, mb.advantages, mask), algo.clip_eps)
-    loss = pg - algo.entropy_coef * A.aggregate(A.entropy_from_logits(x, mask), mask)
+    loss = pg - algo.entropy_coef * A.aggregate(entropy_from_logits(x, mask), mask)
     kl = A.aggregate(A.kl_penalty(lp, mb.ref_logprobs, algo.kl_estimator.value, mask), mask)
     return loss + kl_coef * kl
 

@@ -1,4 +1,4 @@
-"""Every input a model computes on reaches it through rollout.device.to_device, the one place a
+"""Every input a model computes on reaches it through runtime.device.to_device, the one place a
 process moves tensors to its device. On a CPU a missing `.to(device)` cannot fail by accident, so
 these tests make it fail: to_device is replaced by a spy that records what it returned, and each
 model records what it was called with; an input that skipped the transfer is not in the record."""
@@ -21,8 +21,8 @@ from reward_service import reference as reference_module
 from reward_service import sources as sources_module
 from reward_service.config import RewardSource, SourceKind
 from reward_service.reference import ReferenceModel
-from rollout import device as device_module
-from rollout.config import SamplingConfig
+from runtime import device as device_module
+from runtime.logprobs import SamplerSettings
 
 
 class Spy:
@@ -92,7 +92,7 @@ def test_the_learner_moves_every_batch_it_computes_on(tiny_model, spy):
     batch, scored = make_scored_batch(tiny_model, seed=3)
     policy = checked(build_policy(LearnerConfig(model_path=tiny_model), value_head=False), spy)
     algo = AlgorithmConfig(micro_batch_size=4, mini_batch_size=8)
-    sampling = SamplingConfig(n_samples_per_prompt=4, top_p=0.9)
+    sampling = SamplerSettings(n_samples_per_prompt=4, top_p=0.9)
     exp = make_experience(
         policy, None, batch, scored, algo, 0.01, ForwardSettings(sampling, 0, 4, 0, 1, 16, torch.device("cpu"))
     )

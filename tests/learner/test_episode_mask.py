@@ -9,8 +9,8 @@ from learner.experience import ForwardSettings, make_experience
 from learner.models import build_policy
 from learner.worker import LossSettings, policy_loss
 from reward_service.types import ScoredBatch
-from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
+from runtime.logprobs import SamplerSettings
 
 
 @pytest.mark.parametrize("loss", list(PolicyLoss))
@@ -35,7 +35,7 @@ def test_observation_tokens_get_no_gradient_no_kl_and_no_advantage(tiny_model, l
         scored,
         algo,
         0.1,
-        ForwardSettings(SamplingConfig(n_samples_per_prompt=2), pad_id=0, micro=2, rank=0, world=1),
+        ForwardSettings(SamplerSettings(n_samples_per_prompt=2), pad_id=0, micro=2, rank=0, world=1),
     )
     # targets input_ids[:, 1:]: column j is token j + 1; the response starts at column 1
     assert exp.mask.tolist() == [[0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0]]

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Dtype, Estimator, GAEConfig, LearnerConfig, LoraConfig, ValueHead
-from learner.group import LearnerGroup
-from rollout.config import SamplingConfig
+from learner.group import LearnerGroup, RankPlacement
+from runtime.logprobs import SamplerSettings
 
 pytestmark = pytest.mark.e2e
 GROUP = 4
@@ -26,7 +26,12 @@ def algo(**kw):
 def learners(model, world=1, zero=0, a=None, **cfg_kw):
     cfg = LearnerConfig(model_path=model, lr=1e-3, zero_stage=zero, **cfg_kw)
     return LearnerGroup(
-        cfg, a or algo(), SamplingConfig(n_samples_per_prompt=GROUP), world, seed=0, num_cpus=0, threads=1
+        cfg,
+        a or algo(),
+        SamplerSettings(n_samples_per_prompt=GROUP),
+        world,
+        seed=0,
+        placement=RankPlacement(num_cpus=0, threads=1),
     )
 
 
@@ -129,11 +134,10 @@ def test_a_short_last_mini_batch_trains_the_same_on_two_ranks(ray_cluster, tiny_
         group = LearnerGroup(
             LearnerConfig(model_path=tiny_model, lr=1e-3, zero_stage=zero if world == 2 else 0),
             a,
-            SamplingConfig(n_samples_per_prompt=3),
+            SamplerSettings(n_samples_per_prompt=3),
             world,
             seed=0,
-            num_cpus=0,
-            threads=1,
+            placement=RankPlacement(num_cpus=0, threads=1),
         )
         try:
             group.update(batch, scored, step=0)
@@ -251,11 +255,10 @@ def test_the_single_pass_update_equals_the_recompute_forward(ray_cluster, tiny_m
         group = LearnerGroup(
             LearnerConfig(model_path=tiny_model, lr=1e-3),
             a,
-            SamplingConfig(n_samples_per_prompt=GROUP, top_k=20),
+            SamplerSettings(n_samples_per_prompt=GROUP, top_k=20),
             1,
             seed=0,
-            num_cpus=0,
-            threads=1,
+            placement=RankPlacement(num_cpus=0, threads=1),
         )
         try:
             group.ranks[0].__ray_call__.remote(lambda self, f=fused: setattr(self, "single_pass", f))

@@ -7,9 +7,10 @@ import torch
 from conftest import make_scored_batch
 
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
-from learner.group import LearnerGroup
+from learner.group import LearnerGroup, RankPlacement
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.pool import RolloutPool
+from rollout.pool import PoolOptions, RolloutPool
+from runtime.logprobs import SamplerSettings
 
 pytestmark = pytest.mark.e2e
 PROMPTS = ["12+34=", "7*8=", "hello"]
@@ -18,7 +19,7 @@ PROMPTS = ["12+34=", "7*8=", "hello"]
 @pytest.fixture(scope="module")
 def pool(ray_cluster, tiny_model):
     cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, sampling=SamplingConfig(max_new_tokens=8))
-    p = RolloutPool(cfg, tiny_model, num_workers=2, seed=0, num_cpus=0)
+    p = RolloutPool(cfg, tiny_model, num_workers=2, seed=0, options=PoolOptions(num_cpus=0))
     yield p
     p.shutdown()
 
@@ -33,11 +34,10 @@ def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero):
     group = LearnerGroup(
         LearnerConfig(model_path=tiny_model, lr=5e-3, zero_stage=zero),
         algo,
-        SamplingConfig(n_samples_per_prompt=4),
+        SamplerSettings(n_samples_per_prompt=4),
         world,
         seed=0,
-        num_cpus=0,
-        threads=1,
+        placement=RankPlacement(num_cpus=0, threads=1),
     )
     try:
         for step in range(2):  # move the policy away from the engines (other seeds than the other case)
@@ -65,17 +65,16 @@ def test_a_learner_checkpoint_is_served_by_vllm_as_is(ray_cluster, tiny_model, t
     group = LearnerGroup(
         LearnerConfig(model_path=tiny_model, lr=5e-3),
         algo,
-        SamplingConfig(n_samples_per_prompt=4),
+        SamplerSettings(n_samples_per_prompt=4),
         1,
         seed=0,
-        num_cpus=0,
-        threads=1,
+        placement=RankPlacement(num_cpus=0, threads=1),
     )
     try:
         group.update(*make_scored_batch(tiny_model, seed=20), step=0)
         ckpt = group.save(tmp_path / "ckpt")
         cfg = RolloutConfig(max_model_len=128, max_prompt_tokens=16, sampling=SamplingConfig(max_new_tokens=8))
-        served = RolloutPool(cfg, str(ckpt / "policy"), num_workers=1, seed=0, num_cpus=0)
+        served = RolloutPool(cfg, str(ckpt / "policy"), num_workers=1, seed=0, options=PoolOptions(num_cpus=0))
         try:
             out = served.generate(PROMPTS, step=0, greedy=True)
         finally:

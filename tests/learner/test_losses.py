@@ -23,6 +23,7 @@ from learner.config import (
 from learner.experience import ForwardSettings, advantages, make_experience
 from learner.worker import LossSettings, loss_norm_tokens, policy_loss
 from rollout.config import SamplingConfig
+from runtime.logprobs import SamplerSettings, logprobs_from_logits
 
 t = torch.tensor
 MASK = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -222,7 +223,7 @@ def test_policy_loss_dispatches_on_algorithm_policy_loss(kind, agg):
     loss, terms = policy_loss(
         logits, mb, algo, 0.0, LossSettings(temperature, 4, A.aggregate_total(MASK, agg), agg, norm_tokens=6)
     )
-    lp = A.logprobs_from_logits(logits / temperature, ids[:, 1:])
+    lp = logprobs_from_logits(logits / temperature, ids[:, 1:])
     low = 0.4 if kind == PolicyLoss.cispo else 0.1  # cispo's lower bound is its own key
     x = A.PolicyLossInput(lp, mb.old_logprobs, mb.advantages, MASK, agg, A.aggregate_total(MASK, agg), None, 6)
     want, wm = L.POLICY_LOSSES[kind.value](x, low, 0.3)
@@ -230,8 +231,14 @@ def test_policy_loss_dispatches_on_algorithm_policy_loss(kind, agg):
     assert L.POLICY_LOSSES["ppo"] is A.ppo_policy_loss
 
 
+def test_the_learner_takes_the_samplers_settings_as_rollout_sampling_holds_them():
+    sampling = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, n_samples_per_prompt=3, max_new_tokens=48, seed=5)
+    assert SamplerSettings.of(sampling) == SamplerSettings(0.7, 20, 0.9, 3, 48)
+    assert SamplerSettings.of(SamplingConfig()) == SamplerSettings()  # the same defaults
+
+
 def test_seq_sum_norm_defaults_to_the_longest_response():
-    sampling = SamplingConfig(max_new_tokens=48)
+    sampling = SamplerSettings(max_new_tokens=48)
     assert loss_norm_tokens(AlgorithmConfig(), sampling) == 48
     assert loss_norm_tokens(AlgorithmConfig(loss_norm_tokens=100), sampling) == 100
 
@@ -251,7 +258,7 @@ def test_an_update_with_reinforce_pp_gspo_and_seq_sum_norm_adds_up_over_micro_ba
         policy_loss=PolicyLoss.gspo,
         loss_aggregation=LossAggregation.seq_sum_norm,
     )
-    sampling = SamplingConfig(n_samples_per_prompt=4)
+    sampling = SamplerSettings(n_samples_per_prompt=4)
     exp = make_experience(policy, None, batch, scored, cfg, 0.05, ForwardSettings(sampling, 0, 4, 0, 1))
     # REINFORCE++-baseline: whitened over the batch after the group mean (Hu 2025)
     assert exp.returns is None and close(A.masked_var(exp.advantages, exp.mask), 1.0, 1e-4)

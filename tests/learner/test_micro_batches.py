@@ -9,8 +9,7 @@ from learner.config import AlgorithmConfig
 from learner.experience import ForwardSettings, MicroBatch, make_experience
 from learner.models import PolicyValue
 from learner.worker import LossSettings, policy_loss
-from rollout.config import SamplingConfig
-from rollout.logprobs import chunked_logprobs
+from runtime.logprobs import SamplerSettings, chunked_logprobs
 
 MICRO = 4
 
@@ -20,7 +19,7 @@ def setup(tiny_model):
     policy = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False)
     cfg = AlgorithmConfig(init_kl_coef=0.05)
     exp = make_experience(
-        policy, None, batch, scored, cfg, 0.05, ForwardSettings(SamplingConfig(n_samples_per_prompt=4), 0, MICRO, 0, 1)
+        policy, None, batch, scored, cfg, 0.05, ForwardSettings(SamplerSettings(n_samples_per_prompt=4), 0, MICRO, 0, 1)
     )
     return policy, cfg, exp
 

@@ -13,8 +13,8 @@ from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.engine import RankAddress
 from learner.worker import Learner, LossSettings, loss_norm_tokens, policy_loss
-from rollout.config import SamplingConfig
 from rollout.weight_sync import free_port
+from runtime.logprobs import SamplerSettings
 
 GROUP = 3
 
@@ -27,7 +27,7 @@ def learner(tiny_model):
     return Learner(
         LearnerConfig(model_path=tiny_model, lr=1e-3),
         algo,
-        SamplingConfig(n_samples_per_prompt=GROUP),
+        SamplerSettings(n_samples_per_prompt=GROUP),
         seed=0,
         address=RankAddress(0, 1, "127.0.0.1", free_port(), threads=1),
     )

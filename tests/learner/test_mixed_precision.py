@@ -1,4 +1,4 @@
-"""learner.dtype bfloat16: autocast over float32 master weights (rollout.device.compute). The
+"""learner.dtype bfloat16: autocast over float32 master weights (runtime.device.compute). The
 policy's logprobs stay within a stated tolerance of float32's, the reference computes exactly the
 policy's function (KL 0 at step 0), the forward really runs its matmuls in bf16, and the weights,
 gradients and optimizer stay float32."""
@@ -11,8 +11,8 @@ from learner.config import Dtype, LearnerConfig
 from learner.experience import ragged_to_dense
 from learner.models import PolicyValue, build_policy
 from reward_service.reference import ReferenceModel
-from rollout.logprobs import chunked_logprobs
 from rollout.types import pack
+from runtime.logprobs import chunked_logprobs
 
 # bf16 keeps 8 bits of mantissa; on the random tiny GPT the gap was mean 8e-4, max 2.7e-3 nats
 # (relay's trained tiny policy: mean 0.016, max 0.11; see docs/benchmarks.md for SmolLM2)

@@ -12,6 +12,7 @@ import torch
 from conftest import make_micro_batch
 
 from learner import algorithms as A
+from runtime.logprobs import filtered_logprobs, logprobs_from_logits
 
 t = torch.tensor
 PROX = torch.log(t([[0.5, 0.2, 0.3], [0.9, 0.7, 0.1]]))
@@ -111,8 +112,8 @@ def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_s
     logits = t([[[0.3, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0]] * 3])  # (1, 3, 8); the 2 kept tokens hold ~.28
     ids = t([[5, 0, 1, 0]])  # labels 0, 1, 0: inside the top-2
     mask, adv = torch.ones(1, 3), t([[1.0, -0.5, 2.0]])
-    filtered = A.filtered_logprobs(logits, ids[:, 1:], top_k=2)
-    assert float(A.logprobs_from_logits(logits, ids[:, 1:]).exp().max()) < 0.5 * float(filtered.exp().min())
+    filtered = filtered_logprobs(logits, ids[:, 1:], top_k=2)
+    assert float(logprobs_from_logits(logits, ids[:, 1:]).exp().max()) < 0.5 * float(filtered.exp().min())
     plain = AlgorithmConfig(kl_placement=KLPlacement.reward)
     ice = AlgorithmConfig(
         kl_placement=KLPlacement.reward, off_policy=OffPolicyConfig(correction=OffPolicyKind.icepop, low=0.5, high=2.0)
@@ -127,7 +128,7 @@ def test_the_correction_compares_the_proximal_and_behaviour_policies_under_the_s
     )
     assert close(got, want) and close(terms["sampler_logprobs"], filtered)
     # recompute path: the experience's sampler_logprobs (the learner's under the filter) are used
-    mb.old_logprobs, mb.sampler_logprobs = A.logprobs_from_logits(logits, ids[:, 1:]), filtered
+    mb.old_logprobs, mb.sampler_logprobs = logprobs_from_logits(logits, ids[:, 1:]), filtered
     got, _ = policy_loss(logits, mb, ice, 0.0, LossSettings(1.0, 16, 3.0, "token_mean", top_k=2))
     assert close(got, want) and float(want) != 0.0
     ratio = A.ratio_stats(mb.sampler_logprobs, mb.behaviour_logprobs, mask, "icepop", low=0.5, high=2.0)

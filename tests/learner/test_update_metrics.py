@@ -11,11 +11,10 @@ from transformers import AutoModelForCausalLM
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, LearnerConfig, LossAggregation, OffPolicyConfig, OffPolicyKind
-from learner.group import LearnerGroup
+from learner.group import LearnerGroup, RankPlacement
 from learner.models import PolicyValue
-from rollout.config import SamplingConfig
-from rollout.logprobs import chunked_logprobs_entropy
 from rollout.types import pack, unpad
+from runtime.logprobs import SamplerSettings, chunked_logprobs_entropy, filtered_logprobs
 
 pytestmark = pytest.mark.e2e
 GROUP, TOP_K, REF_GAP = 4, 3, 0.3
@@ -39,7 +38,7 @@ def greedy_batch(model_path):
         logits, _ = PolicyValue(lm, False)(input_ids, attention, positions)
     labels = input_ids[:, 1:]
     lp, entropy = chunked_logprobs_entropy(logits, labels)
-    filtered = A.filtered_logprobs(logits, labels, top_k=TOP_K)
+    filtered = filtered_logprobs(logits, labels, top_k=TOP_K)
     batch = dataclasses.replace(batch, response_ids=responses, logprobs=unpad(filtered, mask))
     scored = dataclasses.replace(scored, ref_logprobs=unpad(lp - REF_GAP, mask))
     return batch, scored, float(A.masked_mean(entropy, mask))
@@ -59,11 +58,10 @@ def test_entropy_and_kl_are_per_token_and_the_filtered_ratio_is_one_in_sync(ray_
     group = LearnerGroup(
         LearnerConfig(model_path=tiny_model, lr=1e-3),
         a,
-        SamplingConfig(n_samples_per_prompt=GROUP, top_k=TOP_K),
+        SamplerSettings(n_samples_per_prompt=GROUP, top_k=TOP_K),
         1,
         seed=0,
-        num_cpus=0,
-        threads=1,
+        placement=RankPlacement(num_cpus=0, threads=1),
     )
     try:
         m = group.update(batch, scored, step=0)

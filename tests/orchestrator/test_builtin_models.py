@@ -34,7 +34,7 @@ def test_smollm2_converts_to_a_plain_hf_folder_that_vllm_serves(ray_cluster, smo
     tok = AutoTokenizer.from_pretrained(smollm2)
     hf = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     cfg = RolloutConfig(max_model_len=256, max_prompt_tokens=96, sampling=SamplingConfig(max_new_tokens=8))
-    pool = RolloutPool(cfg, smollm2, num_workers=1, seed=0, num_cpus=1)
+    pool = RolloutPool(cfg, smollm2, num_workers=1, seed=0)
     try:
         batch = pool.generate([[{"role": "user", "content": q}] for q in QUESTIONS], step=0, greedy=True)
     finally:

@@ -250,7 +250,7 @@ def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monke
 def test_kept_freed_memory_serves_threaded_actors_from_one_arena():
     """Actors with a concurrency group (engines, scoring) compute in Ray's threads; glibc would give
     each its own arena, which maps large tensors afresh (SmolLM2 scoring 3.5 s against 1.6 s)."""
-    from rollout.device import malloc_env
+    from runtime.device import malloc_env
 
     assert malloc_env(True, gpu=False, threaded=True)["MALLOC_ARENA_MAX"] == "1"
     assert "MALLOC_ARENA_MAX" not in malloc_env(True, gpu=False)  # the learner computes in its main thread

@@ -9,8 +9,8 @@ from orchestrator.batches import LaunchedBatch, PromptBatches
 from orchestrator.load_config import load_config
 from rollout.config import SamplingConfig
 from rollout.pool import RolloutPool
-from rollout.seeds import EVALUATION, request_seed
 from rollout.types import RolloutBatch
+from runtime.seeds import EVALUATION, request_seed
 from tests.orchestrator.small_loop import DEFAULT, small_trainer
 
 B = 4  # prompts per step

@@ -17,8 +17,8 @@ from orchestrator.dynamic_sampling import Group, Sampled, dynamic_sample, pick_g
 from orchestrator.load_config import ConfigError, load_config
 from orchestrator.phases import TrainingError, batch_metrics, check_progress
 from reward_service.types import ScoredBatch
-from rollout.seeds import EVALUATION
 from rollout.types import RolloutBatch
+from runtime.seeds import EVALUATION
 from tests.orchestrator.small_loop import small_trainer
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "grpo_tiny_cpu.yaml"

@@ -116,7 +116,7 @@ def _devices(out: str) -> dict[str, str]:
 
 
 def test_chunk_len_follows_chunk_spans():
-    from rollout.logprobs import chunk_spans
+    from runtime.logprobs import chunk_spans
 
     for b, t, chunk in [(8, 128, 256), (8, 128, 1024), (2, 2048, 1024), (16, 1536, 1024), (3, 100, 1024), (4, 50, 7)]:
         biggest = max(
@@ -238,9 +238,9 @@ def _profiled_peak(fn, tmp_path: Path) -> int:
 @pytest.mark.parametrize("temps", ["backward", "backward with entropy", "no grad"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_logits_line_matches_chunked_logprobs_peak(temps, dtype, tmp_path):
-    """The logits line alone: an lm_head (hidden -> vocab) and rollout.logprobs on 8 x 128 tokens in
+    """The logits line alone: an lm_head (hidden -> vocab) and runtime.logprobs on 8 x 128 tokens in
     chunks of 64: the logits, their gradient and CHUNK_TEMPS float32 chunks, within 10%."""
-    from rollout.logprobs import chunked_logprobs, chunked_logprobs_entropy
+    from runtime.logprobs import chunked_logprobs, chunked_logprobs_entropy
 
     b, t, v, chunk, grad = 8, 128, 8192, 64, temps != "no grad"
 
@@ -266,13 +266,13 @@ def test_logits_line_matches_chunked_logprobs_peak(temps, dtype, tmp_path):
 
 def test_learner_figure_within_20_percent_of_measured_peak(tmp_path):
     """A 4-layer, 512-wide GPT-2 (vocab 8192: 16.9M params) trained as relay's learner runs it:
-    policy forward on micro-batch 8 x 128 tokens, logprobs through rollout.logprobs.chunked_logprobs
+    policy forward on micro-batch 8 x 128 tokens, logprobs through runtime.logprobs.chunked_logprobs
     in chunks of learner.logprob_chunk_tokens=256 (2 rows: 4 chunks, so chunking is exercised),
     backward, torch AdamW. The model is built inside the profiler so every byte goes through its allocator."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from learner.models import PolicyValue
-    from rollout.logprobs import chunked_logprobs
+    from runtime.logprobs import chunked_logprobs
 
     GPT2Config(
         vocab_size=8192,

@@ -8,7 +8,7 @@ import torch
 
 from orchestrator.cli import _parser
 from orchestrator.profiling import profiled
-from rollout.profiling import Profiled
+from runtime.profiling import Profiled
 
 
 def test_a_profiled_step_writes_each_roles_tables_and_trace(ray_cluster, tmp_path):
@@ -53,7 +53,7 @@ def test_a_busy_actor_computes_on_its_threads_in_the_threads_ray_runs_its_method
     forward on SmolLM2 took 3.7 s instead of 1.8 s. working() sets the actor's threads again there."""
     import threading
 
-    from rollout.profiling import Busy
+    from runtime.profiling import Busy
 
     class Role(Busy):
         def __init__(self):

@@ -59,8 +59,7 @@ def test_sft_encoding_masks_the_prompt_and_skips_overlong_samples(tmp_path):
 def test_sft_prompts_get_the_bos_the_rollout_workers_give_them(tmp_path):
     from bos_tokenizer import bos_tokenizer  # tests/, on the path through its conftest
 
-    from rollout.config import PromptOverflow
-    from rollout.prompts import encode_prompt
+    from runtime.prompts import PromptOverflow, encode_prompt
 
     bt = bos_tokenizer()
     rows = [{"prompt": "1+2=", "response": "3"}, {"prompt": "<s>1+2=", "response": "3"}]
@@ -174,7 +173,7 @@ def test_relay_data_draws_rejected_answers_from_their_own_stream_and_trainable_p
 
     from orchestrator.cli import _data
     from orchestrator.tasks import reserved
-    from rollout.seeds import stream_seed
+    from runtime.seeds import stream_seed
 
     out = tmp_path / "prefs.jsonl"
     _data(SimpleNamespace(kind="prefs", task="addition_2digit", n=300, seed=3, out=str(out)))

@@ -26,8 +26,8 @@ from orchestrator.dynamic_sampling import informative
 from orchestrator.phases import batch_metrics
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.service import ScoringService
-from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
+from runtime.logprobs import SamplerSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_remote import Server, lengths  # noqa: E402  (the loopback server of the remote tests)
@@ -69,7 +69,7 @@ def learner_view(tiny_model, batch, scored):
         scored,
         algo,
         0.0,
-        ForwardSettings(SamplingConfig(n_samples_per_prompt=len(batch)), pad_id=0, micro=len(batch), rank=0, world=1),
+        ForwardSettings(SamplerSettings(n_samples_per_prompt=len(batch)), pad_id=0, micro=len(batch), rank=0, world=1),
     )
     mb = exp.rows(torch.arange(len(batch)))
     logits, _ = policy(mb.input_ids, mb.attention_mask, mb.position_ids)

@@ -12,7 +12,7 @@ from orchestrator.evaluate import distinct_n, evaluate_policy
 from orchestrator.phases import batch_metrics
 from reward_service.types import ScoredBatch
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.episodes import play, start_episodes, to_batch
+from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
 
 # each episode's turns, by its prompt
 TURNS = {"solve": ["call 1+2", "3"], "ramble": ["hmm", "hmm"], "cut": ["abcdefghijkl", "mnopqrstuvwx"]}
@@ -57,7 +57,9 @@ def play_batch():
     )
     cfg = RolloutConfig(max_prompt_tokens=64, sampling=SamplingConfig(max_new_tokens=10, n_samples_per_prompt=1))
     prompts = [[{"role": "user", "content": name}] for name in TURNS]
-    episodes, _ = start_episodes(Tool, prompts, [{}] * 3, 0, 1, lambda i: i, lambda i, k: 0, tok, cfg, 5.0)
+    episodes, _ = start_episodes(
+        Tool, PromptShard(prompts, [{}] * 3), 1, EpisodeSeeds(lambda i: i, lambda i, k: 0), tok, cfg, 5.0
+    )
     env = EnvConfig(name="tool", max_turns=2, max_episode_tokens=60, step_timeout_s=5.0, observation_role="tool")
     play(ScriptedEngine(tok), tok, episodes, cfg.sampling, False, env, env.response_tokens(10))
     return to_batch(episodes, []), tok

@@ -42,7 +42,7 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
             from envs.config import EnvConfig
             from rollout.config import RolloutConfig, SamplingConfig
             from rollout.engine import engine_env, make_engine
-            from rollout.episodes import play, start_episodes, to_batch
+            from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
 
             cfg = RolloutConfig(
                 max_model_len=128,
@@ -55,12 +55,9 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
             made = iter([cls() for cls in env_classes for _ in range(samples)])
             episodes, skipped = start_episodes(
                 lambda: next(made),
-                PROMPTS,
-                [{"answer": "0"}] * len(PROMPTS),
-                0,
+                PromptShard(PROMPTS, [{"answer": "0"}] * len(PROMPTS)),
                 samples,
-                lambda i: 100 + i,
-                lambda i, k: 0,
+                EpisodeSeeds(sampling=lambda i: 100 + i, env=lambda i, k: 0),
                 tok,
                 cfg,
                 timeout_s,

@@ -9,7 +9,7 @@ import pytest
 
 from learner.tiny_gpt import DEFAULT_ALPHABET, char_tokenizer
 from rollout.gateway import Recorder
-from rollout.prompts import encode_chat
+from runtime.prompts import encode_chat
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from learner.tiny_gpt import char_tokenizer
-from rollout.config import PromptOverflow
 from rollout.pool import split_evenly, sync_ranks
-from rollout.prompts import PromptError, encode_prompt
 from rollout.types import RolloutBatch
 from rollout.weight_sync import (
     SyncGroup,
@@ -22,6 +20,7 @@ from rollout.weight_sync import (
     stage_buckets,
     tensor_metas,
 )
+from runtime.prompts import PromptError, PromptOverflow, encode_prompt
 
 tok = char_tokenizer()
 
@@ -62,7 +61,7 @@ def test_the_tiny_char_tokenizer_still_adds_no_bos(tiny_model):
         messages = [{"role": "user", "content": "1+2"}]
         chat, _ = encode_prompt(t, messages, 64, PromptOverflow.error)
         assert chat == t.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
-    from rollout.prompts import encode_text
+    from runtime.prompts import encode_text
 
     assert encode_text(tok, "<eos><eos>1") == [1, 1, 4]  # its BOS text is its EOS: two written, two kept
 

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.pool import RolloutPool
+from rollout.pool import PoolOptions, RolloutPool
 from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +22,7 @@ def make_cfg(**sampling):
 
 @pytest.fixture(scope="module")
 def pool(ray_cluster, tiny_model):
-    p = RolloutPool(make_cfg(), tiny_model, num_workers=2, seed=0, num_cpus=1)
+    p = RolloutPool(make_cfg(), tiny_model, num_workers=2, seed=0)
     yield p
     p.shutdown()
 
@@ -209,7 +209,7 @@ def test_sentinel_weight_sync_through_vllm_reload(ray_cluster, tiny_model, hf):
     """Without the CPU plain-linear fix, loads go through vLLM's in-place reload (which re-packs)."""
     cfg = make_cfg()
     cfg.cpu_plain_linear = False
-    packed = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=1)
+    packed = RolloutPool(cfg, tiny_model, num_workers=1, seed=0)
     try:
         changed = perturbed(hf, seed=3)
         packed.load_weights(list(changed.state_dict().items()))
@@ -231,7 +231,7 @@ def test_sentinel_weight_sync_llama_architecture(ray_cluster, tmp_path):
     hf_llama = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     cfg = make_cfg()
     cfg.max_prompt_tokens = 100
-    llama = RolloutPool(cfg, path, num_workers=1, seed=0, num_cpus=1)
+    llama = RolloutPool(cfg, path, num_workers=1, seed=0)
     try:
         # 180 seeded samples of 44-token prompts: more than the CPU engine's 4096-token step budget, so
         # with chunked prefill a prompt would be split and vLLM would rewind a CPU generator (crash)
@@ -263,7 +263,7 @@ def test_sentinel_weight_sync_in_compiled_mode(ray_cluster, tiny_model, hf):
     """enforce_eager=false: torch.compile'd graphs must read the parameters a sync writes."""
     cfg = make_cfg()
     cfg.enforce_eager = False
-    compiled = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=1)
+    compiled = RolloutPool(cfg, tiny_model, num_workers=1, seed=0)
     try:
         changed = perturbed(hf, seed=5)
         before = compiled.generate(PROMPTS, step=0, greedy=True)
@@ -279,7 +279,7 @@ def test_sentinel_weight_sync_into_a_tensor_parallel_engine(ray_cluster, tiny_mo
     full tensors and loads its own shard."""
     cfg = make_cfg()
     cfg.tensor_parallel_size = 2
-    tp = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=1)
+    tp = RolloutPool(cfg, tiny_model, num_workers=1, seed=0)
     try:
         assert tp.sync_world_size == 3
         changed = perturbed(hf, seed=6)
@@ -302,17 +302,17 @@ def test_the_batch_decoded_text_is_the_text_vllm_detokenizes(pool):
     assert ours.response_text == vllms.response_text and any(ours.response_text)
 
 
-BF16_GAP_TOL = 2e-2  # vLLM's bf16 kernels vs the learner's bf16 autocast (rollout.device.compute); seen ~1e-3
+BF16_GAP_TOL = 2e-2  # vLLM's bf16 kernels vs the learner's bf16 autocast (runtime.device.compute); seen ~1e-3
 
 
 def test_a_bf16_engine_samples_with_the_learners_bf16_logprobs(ray_cluster, tiny_model, hf):
     """rollout.dtype bfloat16 against the learner's bf16 (autocast over float32 weights): the
     behaviour logprobs agree within BF16_GAP_TOL nats per token."""
-    from rollout.device import compute
+    from runtime.device import compute
 
     cfg = make_cfg()
     cfg.dtype = "bfloat16"
-    p = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, num_cpus=0)
+    p = RolloutPool(cfg, tiny_model, num_workers=1, seed=0, options=PoolOptions(num_cpus=0))
     try:
         b = p.generate(PROMPTS, step=1)
     finally:

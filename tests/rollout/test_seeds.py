@@ -1,4 +1,4 @@
-"""The run seed reaches every random stream (rollout/seeds.py): another seed, another stream."""
+"""The run seed reaches every random stream (runtime/seeds.py): another seed, another stream."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 from orchestrator.config import DataConfig
 from orchestrator.data import PromptSampler, load_split
 from rollout.config import SamplingConfig
-from rollout.seeds import SEED_RANGE, request_seed, stream_seed
+from runtime.seeds import SEED_RANGE, request_seed, stream_seed
 
 REPO = Path(__file__).resolve().parents[2]
 STREAMS = ["sampling", "engine", "data_order", "task", "held_out", "learner", "mini_batches"]
@@ -34,7 +34,7 @@ def test_every_stream_is_its_own_and_changes_with_the_run_seed():
 
 
 def test_stream_seeds_are_the_same_in_every_process():
-    code = "from rollout.seeds import stream_seed; print(stream_seed(3, 'sampling', 5, 7))"
+    code = "from runtime.seeds import stream_seed; print(stream_seed(3, 'sampling', 5, 7))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -87,7 +87,7 @@ def test_two_run_seeds_sample_one_prompt_differently_and_one_seed_alike(ray_clus
         sampling=SamplingConfig(max_new_tokens=8, n_samples_per_prompt=2, temperature=1.0),
     )
     prompts = ["12+34=?"] * 4
-    pools = {seed: RolloutPool(cfg, tiny_model, num_workers=1, seed=seed, num_cpus=1) for seed in (0, 1)}
+    pools = {seed: RolloutPool(cfg, tiny_model, num_workers=1, seed=seed) for seed in (0, 1)}
     try:
         first = {seed: pool.generate(prompts, step=0).response_ids for seed, pool in pools.items()}
         assert pools[0].generate(prompts, step=0).response_ids == first[0]

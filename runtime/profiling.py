@@ -17,6 +17,8 @@ import torch
 
 
 class Profiler:
+    """One profiled span of a process: a torch.profiler and a cProfile run together, started and stopped."""
+
     def __init__(self):
         self.ops: torch.profiler.profile | None = None
         self.python: cProfile.Profile | None = None

@@ -1,8 +1,17 @@
-"""Turn a prompt from the data into token ids, or say precisely why it cannot be used."""
+"""Turn a prompt from the data into token ids, or say precisely why it cannot be used: the one
+encoding the data stage, the rollout engines and the reward models' inputs share."""
 
 from __future__ import annotations
 
-from rollout.config import PromptOverflow
+from enum import Enum
+
+
+class PromptOverflow(str, Enum):
+    """What to do with a prompt longer than max_prompt_tokens (rollout.prompt_overflow)."""
+
+    truncate_left = "truncate_left"  # keep the last max_prompt_tokens tokens (the question usually ends there)
+    skip = "skip"  # drop the sample, count it under rollout/skipped_prompts
+    error = "error"  # stop the run
 
 
 class PromptError(ValueError):

@@ -1,9 +1,11 @@
-"""Token log-probabilities (and entropy) of a causal LM's logits at the sampler's temperature,
-computed a chunk of tokens at a time so no (B, T, V) float32 tensor is ever held.
+"""Token log-probabilities and entropy of a causal LM's logits, at the sampler's temperature and
+filters: the one home of this math, for the learner (old and new logprobs), the reference model in
+the scoring service, the SFT/RM stages and the tests. Pure torch: no model, no config, nothing
+distributed (tests/test_architecture.py).
 
-The sampler's distribution (temperature) is rollout's to define, and both the learner (old and new
-logprobs) and the reference model in reward_service need it: living here, both may import it
-(tests/test_architecture.py) and nothing is duplicated. Pure torch: no model, no config.
+`logprobs_from_logits`, `filtered_logprobs` and `entropy_from_logits` hold a float32 copy of all the
+logits: the reference math. The chunked versions compute the same numbers a chunk of tokens at a
+time, so no (B, T, V) float32 tensor is ever held.
 
 Memory: each chunk of `chunk_tokens` tokens is upcast to float32 inside the chunk only (chunk *
 V * 4 bytes, plus a few temporaries of that size). Backward does not keep the float32 chunks
@@ -17,11 +19,69 @@ backward materialises a zero-filled full-size gradient that autograd then adds u
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
 DEFAULT_CHUNK_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How the rollout engines sample, as far as the processes that recompute their logprobs need
+    it: the distribution (temperature, top_k, top_p) the learner's logprobs are taken under, the
+    group size (samples of one prompt) and the response budget (max_new_tokens, seq_sum_norm's
+    default norm). The field names and values are rollout.sampling's (`of`)."""
+
+    temperature: float = 1.0
+    """softmax temperature the engines sample at"""
+    top_k: int = -1
+    """the engines sample among the k most likely tokens; -1 = off"""
+    top_p: float = 1.0
+    """nucleus filter of the engines; 1.0 = off"""
+    n_samples_per_prompt: int = 4
+    """samples of one prompt, contiguous in a batch (GRPO groups)"""
+    max_new_tokens: int = 64
+    """response length cap, in tokens"""
+
+    @classmethod
+    def of(cls, sampling) -> SamplerSettings:
+        """These fields of a sampling config (rollout.config.SamplingConfig), unchanged."""
+        return cls(**{f.name: getattr(sampling, f.name) for f in fields(cls)})
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """log p(label) per position: logits (B, T, V), labels (B, T) -> (B, T).
+    Holds a float32 copy of all the logits: the learner and the reference model use the chunked
+    version below (the same numbers, a chunk of tokens at a time)."""
+    logits = logits.float()
+    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def filtered_logprobs(logits: Tensor, labels: Tensor, top_k: int = -1, top_p: float = 1.0) -> Tensor:
+    """log p(label) under the distribution a sampler draws from after top-k / top-p filtering and
+    renormalising (as vLLM's processed logprobs are); -inf for a label outside the kept set.
+    logits (B, T, V) already divided by the temperature; top_k -1 and top_p 1 keep everything."""
+    logits = logits.float()
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        # keep the smallest set of most likely tokens whose mass reaches top_p (always the top one)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return logprobs_from_logits(logits, labels)
+
+
+def entropy_from_logits(logits: Tensor, mask: Tensor) -> Tensor:
+    """Per-token entropy of the categorical distribution, (B, T, V) -> (B, T), 0 on padding."""
+    logits = logits.float()
+    logp = torch.log_softmax(logits, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return torch.where(mask > 0, ent, 0.0)
 
 
 def chunk_spans(B: int, T: int, chunk_tokens: int) -> Iterator[tuple[slice, slice]]:
@@ -49,7 +109,7 @@ def _scaled(logits: Tensor, temperature: float) -> Tensor:
 def _chunk_logprobs(logits: Tensor, labels: Tensor, temperature: float, with_entropy: bool):
     """float32 (log p(label) (b, t), entropy (b, t) or None, logsumexp (b, t)) of one chunk.
 
-    gather - logsumexp, as learner.algorithms' logprobs_from_logits computes it, with or without
+    gather - logsumexp, as logprobs_from_logits computes it, with or without
     the entropy (so a forward with the entropy metric gives the very numbers of one without); the
     entropy from the same log-softmax, x - lse in place. A full-vocabulary pass costs as much as a
     small model's layer on a CPU: one exp pass in the logsumexp, one for p."""

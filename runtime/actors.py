@@ -1,0 +1,49 @@
+"""Helpers for a role's Ray actors: the options one is started with, waiting until restarted ones
+answer, and reading each one's busy time while it works. Every role's pool uses them."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+
+def actor_options(
+    num_cpus: float, num_gpus: float, max_restarts: int, env: dict[str, str], resources: dict[str, float] | None = None
+) -> dict:
+    """Ray options of one actor: its CPUs and GPUs, how often Ray restarts it, its environment
+    variables, and `resources`: custom Ray resources it requires (placement knobs)."""
+    return dict(
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        max_restarts=max_restarts,
+        runtime_env={"env_vars": env},
+        resources=dict(resources or {}),
+        name=None,
+    )
+
+
+def busy_seconds(actors: list) -> list[float]:
+    """Each Busy actor's working seconds since it (re)started, answered while it works; 0 for an
+    actor that is down (Ray is restarting it)."""
+    out = []
+    for pending in [a.busy_seconds.remote() for a in actors]:
+        try:
+            out.append(ray.get(pending))
+        except ray.exceptions.RayActorError:
+            out.append(0.0)
+    return out
+
+
+def await_ready(actors: list, timeout_s: float = 300.0) -> None:
+    """Wait until every actor answers `ready` (Ray is restarting the dead ones)."""
+    deadline = time.monotonic() + timeout_s
+    for actor in actors:
+        while True:
+            try:
+                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
