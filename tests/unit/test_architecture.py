@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 PACKAGES = ("envs", "rollout", "reward_service", "learner", "orchestrator")
 # who may import whom: a stage may import the types of the stage that feeds it; environments are
 # played by the rollout workers and import no other package

@@ -1,12 +1,13 @@
 """The math core drives REINFORCE-with-baseline on CartPole: a task with a known answer."""
 
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
+
 pytest.importorskip("gymnasium")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(REPO / "examples"))
 
 from cartpole_reinforce import train  # noqa: E402
 

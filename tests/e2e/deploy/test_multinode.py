@@ -1,5 +1,5 @@
 """relay on a real two-node Ray cluster on one machine: roles pinned to nodes by custom resources,
-weights crossing nodes. And (fast) the placement knobs reaching the bundles and actor options."""
+weights crossing nodes. (The placement knobs alone: tests/unit/orchestrator/test_placement.py.)"""
 
 import json
 import os
@@ -12,36 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from learner.group import rank_options
-from orchestrator.config import ClusterConfig
-from orchestrator.placement import bundles, unit
-from rollout.pool import worker_options
 from rollout.weight_sync import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def test_placement_knobs_reach_bundles_and_actor_options():
-    c = ClusterConfig(
-        rollout_workers=2,
-        learner_ranks=1,
-        colocate=False,
-        gpus_per_learner=1.0,
-        rollout_resource="rollout_node",
-        learner_resource="learner_node",
-    )
-    assert bundles(c) == [
-        {"CPU": 1, "rollout_node": 1},
-        {"CPU": 1, "rollout_node": 1},
-        {"CPU": 1, "GPU": 1.0, "learner_node": 1},
-        {"CPU": 1},
-    ]
-    assert bundles(ClusterConfig(colocate=False)) == [{"CPU": 1}, {"CPU": 1}, {"CPU": 1}]
-    assert unit("") == {} and unit("scoring_node") == {"scoring_node": 1}
-    assert worker_options(0, 0, 2, {}, unit("rollout_node"))["resources"] == {"rollout_node": 1}
-    assert worker_options(0, 0, 2, {})["resources"] == {}
-    assert rank_options(0, 0, 1, unit("learner_node"))["resources"] == {"learner_node": 1}
+from tests.helpers import RAY, REPO
 
 
 class Node:

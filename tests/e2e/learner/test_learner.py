@@ -6,13 +6,13 @@ import math
 import pytest
 import ray
 import torch
-from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Dtype, Estimator, LearnerConfig, LoraConfig, ValueHead
 from learner.group import LearnerGroup
 from rollout.config import SamplingConfig
+from tests.helpers import make_scored_batch
 
 pytestmark = pytest.mark.e2e
 GROUP = 4

@@ -4,12 +4,12 @@ engines; and a learner checkpoint served by vLLM as is."""
 import pytest
 import ray
 import torch
-from conftest import make_scored_batch
 
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.group import LearnerGroup
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.pool import RolloutPool
+from tests.helpers import make_scored_batch
 
 pytestmark = pytest.mark.e2e
 PROMPTS = ["12+34=", "7*8=", "hello"]

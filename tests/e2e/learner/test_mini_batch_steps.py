@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from conftest import make_scored_batch
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.worker import Learner, loss_norm_tokens, policy_loss
 from rollout.config import SamplingConfig
 from rollout.weight_sync import free_port
+from tests.helpers import make_scored_batch
 
 GROUP = 3
 

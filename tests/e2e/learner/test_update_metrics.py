@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
 from learner import algorithms as A
@@ -16,6 +15,7 @@ from learner.models import PolicyValue
 from rollout.config import SamplingConfig
 from rollout.logprobs import chunked_logprobs_entropy
 from rollout.types import pack, unpad
+from tests.helpers import make_scored_batch
 
 pytestmark = pytest.mark.e2e
 GROUP, TOP_K, REF_GAP = 4, 3, 0.3

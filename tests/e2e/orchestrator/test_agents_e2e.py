@@ -4,16 +4,15 @@ OpenAI-compatible endpoint, appear token for token as episodes in the next updat
 
 import json
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 
 from orchestrator.load_config import load_config
 from orchestrator.trainer import Trainer
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_environment_episodes_train_end_to_end_in_async_mode(ray_cluster, policy, tmp_path):

@@ -11,7 +11,7 @@ import ray
 
 from orchestrator.data import PromptSampler
 from orchestrator.trainer import Trainer
-from tests.orchestrator.test_train_e2e import config, metrics
+from tests.e2e.orchestrator.test_train_e2e import config, metrics
 
 pytestmark = pytest.mark.e2e
 SAME = ("timing/", "throughput/", "learner/tokens_per_s", "pipeline/")  # wall-clock metrics differ run to run

@@ -3,15 +3,15 @@ the RM as reward and critic, then `relay eval` against the SFT reference and `re
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 
 from orchestrator.config import PipelineConfig
 from orchestrator.load_config import load_config
+from tests.helpers import REPO
+from tests.helpers import jsonl_rows as rows
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
 SFT_ACCURACY = 0.3  # held-out greedy accuracy the from-scratch SFT must reach
 RM_ACCURACY = 0.65  # held-out pairwise accuracy of the reward model
 
@@ -40,10 +40,6 @@ def pipeline(ray_cluster, tmp_path_factory):
     )
     run_pipeline(cfg)
     return root / "p"
-
-
-def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_sft_from_scratch_lowers_held_out_loss_and_learns_the_task(pipeline):

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import ray
@@ -15,9 +14,9 @@ import ray
 from orchestrator.load_config import load_config
 from orchestrator.trainer import Trainer
 from reward_service.rules import math_answer
+from tests.helpers import REPO, relay
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
 
 
 def overrides(policy, root, **over):
@@ -226,12 +225,6 @@ def test_a_killed_scoring_service_is_restarted_with_its_state(ray_cluster, polic
     train(uninterrupted, kill_before_step=99)
     want = [r for r in metrics(tmp_path / "no_restart") if "timing/total" in r]
     assert rows[-1]["reward/mean"] == pytest.approx(want[-1]["reward/mean"], abs=1e-6)
-
-
-def relay(*args, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def test_a_config_typo_fails_before_ray_starts():

@@ -4,12 +4,12 @@ itself tested here, so a lent GPU is spent on figures, not on fixing the script.
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
+
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_check_runs_every_section_on_the_cpu():

@@ -6,12 +6,9 @@ import pytest
 import torch
 
 from learner import algorithms as A
+from tests.helpers import close
 
 t = torch.tensor
-
-
-def close(x, y, tol=1e-5):
-    return torch.allclose(torch.as_tensor(x).float(), torch.as_tensor(y).float(), atol=tol, rtol=0)
 
 
 # ---------------------------------------------------------------- masked statistics

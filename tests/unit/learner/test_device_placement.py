@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_scored_batch
 from transformers import GPT2Config, GPT2ForSequenceClassification
 
 from learner import experience as experience_module
@@ -23,6 +22,7 @@ from reward_service.config import RewardSource, SourceKind
 from reward_service.reference import ReferenceModel
 from rollout import device as device_module
 from rollout.config import SamplingConfig
+from tests.helpers import make_scored_batch
 
 
 class Spy:

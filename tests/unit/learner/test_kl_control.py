@@ -4,12 +4,9 @@ import torch
 
 from learner import algorithms as A
 from learner.kl_control import AdaptiveKLController, FixedKLController
+from tests.helpers import close
 
 t = torch.tensor
-
-
-def close(x, y, tol=1e-5):
-    return torch.allclose(torch.as_tensor(x).float(), torch.as_tensor(y).float(), atol=tol, rtol=0)
 
 
 def test_fixed_controller_never_moves():

@@ -14,13 +14,10 @@ from learner.config import AlgorithmConfig, Estimator, KLPlacement, LossAggregat
 from learner.experience import advantages, make_experience
 from learner.worker import loss_norm_tokens, policy_loss
 from rollout.config import SamplingConfig
+from tests.helpers import close
 
 t = torch.tensor
 MASK = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-
-
-def close(x, y, tol=1e-5):
-    return torch.allclose(torch.as_tensor(x).float(), torch.as_tensor(y).float(), atol=tol, rtol=0)
 
 
 def pad(x, fill):
@@ -221,10 +218,10 @@ def test_seq_sum_norm_defaults_to_the_longest_response():
 
 
 def test_an_update_with_reinforce_pp_gspo_and_seq_sum_norm_adds_up_over_micro_batches(tiny_model):
-    from conftest import make_scored_batch
     from transformers import AutoModelForCausalLM
 
     from learner.models import PolicyValue
+    from tests.helpers import make_scored_batch
 
     batch, scored = make_scored_batch(tiny_model, n_prompts=2, group=4, seed=4)
     policy = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False)

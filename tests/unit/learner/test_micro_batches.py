@@ -2,7 +2,6 @@
 the same loss, gradients and recomputed logprobs as full-width micro-batches in batch order."""
 
 import torch
-from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
 from learner.config import AlgorithmConfig
@@ -11,6 +10,7 @@ from learner.models import PolicyValue
 from learner.worker import policy_loss
 from rollout.config import SamplingConfig
 from rollout.logprobs import chunked_logprobs
+from tests.helpers import make_scored_batch
 
 MICRO = 4
 

@@ -4,7 +4,6 @@ policy's function (KL 0 at step 0), the forward really runs its matmuls in bf16,
 gradients and optimizer stay float32."""
 
 import torch
-from conftest import make_scored_batch
 from transformers import AutoModelForCausalLM
 
 from learner.config import Dtype, LearnerConfig
@@ -13,6 +12,7 @@ from learner.models import PolicyValue, build_policy
 from reward_service.reference import ReferenceModel
 from rollout.logprobs import chunked_logprobs
 from rollout.types import pack
+from tests.helpers import make_scored_batch
 
 # bf16 keeps 8 bits of mantissa; on the random tiny GPT the gap was mean 8e-4, max 2.7e-3 nats
 # (relay's trained tiny policy: mean 0.016, max 0.11; see docs/benchmarks.md for SmolLM2)

@@ -11,15 +11,12 @@ import pytest
 import torch
 
 from learner import algorithms as A
+from tests.helpers import close
 
 t = torch.tensor
 PROX = torch.log(t([[0.5, 0.2, 0.3], [0.9, 0.7, 0.1]]))
 MU = torch.log(t([[0.25, 0.4, 0.3], [0.3, 1e-9, 0.9]]))
 MASK = t([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-
-
-def close(x, y, tol=1e-5):
-    return torch.allclose(torch.as_tensor(x).float(), torch.as_tensor(y).float(), atol=tol, rtol=0)
 
 
 def test_ratio_per_token_per_sequence_and_geometric():

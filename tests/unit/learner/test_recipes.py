@@ -18,6 +18,7 @@ from learner.experience import advantages
 from learner.worker import policy_loss
 from orchestrator.load_config import ConfigError, load_config
 from orchestrator.methods import RECIPES
+from tests.helpers import close
 
 t = torch.tensor
 MASK = t([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
@@ -39,10 +40,6 @@ algorithm:
   micro_batch_size: 4
   loss_norm_tokens: 4
 """
-
-
-def close(x, y, tol=1e-5):
-    return torch.allclose(torch.as_tensor(x).float(), torch.as_tensor(y).float(), atol=tol, rtol=0)
 
 
 def load(tmp_path, method: str, *overrides: str, yaml_extra: str = ""):

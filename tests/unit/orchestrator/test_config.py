@@ -1,16 +1,12 @@
 """The typed config tree: loading, overrides and one-line errors that name key and source."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from learner.config import Estimator, KLControllerKind
 from orchestrator.load_config import ConfigError, load_config, to_dict
 from reward_service.config import SourceKind
+from tests.helpers import REPO, relay
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
 
@@ -118,10 +114,6 @@ def test_bad_files_fail_with_one_line_naming_file_line_and_key(tmp_path, text, m
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml: cannot read config"):
         load_config(tmp_path / "nope.yaml")
-
-
-def relay(*args):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, cwd=REPO)
 
 
 def test_cli_config_show_prints_the_resolved_tree():

@@ -5,7 +5,6 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,8 +13,8 @@ from orchestrator.cli import main
 from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
 from orchestrator.config_docs import commented_yaml, config_types, field_comments, record_launch, section_type
 from orchestrator.load_config import load_config, to_dict, to_yaml
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
 PIPELINE = REPO / "configs" / "pipeline_tiny_cpu.yaml"
 

@@ -7,6 +7,7 @@ import pytest
 from orchestrator.config import BadLinePolicy, DataConfig
 from orchestrator.data import DataError, PromptSampler, load_examples, load_split
 from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS, make_task, reserved
+from tests.helpers import REPO
 
 
 def write(tmp_path, lines):
@@ -105,12 +106,11 @@ def test_sampler_epochs_and_resume():
 
 def config_task_sizes():
     """(task, task_size, eval_size) of every task a shipped config generates, RL and SFT/RM stages."""
-    from pathlib import Path
 
     import yaml
 
     sections = []
-    for path in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")):
+    for path in sorted((REPO / "configs").glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())
         sections += [raw.get("data", {})] + [raw[s].get("data", {}) for s in ("sft", "rm", "ppo") if s in raw]
     stage = {"task_size": 2000, "eval_size": 200}  # StageConfig's defaults (RL: 1000, 64)
@@ -196,13 +196,12 @@ def test_no_pipeline_stage_trains_on_a_prompt_the_rl_stage_holds_out(tmp_path, s
     # review A 2: every stage drew from the same task stream with its own size: 39 of the 128 PPO
     # held-out prompts were SFT training prompts and 21 RM training prompts
     import dataclasses
-    from pathlib import Path
 
     from orchestrator.config import PipelineConfig
     from orchestrator.load_config import load_config
     from orchestrator.stages import load_supervised
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "pipeline_tiny_cpu.yaml", root=PipelineConfig)
+    cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", root=PipelineConfig)
     _, rl_held_out, _ = load_split(cfg.ppo.data, seed)
     for kind, stage in (("sft", cfg.sft), ("rm", cfg.rm)):
         train, held_out, _ = load_supervised(dataclasses.replace(stage, seed=seed), kind, tmp_path / kind)

@@ -19,8 +19,9 @@ from orchestrator.trainer import Trainer
 from reward_service.types import ScoredBatch
 from rollout.seeds import EVALUATION
 from rollout.types import RolloutBatch
+from tests.helpers import REPO
 
-DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "grpo_tiny_cpu.yaml"
+DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
 nan = float("nan")
 
 

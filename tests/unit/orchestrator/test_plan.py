@@ -10,8 +10,8 @@ import torch
 from orchestrator import plan as P
 from orchestrator.cli import main
 from orchestrator.load_config import load_config
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
 LLAMA_8B = P.KNOWN[1][1]
 

@@ -12,6 +12,7 @@ from orchestrator.datagen import corrupt, demonstrations, preferences
 from orchestrator.evaluate import distinct_n, win_rate
 from orchestrator.stages import encode_rm, encode_sft, load_supervised
 from orchestrator.tasks import make_task
+from tests.helpers import REPO
 
 
 def stage(tmp_path, **data) -> StageConfig:
@@ -115,9 +116,8 @@ def test_stage_config_errors_name_the_key(tmp_path):
 def test_cli_data_and_a_bad_sft_file_named_before_any_training(tmp_path):
     import subprocess
     import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = REPO
 
     def relay(*args):
         return subprocess.run(

@@ -9,6 +9,7 @@ import pytest
 from orchestrator.config import LoggingConfig, WandbConfig, WandbMode
 from orchestrator.phases import finished_before
 from orchestrator.tracking import Tracker
+from tests.helpers import jsonl_rows as rows
 
 SAMPLES = [{"prompt": "1+1=", "policy": "2", "reward": 1.0, "reference": "3", "reference_reward": 0.0}]
 
@@ -91,10 +92,6 @@ def trainer(tmp_path, total_steps, step=0, every_eval=0):
     t.finished = finished_before(tmp_path, step if step else None, total_steps)
     t.tracker = Tracker(logging, tmp_path, "run", {}, resumed_at=step if step else None, finished=t.finished)
     return t
-
-
-def rows(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_every_wandb_log_carries_its_step_and_the_last_image_is_kept(tmp_path, fake_wandb):

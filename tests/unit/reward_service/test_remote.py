@@ -5,7 +5,6 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +13,7 @@ from reward_service.config import RewardSource, SourceKind
 from reward_service.remote import RemoteReward, serve
 from reward_service.sources import build_source
 from rollout.weight_sync import free_port
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 class Server:

@@ -3,16 +3,13 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from orchestrator.config import DataConfig
 from orchestrator.data import PromptSampler, load_split
 from rollout.config import SamplingConfig
 from rollout.seeds import SEED_RANGE, request_seed, stream_seed
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 STREAMS = ["sampling", "engine", "data_order", "task", "held_out", "learner", "mini_batches"]
 
 
@@ -73,30 +70,3 @@ def test_data_order_and_generated_data_follow_the_run_seed():
     cfg = DataConfig(task="addition_2digit", task_size=50, eval_size=10)
     (t0, h0, _), (t1, h1, _) = load_split(cfg, seed=0), load_split(cfg, seed=1)
     assert t0 != t1 and h0 != h1 and load_split(cfg, seed=0)[:2] == (t0, h0)
-
-
-@pytest.mark.e2e
-def test_two_run_seeds_sample_one_prompt_differently_and_one_seed_alike(ray_cluster, tiny_model):
-    # one prompt repeated (as guess_number's prompts are): only the run seed can tell the samples apart
-    from rollout.config import RolloutConfig
-    from rollout.pool import RolloutPool
-
-    cfg = RolloutConfig(
-        max_model_len=64,
-        max_prompt_tokens=16,
-        sampling=SamplingConfig(max_new_tokens=8, n_samples_per_prompt=2, temperature=1.0),
-    )
-    prompts = ["12+34=?"] * 4
-    pools = {seed: RolloutPool(cfg, tiny_model, num_workers=1, seed=seed, num_cpus=1) for seed in (0, 1)}
-    try:
-        first = {seed: pool.generate(prompts, step=0).response_ids for seed, pool in pools.items()}
-        assert pools[0].generate(prompts, step=0).response_ids == first[0]
-        assert first[0] != first[1]
-        pinned = SamplingConfig(max_new_tokens=8, n_samples_per_prompt=2, temperature=1.0, seed=7)
-        assert (
-            pools[0].generate(prompts, step=0, sampling=pinned).response_ids
-            == pools[1].generate(prompts, step=0, sampling=pinned).response_ids
-        )  # an explicit override
-    finally:
-        for pool in pools.values():
-            pool.shutdown()
