@@ -2,7 +2,7 @@
 
 Pure functions on tensors. Shapes: B = samples, T = response tokens. Every token-level function takes
 `mask` (B, T), 1.0 on response tokens and 0.0 on padding, and padding never changes a result.
-This module imports torch and nothing distributed, no model and no config (tests/test_architecture.py).
+This module imports torch and nothing distributed, no model and no config (tests/unit/test_architecture.py).
 """
 
 from __future__ import annotations

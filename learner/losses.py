@@ -2,7 +2,7 @@
 
 Pure functions on tensors with learner/algorithms.py's conventions (shapes B = samples, T = response
 tokens; `mask` (B, T) 1.0 on response tokens; padding never changes a result). This module imports
-torch and learner.algorithms only (tests/test_architecture.py).
+torch and learner.algorithms only (tests/unit/test_architecture.py).
 
 Every policy loss has ppo_policy_loss's signature: (algorithms.PolicyLossInput, clip_eps, clip_eps_high)
 -> (loss, metrics with clip_frac, approx_kl and ratio_mean). Its `weights` (B, T), detached, multiply

@@ -2,7 +2,7 @@
 
 Pure arithmetic on a model's shape (its config.json, or a small table of known architectures), counted as
 the code allocates: ZeRO 0-3 with AdamW, HF eager layers, runtime/logprobs.py's chunks, vLLM's memory
-fraction, async training's staged weights. tests/orchestrator/test_plan.py checks it against real CPU steps."""
+fraction, async training's staged weights. tests/unit/orchestrator/test_plan.py checks it against real CPU steps."""
 
 from __future__ import annotations
 

@@ -4,5 +4,5 @@ profiling and busy time (profiling), the run's random streams (seeds), prompt en
 and helpers for Ray actors (actors).
 
 Rollout workers, the scoring service, the learner ranks and the driver all import it; it imports
-none of relay's other packages (tests/test_architecture.py), so any of them may.
+none of relay's other packages (tests/unit/test_architecture.py), so any of them may.
 """

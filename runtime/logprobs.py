@@ -1,7 +1,7 @@
 """Token log-probabilities and entropy of a causal LM's logits, at the sampler's temperature and
 filters: the one home of this math, for the learner (old and new logprobs), the reference model in
 the scoring service, the SFT/RM stages and the tests. Pure torch: no model, no config, nothing
-distributed (tests/test_architecture.py).
+distributed (tests/unit/test_architecture.py).
 
 `logprobs_from_logits`, `filtered_logprobs` and `entropy_from_logits` hold a float32 copy of all the
 logits: the reference math. The chunked versions compute the same numbers a chunk of tokens at a

@@ -8,8 +8,8 @@ Sections, each printing one JSON line (and "skipped" with the reason when it can
   logprobs  chunked logprobs/entropy against the unchunked ones, and their peak memory
   scoring   the reference model on the device, in bf16, against float32 on the CPU
   sync      a weight broadcast between two processes (NCCL on GPUs, gloo on CPUs), GB/s
-On a CPU (`--device cpu`, what tests/test_gpu_check.py runs) the same code runs with gloo, so the
-script itself is tested; the figures that matter come from a GPU (docs/gpu.md).
+On a CPU (`--device cpu`, what tests/e2e/scripts/test_gpu_check.py runs) the same code runs with gloo, so the
+script itself is tested; the figures that matter come from a GPU (docs/gpu.md), where tests/gpu checks them.
 """
 
 from __future__ import annotations
@@ -54,14 +54,12 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
         import deepspeed  # noqa: F401
     except ImportError:
         return report("learner", skipped="deepspeed is not installed")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import make_scored_batch
-
     from learner.config import AlgorithmConfig, Dtype, LearnerConfig
     from learner.engine import RankAddress
     from learner.worker import Learner
     from rollout.weight_sync import free_port
     from runtime.logprobs import SamplerSettings
+    from tests.helpers import make_scored_batch
 
     os.environ["DS_ACCELERATOR"] = device.type
     from learner.algorithms import grpo_advantages
@@ -130,10 +128,8 @@ def check_logprobs(device: torch.device, quick: bool) -> None:
 
 
 def check_scoring(device: torch.device, model: str) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import make_scored_batch
-
     from reward_service.reference import ReferenceModel
+    from tests.helpers import make_scored_batch
 
     batch, _ = make_scored_batch(model, n_prompts=4, group=4, seed=1)
     dtype = "bfloat16" if device.type == "cuda" else "float32"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks: the paths that need neither vLLM nor Ray (scripts/gpu_check.py), then, with --full and
 # the GPU install (scripts/install.sh gpu), the default run on GPUs. Figures go to docs/gpu.md.
+# (`pytest tests/gpu`, the gpu tier, runs the same script and checks each section's figures.)
 #   bash scripts/gpu_check.sh            # learner, chunked logprobs, scoring, weight broadcast
 #   bash scripts/gpu_check.sh --full     # and relay train on one GPU per role
 set -euo pipefail

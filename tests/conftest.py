@@ -1,12 +1,54 @@
-"""Shared fixtures: a tiny real model on disk and one local Ray cluster per test session."""
+"""Shared fixtures and the tiers: tiny real models on disk (built once, then reused from the model cache
+across sessions: tests/helpers.py), one local Ray cluster per session, and the folder that sets each
+test's tier (tests/unit: no Ray; tests/e2e: marked `e2e`; tests/gpu: marked `gpu`, skipped without CUDA)."""
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
+
+from tests.helpers import build_inputs, cached_build, tiny_policy_inputs
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+TESTS = Path(__file__).resolve().parent
+TIER_MARKS = {"e2e": pytest.mark.e2e, "gpu": pytest.mark.gpu}
+TIER_ORDER = ("unit", "e2e", "gpu")  # the fast tier first, also in one `pytest -q`
+
+
+def tier_of(item) -> str | None:
+    """unit, e2e or gpu: the folder under tests/ the test's file is in (None for a file outside one)."""
+    path = Path(str(item.fspath)).resolve()
+    parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The folder is the tier: tests/e2e and tests/gpu get their marker (so `-m "not e2e"` still
+    selects unit and gpu), a tier marker on a test in another folder is an error, and unit runs first."""
+    items.sort(key=lambda item: TIER_ORDER.index(t) if (t := tier_of(item)) in TIER_ORDER else len(TIER_ORDER))
+    for item in items:
+        tier = tier_of(item)
+        for name, mark in TIER_MARKS.items():
+            if tier == name:
+                item.add_marker(mark)
+            elif item.get_closest_marker(name) is not None:
+                raise pytest.UsageError(f"{item.nodeid} is marked {name!r}: move it under tests/{name}")
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            for item in gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+def session_copy(folder: Path, tmp_path_factory, name: str) -> str:
+    """A session's own copy of a cached model, so that no test can change the cache."""
+    return str(shutil.copytree(folder, tmp_path_factory.mktemp("models") / name))
 
 
 @pytest.fixture(scope="session")
@@ -14,7 +56,8 @@ def tiny_model(tmp_path_factory):
     """A randomly initialised 2-layer GPT-2 with a character tokenizer (HF folder, ~1.7 MB)."""
     from learner.tiny_gpt import init_tiny_gpt
 
-    return str(init_tiny_gpt(tmp_path_factory.mktemp("models") / "tiny-gpt", seed=0))
+    folder = cached_build("tiny-gpt", build_inputs(init_tiny_gpt, seed=0), lambda out: init_tiny_gpt(out, seed=0))
+    return session_copy(folder, tmp_path_factory, "tiny-gpt")
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +65,8 @@ def policy(tmp_path_factory):
     """relay's tiny starting policy: a GPT trained from scratch on 2-digit addition to ~50-75%."""
     from orchestrator.builtin_models import build_tiny_policy
 
-    return str(build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny"))
+    folder = cached_build("tiny-addition-gpt", tiny_policy_inputs(), build_tiny_policy)
+    return session_copy(folder, tmp_path_factory, "tiny")
 
 
 @pytest.fixture(scope="session")
@@ -34,49 +78,3 @@ def ray_cluster():
     )
     yield ray
     ray.shutdown()
-
-
-def make_scored_batch(model_path, n_prompts=4, group=4, seed=0, rewards=None):
-    """A RolloutBatch of random prompts/responses (ragged) and its ScoredBatch with real reference
-    logprobs; rewards random unless given."""
-    import torch
-
-    from reward_service.reference import ReferenceModel
-    from reward_service.types import ScoredBatch
-    from rollout.types import RolloutBatch
-
-    g = torch.Generator().manual_seed(seed)
-    prompts, responses = [], []
-    for _ in range(n_prompts):
-        p = torch.randint(3, 60, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-        for _ in range(group):
-            prompts.append(p)
-            responses.append(torch.randint(3, 60, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
-    n = len(prompts)
-    batch = RolloutBatch(
-        [i // group for i in range(n)],
-        prompts,
-        responses,
-        [[-1.0] * len(r) for r in responses],
-        ["x"] * n,
-        ["stop"] * n,
-    )
-    scores = rewards if rewards is not None else torch.rand(n, generator=g).tolist()
-    return batch, ScoredBatch(
-        scores, {}, [True] * n, [False] * n, ReferenceModel(model_path).logprobs(batch), raw=list(scores)
-    )
-
-
-def make_micro_batch(input_ids, mask, **tensors):
-    """A learner.experience.MicroBatch for a loss test from `tensors` (by field name): attention_mask
-    all ones, positions 0.., no critic, and NaN in each other (B, L-1) field it is not given, so a loss
-    that reads a field the test did not give comes out NaN instead of passing on made-up numbers."""
-    import torch
-
-    from learner.experience import MicroBatch
-
-    nan = torch.full(mask.shape, float("nan"))
-    fields = dict.fromkeys(("old_logprobs", "ref_logprobs", "behaviour_logprobs", "sampler_logprobs", "advantages"))
-    fields = {k: nan.clone() for k in fields} | {"old_values": None, "returns": None} | tensors
-    positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
-    return MicroBatch(input_ids, torch.ones_like(input_ids), positions, mask, **fields)

@@ -1,0 +1,38 @@
+"""Deployment recipes: the cluster files checked (a real `ray job submit`: tests/e2e/deploy/test_ray_job_submit.py)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.load_config import load_config
+from tests.helpers import REPO
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def configs_named_in(text: str) -> list[str]:
+    return sorted(set(re.findall(r"configs/[\w.\-]+\.yaml", text)))
+
+
+@pytest.mark.parametrize("name", ["README.md", "kuberay-rayjob.yaml", "slurm.sbatch"])
+def test_every_config_a_recipe_names_exists_and_loads(name):
+    found = configs_named_in((REPO / "deploy" / name).read_text())
+    assert found, name
+    for path in found:
+        assert load_config(REPO / path, ["cluster.address=auto"]).cluster.address == "auto"
+
+
+def test_kuberay_manifest_is_a_rayjob():
+    job = yaml.safe_load((REPO / "deploy" / "kuberay-rayjob.yaml").read_text())
+    assert job["kind"] == "RayJob" and job["apiVersion"].startswith("ray.io/")
+    assert job["spec"]["entrypoint"].startswith("relay train configs/")
+    workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert workers[0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+
+
+def test_slurm_script_parses():
+    assert subprocess.run(["bash", "-n", str(REPO / "deploy" / "slurm.sbatch")]).returncode == 0

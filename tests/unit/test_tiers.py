@@ -1,0 +1,20 @@
+"""The unit tier holds no Ray: starting Ray here fails loudly (tests/unit/conftest.py), also when a Ray
+call would start a cluster on first use; and the folder, not a marker, puts a test in its tier."""
+
+import pytest
+import ray
+
+
+def test_ray_init_fails_in_the_unit_tier():
+    with pytest.raises(RuntimeError, match="belongs under tests/e2e"):
+        ray.init(num_cpus=1)
+
+
+def test_a_ray_call_that_would_start_a_cluster_fails_too():
+    assert not ray.is_initialized()
+    with pytest.raises(RuntimeError, match="belongs under tests/e2e"):
+        ray.get([])  # what orchestrator.profiling.profiled did in the fast tier before the tiers
+
+
+def test_a_unit_test_carries_no_tier_marker(request):
+    assert request.node.get_closest_marker("e2e") is None and request.node.get_closest_marker("gpu") is None
