@@ -26,10 +26,10 @@ import torch.nn.functional as F
 
 from learner.config import Estimator, KLControllerKind, KLPlacement, LossAggregation, PolicyLoss
 from learner.models import no_dropout_config
-from orchestrator.builtin_models import resolve_model_path
-from orchestrator.config import TrainConfig
-from orchestrator.data import PromptSampler, load_split, policy_prompt, reward_metadata
-from orchestrator.load_config import load_config
+from orchestrator.config.load import load_config
+from orchestrator.config.schema import TrainConfig
+from orchestrator.data.builtin_models import resolve_model_path
+from orchestrator.data.prompts import PromptSampler, load_split, policy_prompt, reward_metadata
 from reward_service.service import RewardFunction
 from runtime.device import compute
 from runtime.prompts import encode_prompt

@@ -10,7 +10,7 @@ With --modes, relay alone runs once per async_training mode and seed instead (is
 
 and prints steps/s, completions/s, each role's idle share and the held-out accuracy after the same
 number of samples (every mode trains on the same prompts, in the same order). In the async modes the
-engines and the learner get separate halves of the cores (orchestrator.placement.cpu_threads).
+engines and the learner get separate halves of the cores (orchestrator.loop.placement.cpu_threads).
 
 Relay runs through the real stack (vLLM worker, scoring service, DeepSpeed rank, colocated on this
 machine), then shuts down before the baseline starts, so each has every core. The first 2 steps
@@ -31,9 +31,9 @@ from pathlib import Path
 import ray
 
 from bench.baseline_loop import medians, run_baseline
-from orchestrator.builtin_models import resolve_model_path
-from orchestrator.load_config import load_config
-from orchestrator.trainer import Trainer
+from orchestrator.config.load import load_config
+from orchestrator.data.builtin_models import resolve_model_path
+from orchestrator.loop.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 ACCURACY = "eval/greedy/reward/accuracy"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import ray
 
-from orchestrator.builtin_models import resolve_model_path
+from orchestrator.data.builtin_models import resolve_model_path
 from rollout.config import EndpointConfig, RolloutConfig, SamplingConfig
 from rollout.gateway import Gateway
 from rollout.pool import RolloutPool

@@ -25,10 +25,10 @@ import ray
 from bench.learner import SHAPE, matmul_peak_flops
 from learner.supervised import RM, SFT, SupervisedGroup
 from learner.tiny_gpt import init_tiny_gpt
-from orchestrator.config import StageConfig
-from orchestrator.datagen import demonstrations, preferences
-from orchestrator.stages import encode_rm, encode_sft
-from orchestrator.tasks import make_task
+from orchestrator.config.schema import StageConfig
+from orchestrator.data.generate import demonstrations, preferences
+from orchestrator.data.tasks import make_task
+from orchestrator.stages.supervised import encode_rm, encode_sft
 
 
 def bench(model: str, kind: str, world: int, zero: int, steps: int, repeats: int) -> dict:

@@ -5,7 +5,7 @@ from enum import Enum
 
 
 class Method(str, Enum):
-    """A named recipe (algorithm.method): the keys its paper fixes, set together (orchestrator/methods.py)."""
+    """A named recipe (algorithm.method): the keys its paper fixes, set together (orchestrator/config/methods.py)."""
 
     none = "none"  # no recipe: every key as given
     grpo = "grpo"  # GRPO (Shao et al. 2024): group mean and std, per-sequence token mean, KL (k3) in the loss
@@ -168,7 +168,7 @@ class AlgorithmConfig:
     the KL penalty, the off-policy correction and the update's batching."""
 
     method: Method = Method.none
-    """a recipe setting its paper's keys (orchestrator/methods.py); none = keys as given"""
+    """a recipe setting its paper's keys (orchestrator/config/methods.py); none = keys as given"""
     estimator: Estimator = Estimator.grpo
     """advantage estimator: gae (PPO with a critic), grpo, rloo, reinforce_baseline or reinforce_pp"""
     gae: GAEConfig = field(default_factory=GAEConfig)

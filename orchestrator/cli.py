@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestrator.load_config import ConfigError, load_config, to_yaml
+from orchestrator.config.load import ConfigError, load_config, to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "grpo_tiny_cpu.yaml"
@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 0
-    from orchestrator.data import DataError
-    from orchestrator.phases import TrainingError
+    from orchestrator.data.prompts import DataError
+    from orchestrator.loop.step_metrics import TrainingError
 
     try:
         return args.func(args)
@@ -148,8 +148,8 @@ def _split(args) -> tuple[Path, list[str]]:
 
 
 def _config_show(args) -> int:
-    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
-    from orchestrator.config_docs import commented_yaml
+    from orchestrator.config.docs import commented_yaml
+    from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
 
     path, overrides = _split(args)
     root = {"train": TrainConfig, "sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}[args.command]
@@ -159,15 +159,21 @@ def _config_show(args) -> int:
 
 
 def _train(args) -> int:
-    from orchestrator.config_docs import record_launch
+    from orchestrator.config.docs import record_launch
 
     path, overrides = _split(args)
     if args.profile:  # step 3: after the warm-up steps (first calls, allocations, vLLM's first batches)
         overrides = ["logging.profile_step=3", *overrides]
     cfg = load_config(path, overrides, local=True)  # every config error surfaces here, before Ray starts
     print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
-    from orchestrator.signals import INTERRUPTED_EXIT_CODE, STOPPED_EXIT_CODE, Stopped, StopRequest, stop_on_signals
-    from orchestrator.trainer import Trainer
+    from orchestrator.loop.signals import (
+        INTERRUPTED_EXIT_CODE,
+        STOPPED_EXIT_CODE,
+        Stopped,
+        StopRequest,
+        stop_on_signals,
+    )
+    from orchestrator.loop.trainer import Trainer
 
     trainer = Trainer(cfg)  # ray.init sets its own SIGTERM handler: ours go in after it
     with stop_on_signals(StopRequest()) as stop:  # kept through shutdown: a repeated SIGTERM must not kill it
@@ -208,27 +214,27 @@ def _serve_reward(args) -> int:
 
 
 def _stage(args) -> int:
-    from orchestrator.config import PipelineConfig, StageConfig
-    from orchestrator.config_docs import record_launch
+    from orchestrator.config.docs import record_launch
+    from orchestrator.config.schema import PipelineConfig, StageConfig
 
     path, overrides = _split(args)
     if args.stage == "pipeline":
         cfg = load_config(path, overrides, root=PipelineConfig, local=True)
         print(record_launch(cfg, "pipeline"), flush=True)
-        from orchestrator.pipeline import run_pipeline
+        from orchestrator.stages.pipeline import run_pipeline
 
         run_pipeline(cfg)
         return 0
     cfg = load_config(path, overrides, root=StageConfig, local=True)
     print(record_launch(cfg, args.stage), flush=True)
-    from orchestrator.stages import run_stage
+    from orchestrator.stages.supervised import run_stage
 
     run_stage(cfg, args.stage)
     return 0
 
 
 def _eval(args) -> int:
-    from orchestrator.evaluate import evaluate_checkpoint
+    from orchestrator.tools.evaluate import evaluate_checkpoint
 
     cfg = load_config(args.config, args.overrides)
     evaluate_checkpoint(
@@ -243,15 +249,15 @@ def _eval(args) -> int:
 
 
 def _plot(args) -> int:
-    from orchestrator.evaluate import plot_run
+    from orchestrator.tools.evaluate import plot_run
 
     print(plot_run(args.run_dir, args.out or str(Path(args.run_dir) / "curves.png")))
     return 0
 
 
 def _data(args) -> int:
-    from orchestrator.datagen import demonstrations, preferences, write_jsonl
-    from orchestrator.tasks import draw_task
+    from orchestrator.data.generate import demonstrations, preferences, write_jsonl
+    from orchestrator.data.tasks import draw_task
     from runtime.seeds import stream_seed
 
     # trainable prompts only (tasks.reserved: never a run's held-out one), as relay sft/rm draw them; the
@@ -264,7 +270,7 @@ def _data(args) -> int:
 
 
 def _plan(args) -> int:
-    from orchestrator.plan import load, make_plan, render
+    from orchestrator.tools.plan import load, make_plan, render
 
     path, overrides = _split(args)
     kind, cfg = load(path, overrides)

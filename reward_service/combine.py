@@ -119,7 +119,7 @@ def combine(runs: dict[str, SourceRun], weights: dict[str, float]) -> tuple[list
 
 def call_counts(runs: dict[str, SourceRun]) -> dict[str, float]:
     """The call's counts (summed over the calls of a step); the per-source means and invalid
-    fractions are of the samples that train, computed from the scores (orchestrator.phases)."""
+    fractions are of the samples that train, computed from the scores (orchestrator.loop.step_metrics)."""
     for name, run in runs.items():
         bad = sum(s is None for s in run.scores)
         if bad or run.errors:

@@ -63,7 +63,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def policy(tmp_path_factory):
     """relay's tiny starting policy: a GPT trained from scratch on 2-digit addition to ~50-75%."""
-    from orchestrator.builtin_models import build_tiny_policy
+    from orchestrator.data.builtin_models import build_tiny_policy
 
     folder = cached_build("tiny-addition-gpt", tiny_policy_inputs(), build_tiny_policy)
     return session_copy(folder, tmp_path_factory, "tiny")

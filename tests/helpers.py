@@ -107,8 +107,8 @@ def build_inputs(fn: Callable, **arguments) -> dict:
 
 
 def tiny_policy_inputs() -> dict:
-    """What the tiny starting policy (orchestrator.builtin_models) is built from, its VERSIONS entry included."""
-    from orchestrator.builtin_models import VERSIONS, build_tiny_policy
+    """What the tiny starting policy (orchestrator.data.builtin_models) is built from, its VERSIONS entry included."""
+    from orchestrator.data.builtin_models import VERSIONS, build_tiny_policy
 
     return build_inputs(build_tiny_policy) | {"version": VERSIONS["tiny-addition-gpt"]}
 

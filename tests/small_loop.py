@@ -7,12 +7,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.batches import EndpointBatches, PromptBatches
-from orchestrator.evaluator import Evaluator
-from orchestrator.load_config import load_config
-from orchestrator.loop_parts import LoopParts
-from orchestrator.roles import Roles
-from orchestrator.trainer import Trainer
+from orchestrator.config.load import load_config
+from orchestrator.loop.batches import EndpointBatches, PromptBatches
+from orchestrator.loop.evaluator import Evaluator
+from orchestrator.loop.parts import LoopParts
+from orchestrator.loop.roles import Roles
+from orchestrator.loop.trainer import Trainer
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from tests.helpers import REPO

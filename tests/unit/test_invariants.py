@@ -35,10 +35,10 @@ from learner.config import (
 from learner.engine import update_metrics
 from learner.experience import MicroBatch, advantages
 from learner.worker import LossSettings, micro_metrics, policy_loss
-from orchestrator.config import DataConfig
-from orchestrator.data import PromptSampler, load_split
-from orchestrator.methods import RECIPES
-from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS
+from orchestrator.config.methods import RECIPES
+from orchestrator.config.schema import DataConfig
+from orchestrator.data.prompts import PromptSampler, load_split
+from orchestrator.data.tasks import ONE_PROMPT_TASKS, TINY_TASKS
 from reward_service.combine import SourceRun, combine
 from rollout.config import SamplingConfig
 from runtime.logprobs import entropy_from_logits, logprobs_from_logits

@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 
 from learner.tiny_gpt import init_tiny_gpt
-from orchestrator import builtin_models
+from orchestrator.data import builtin_models
 from tests.helpers import build_inputs, cache_key, cached_build, source_files, tiny_policy_inputs
 
 

@@ -13,7 +13,7 @@ def test_ray_init_fails_in_the_unit_tier():
 def test_a_ray_call_that_would_start_a_cluster_fails_too():
     assert not ray.is_initialized()
     with pytest.raises(RuntimeError, match="belongs under tests/e2e"):
-        ray.get([])  # what orchestrator.profiling.profiled did in the fast tier before the tiers
+        ray.get([])  # what orchestrator.loop.profiling.profiled did in the fast tier before the tiers
 
 
 def test_a_unit_test_carries_no_tier_marker(request):

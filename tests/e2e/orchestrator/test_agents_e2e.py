@@ -8,8 +8,8 @@ import threading
 import httpx
 import pytest
 
-from orchestrator.load_config import load_config
-from orchestrator.trainer import Trainer
+from orchestrator.config.load import load_config
+from orchestrator.loop.trainer import Trainer
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e

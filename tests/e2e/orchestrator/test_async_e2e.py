@@ -9,8 +9,8 @@ import shutil
 import pytest
 import ray
 
-from orchestrator.data import PromptSampler
-from orchestrator.trainer import Trainer
+from orchestrator.data.prompts import PromptSampler
+from orchestrator.loop.trainer import Trainer
 from tests.e2e.orchestrator.test_train_e2e import config, metrics
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from orchestrator.builtin_models import resolve_model_path
+from orchestrator.data.builtin_models import resolve_model_path
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.pool import RolloutPool
 

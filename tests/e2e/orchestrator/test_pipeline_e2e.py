@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from orchestrator.config import PipelineConfig
-from orchestrator.load_config import load_config
+from orchestrator.config.load import load_config
+from orchestrator.config.schema import PipelineConfig
 from tests.helpers import REPO
 from tests.helpers import jsonl_rows as rows
 
@@ -18,7 +18,7 @@ RM_ACCURACY = 0.65  # held-out pairwise accuracy of the reward model
 
 @pytest.fixture(scope="module")
 def pipeline(ray_cluster, tmp_path_factory):
-    from orchestrator.pipeline import run_pipeline
+    from orchestrator.stages.pipeline import run_pipeline
 
     root = tmp_path_factory.mktemp("pipeline")
     cfg = load_config(
@@ -79,7 +79,7 @@ def test_ppo_on_the_reward_model_raises_its_reward_with_bounded_kl(pipeline):
 
 
 def test_relay_eval_reports_policy_against_reference(pipeline, tmp_path):
-    from orchestrator.evaluate import evaluate_checkpoint
+    from orchestrator.tools.evaluate import evaluate_checkpoint
 
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [], root=PipelineConfig).ppo
     cfg.data.eval_size = 32
@@ -107,8 +107,8 @@ def test_relay_eval_reports_policy_against_reference(pipeline, tmp_path):
 
 def test_sft_fine_tunes_a_pretrained_model_through_its_chat_template(ray_cluster, policy, tmp_path):
     """learner.model_path set: no scratch model; chat-message prompts rendered by the model's template."""
-    from orchestrator.config import StageConfig
-    from orchestrator.stages import run_stage
+    from orchestrator.config.schema import StageConfig
+    from orchestrator.stages.supervised import run_stage
 
     demos = tmp_path / "demos.jsonl"
     # shuffled: the first 16 lines are held out, and they must cover the range the rest trains on

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import torch
 
 from orchestrator.cli import _parser
-from orchestrator.profiling import profiled
+from orchestrator.loop.profiling import profiled
 from runtime.profiling import Profiled
 
 
@@ -30,7 +30,7 @@ def test_a_profiled_step_writes_each_roles_tables_and_trace(ray_cluster, tmp_pat
 
 
 def test_the_trainer_profiles_only_the_configured_step_and_the_cli_flag_sets_it(tmp_path, monkeypatch):
-    from orchestrator import trainer as trainer_module
+    from orchestrator.loop import trainer as trainer_module
     from tests.small_loop import small_trainer
 
     profiled_steps = []

@@ -11,9 +11,9 @@ import time
 import pytest
 import ray
 
-from orchestrator.dynamic_sampling import Sampled
-from orchestrator.load_config import load_config
-from orchestrator.trainer import Trainer
+from orchestrator.config.load import load_config
+from orchestrator.loop.dynamic_sampling import Sampled
+from orchestrator.loop.trainer import Trainer
 from reward_service.rules import math_answer
 from tests.helpers import REPO, relay
 

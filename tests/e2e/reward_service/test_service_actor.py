@@ -4,7 +4,7 @@ when the service died."""
 import ray
 import torch
 
-from orchestrator.phases import batch_metrics
+from orchestrator.loop.step_metrics import batch_metrics
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.reference import ReferenceModel
 from reward_service.service import ScoringService

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.load_config import load_config
+from orchestrator.config.load import load_config
 from tests.helpers import REPO
 
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -1,5 +1,5 @@
 """algorithm.method: each named recipe, loaded through the config, computes its paper's advantages and
-loss on one example worked out by hand (orchestrator/methods.py lists the keys each sets).
+loss on one example worked out by hand (orchestrator/config/methods.py lists the keys each sets).
 
 The example: 2 prompts x 2 samples, responses of 1, 3, 2 and 2 tokens; scores 1, 0 | 1, 1 (the second
 group all equal). The policy gives every token logprob -log 4 (zero logits over 4 tokens); the old
@@ -16,8 +16,8 @@ from learner import algorithms as A
 from learner.config import Estimator, KLEstimator, KLPlacement, Method, PolicyLoss
 from learner.experience import advantages
 from learner.worker import LossSettings, policy_loss
-from orchestrator.load_config import ConfigError, load_config
-from orchestrator.methods import RECIPES
+from orchestrator.config.load import ConfigError, load_config
+from orchestrator.config.methods import RECIPES
 from tests.helpers import close, make_micro_batch
 
 t = torch.tensor
@@ -215,7 +215,7 @@ def test_a_method_set_in_code_is_checked_against_its_recipe_naming_the_key(tmp_p
     keys would otherwise run GRPO with a std under Dr. GRPO's name."""
     import dataclasses
 
-    from orchestrator.validate import validate
+    from orchestrator.config.validate import validate
 
     cfg = load(tmp_path, "none")
     coded = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, method=Method.dr_grpo))

@@ -1,10 +1,10 @@
 """The built-in agents' demonstrations are laid out exactly as episodes are played, and play the game
-by its rules (orchestrator/agent_policies.py)."""
+by its rules (orchestrator/data/agent_policies.py)."""
 
 import random
 
 from learner.tiny_gpt import char_tokenizer
-from orchestrator.agent_policies import calculator_turns, guess_turns, transcript
+from orchestrator.data.agent_policies import calculator_turns, guess_turns, transcript
 from rollout.episodes import observation_ids
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from orchestrator.builtin_models import resolve_model_path
-from orchestrator.load_config import load_config
+from orchestrator.config.load import load_config
+from orchestrator.data.builtin_models import resolve_model_path
 from tests.helpers import REPO
 
 

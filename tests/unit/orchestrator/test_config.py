@@ -3,8 +3,8 @@
 import pytest
 
 from learner.config import Estimator, KLControllerKind
-from orchestrator.config import PipelineConfig
-from orchestrator.load_config import ConfigError, load_config, to_dict
+from orchestrator.config.load import ConfigError, load_config, to_dict
+from orchestrator.config.schema import PipelineConfig
 from reward_service.config import SourceKind
 from tests.helpers import REPO, relay
 
@@ -14,7 +14,7 @@ DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
-    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
+    from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
 
     # the command decides the tree: relay sft/rm -> StageConfig, relay pipeline -> PipelineConfig
     root = {"sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}.get(path.stem.split("_")[0], TrainConfig)
@@ -229,7 +229,7 @@ def test_policy_losses_and_their_keys_are_checked_by_key():
 def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monkeypatch):
     import os
 
-    from orchestrator.placement import cpu_threads
+    from orchestrator.loop.placement import cpu_threads
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert cpu_threads(load_config(DEFAULT)) == (0, 0, 8)  # sync: roles take turns, each on every core
@@ -333,7 +333,7 @@ def test_a_model_folder_that_is_not_here_is_a_config_error_naming_the_key(tmp_pa
         with pytest.raises(ConfigError, match=rf"c.yaml:{line}: {key}: .*no such folder"):
             load_config(write(tmp_path, text), local=True)
         text = text.replace(f"reference_model_path: {missing}", f"reference_model_path: {tmp_path}")
-    from orchestrator.config import PipelineConfig, StageConfig
+    from orchestrator.config.schema import PipelineConfig, StageConfig
 
     with pytest.raises(ConfigError, match="learner.model_path: .*no such folder"):
         load_config(
@@ -381,7 +381,7 @@ def test_relay_train_with_a_missing_model_fails_before_ray_starts(tmp_path):
 def test_seq_sum_norms_constant_defaults_to_a_samples_whole_budget():
     """algorithm.loss_norm_tokens 0: the longest sample the run can make, an episode's whole budget
     (model and observation tokens), not one turn's max_new_tokens; an explicit value stands."""
-    from orchestrator.roles import learner_algorithm
+    from orchestrator.loop.roles import learner_algorithm
 
     calc = REPO / "configs" / "calculator_tiny_cpu.yaml"
     single, episode = load_config(DEFAULT), load_config(calc)
@@ -409,7 +409,7 @@ def test_seq_sum_norms_constant_defaults_to_a_samples_whole_budget():
     ],
 )
 def test_bad_data_sizes_and_eval_files_with_a_task_are_refused_naming_the_key(path, overrides, message):
-    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
+    from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
 
     root = {"sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}.get(path.split("_")[0], TrainConfig)
     with pytest.raises(ConfigError) as e:
@@ -420,9 +420,9 @@ def test_bad_data_sizes_and_eval_files_with_a_task_are_refused_naming_the_key(pa
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_configs_task_split_fits(path):
     # 1 in 8 prompts of a generated task is reserved for held-out sets: the presets' sizes still fit
-    from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
-    from orchestrator.data import task_split
-    from orchestrator.tasks import TINY_TASKS
+    from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
+    from orchestrator.data.prompts import task_split
+    from orchestrator.data.tasks import TINY_TASKS
 
     root = {"sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}.get(path.stem.split("_")[0], TrainConfig)
     cfg = load_config(path, root=root)

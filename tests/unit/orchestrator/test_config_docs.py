@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
-from orchestrator.config_docs import commented_yaml, config_types, field_comments, record_launch, section_type
-from orchestrator.load_config import load_config, to_dict, to_yaml
+from orchestrator.config.docs import commented_yaml, config_types, field_comments, record_launch, section_type
+from orchestrator.config.load import load_config, to_dict, to_yaml
+from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
 from tests.helpers import REPO
 
 DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
@@ -173,11 +173,13 @@ def test_launch_commands_print_the_summary_not_the_config(command, tmp_path, cap
         def shutdown(self):
             pass
 
-    monkeypatch.setitem(sys.modules, "orchestrator.trainer", types.SimpleNamespace(Trainer=Trainer))
+    monkeypatch.setitem(sys.modules, "orchestrator.loop.trainer", types.SimpleNamespace(Trainer=Trainer))
     monkeypatch.setitem(
-        sys.modules, "orchestrator.stages", types.SimpleNamespace(run_stage=lambda cfg, kind: ran.append(cfg))
+        sys.modules,
+        "orchestrator.stages.supervised",
+        types.SimpleNamespace(run_stage=lambda cfg, kind: ran.append(cfg)),
     )
-    monkeypatch.setitem(sys.modules, "orchestrator.pipeline", types.SimpleNamespace(run_pipeline=ran.append))
+    monkeypatch.setitem(sys.modules, "orchestrator.stages.pipeline", types.SimpleNamespace(run_pipeline=ran.append))
     config = {"train": DEFAULT, "sft": REPO / "configs" / "sft_tiny_cpu.yaml", "pipeline": PIPELINE}[command]
     assert main([command, str(config), f"run_root={tmp_path}"]) == 0
     out = capsys.readouterr().out

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from orchestrator.config import BadLinePolicy, DataConfig
-from orchestrator.data import DataError, PromptSampler, load_examples, load_split
-from orchestrator.tasks import ONE_PROMPT_TASKS, TINY_TASKS, make_task, reserved
+from orchestrator.config.schema import BadLinePolicy, DataConfig
+from orchestrator.data.prompts import DataError, PromptSampler, load_examples, load_split
+from orchestrator.data.tasks import ONE_PROMPT_TASKS, TINY_TASKS, make_task, reserved
 from tests.helpers import REPO
 
 
@@ -64,7 +64,7 @@ def test_token_id_prompts_load_unchanged(tmp_path):
 
 
 def test_token_id_prompts_display_as_numbers():
-    from orchestrator.phases import prompt_text
+    from orchestrator.loop.step_metrics import prompt_text
 
     assert prompt_text([5, 6, 7]) == "token ids: 5 6 7"
     assert prompt_text([{"role": "system", "content": "s"}, {"role": "user", "content": "1+1="}]) == "1+1="
@@ -185,7 +185,7 @@ def test_held_out_file_prompts_are_never_training_prompts(tmp_path, caplog):
     # with eval files: the training lines whose prompt is held out are dropped, and counted
     eval_path = tmp_path / "eval.jsonl"
     eval_path.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in (0, 1, 2, 99)))
-    with caplog.at_level("WARNING", logger="orchestrator.data"):
+    with caplog.at_level("WARNING", logger="orchestrator.data.prompts"):
         train, held_out, _ = load_split(DataConfig(train_files=[path], eval_files=[str(eval_path)]), seed=0)
     assert len(held_out) == 4 and not prompts(train) & prompts(held_out) and len(train) == len(lines) - 6
     assert "6 training examples have a prompt of data.eval_files: dropped from training" in caplog.text
@@ -197,9 +197,9 @@ def test_no_pipeline_stage_trains_on_a_prompt_the_rl_stage_holds_out(tmp_path, s
     # held-out prompts were SFT training prompts and 21 RM training prompts
     import dataclasses
 
-    from orchestrator.config import PipelineConfig
-    from orchestrator.load_config import load_config
-    from orchestrator.stages import load_supervised
+    from orchestrator.config.load import load_config
+    from orchestrator.config.schema import PipelineConfig
+    from orchestrator.stages.supervised import load_supervised
 
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", root=PipelineConfig)
     _, rl_held_out, _ = load_split(cfg.ppo.data, seed)
@@ -212,8 +212,8 @@ def test_no_pipeline_stage_trains_on_a_prompt_the_rl_stage_holds_out(tmp_path, s
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_builtin_starting_policies_never_train_on_a_held_out_prompt(seed):
     # review A 2: tiny-addition-gpt's SFT set held 54, 67 and 71 of relay train's 128 held-out prompts
-    from orchestrator.agent_policies import AGENTS, agent_examples
-    from orchestrator.builtin_models import builtin_folder, tiny_policy_data
+    from orchestrator.data.agent_policies import AGENTS, agent_examples
+    from orchestrator.data.builtin_models import builtin_folder, tiny_policy_data
 
     sft_set, probe, _ = tiny_policy_data("addition_2digit", seed=0)  # what build_tiny_policy trains and stops on
     sets = {

@@ -5,8 +5,8 @@ RolloutPool.submit and RolloutWorker._request_seed, on engines that record seeds
 
 from types import SimpleNamespace
 
-from orchestrator.batches import LaunchedBatch, PromptBatches
-from orchestrator.load_config import load_config
+from orchestrator.config.load import load_config
+from orchestrator.loop.batches import LaunchedBatch, PromptBatches
 from rollout.config import SamplingConfig
 from rollout.pool import RolloutPool
 from rollout.types import RolloutBatch

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from learner.checkpoint import publish, recover
-from orchestrator.batches import LaunchedBatch
-from orchestrator.config import DataConfig
-from orchestrator.data import DataError, load_split
-from orchestrator.dynamic_sampling import Group, Sampled, dynamic_sample, pick_groups
-from orchestrator.load_config import ConfigError, load_config
-from orchestrator.phases import TrainingError, batch_metrics, check_progress
+from orchestrator.config.load import ConfigError, load_config
+from orchestrator.config.schema import DataConfig
+from orchestrator.data.prompts import DataError, load_split
+from orchestrator.loop.batches import LaunchedBatch
+from orchestrator.loop.dynamic_sampling import Group, Sampled, dynamic_sample, pick_groups
+from orchestrator.loop.step_metrics import TrainingError, batch_metrics, check_progress
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from runtime.seeds import EVALUATION
@@ -180,7 +180,7 @@ def test_accuracy_and_reward_mean_are_over_the_same_samples():
     assert m["reward/accuracy"] == 0.5 and m["reward/mean"] == 1.0  # samples 0 and 1 both
     assert m["reward/math_answer/mean"] == pytest.approx(2 / 3)  # the source's own mean: all it judged
     assert m["reward/format/invalid_frac"] == pytest.approx(1 / 3) and m["reward/invalid_frac"] == pytest.approx(1 / 3)
-    from orchestrator.evaluate import evaluate_policy
+    from orchestrator.tools.evaluate import evaluate_policy
 
     ev = evaluate_policy(lambda p, greedy: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * n)
     assert ev.metrics["eval/sampled/reward/accuracy"] == 0.5 and ev.metrics["eval/sampled/reward/mean"] == 1.0
@@ -240,7 +240,7 @@ def test_a_crash_while_replacing_a_checkpoint_never_loses_it(tmp_path, monkeypat
 
 
 def test_evaluation_honours_eval_greedy_and_reads_only_raw_scores():
-    from orchestrator.evaluate import evaluate_policy
+    from orchestrator.tools.evaluate import evaluate_policy
 
     calls = []
 
@@ -383,7 +383,7 @@ def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_p
     import gc
     import weakref
 
-    from orchestrator.evaluate import evaluate_roles
+    from orchestrator.tools.evaluate import evaluate_roles
     from reward_service import reference
 
     service_model = reference.ReferenceModel(tiny_model)

@@ -2,8 +2,8 @@
 runs on two nodes)."""
 
 from learner.group import rank_options
-from orchestrator.config import ClusterConfig
-from orchestrator.placement import bundles, unit
+from orchestrator.config.schema import ClusterConfig
+from orchestrator.loop.placement import bundles, unit
 from runtime.actors import actor_options
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator import plan as P
 from orchestrator.cli import main
-from orchestrator.load_config import load_config
+from orchestrator.config.load import load_config
+from orchestrator.tools import plan as P
 from tests.helpers import REPO
 
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))

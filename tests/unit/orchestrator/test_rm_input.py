@@ -10,8 +10,8 @@ from bos_tokenizer import bos_tokenizer
 
 from learner.supervised import SupervisedLearner
 from learner.tiny_gpt import char_tokenizer, init_tiny_gpt
-from orchestrator.config import StageConfig
-from orchestrator.stages import encode_rm
+from orchestrator.config.schema import StageConfig
+from orchestrator.stages.supervised import encode_rm
 from reward_service.config import RewardSource, SourceKind
 from reward_service.rm_input import rm_input_ids
 from reward_service.sources import REWARD_STATS_FILE, RewardModelSource

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from orchestrator.signals import Stopped, StopRequest, stop_on_signals
+from orchestrator.loop.signals import Stopped, StopRequest, stop_on_signals
 
 
 def send(signum):

@@ -6,12 +6,12 @@ import random
 import pytest
 
 from learner.tiny_gpt import char_tokenizer, train_bpe_tokenizer
-from orchestrator.config import BadLinePolicy, StageConfig
-from orchestrator.data import DataError
-from orchestrator.datagen import corrupt, demonstrations, preferences
-from orchestrator.evaluate import distinct_n, win_rate
-from orchestrator.stages import encode_rm, encode_sft, load_supervised
-from orchestrator.tasks import make_task
+from orchestrator.config.schema import BadLinePolicy, StageConfig
+from orchestrator.data.generate import corrupt, demonstrations, preferences
+from orchestrator.data.prompts import DataError
+from orchestrator.data.tasks import make_task
+from orchestrator.stages.supervised import encode_rm, encode_sft, load_supervised
+from orchestrator.tools.evaluate import distinct_n, win_rate
 from tests.helpers import REPO
 
 
@@ -104,7 +104,7 @@ def test_distinct_n_and_win_rate_hand_examples():
 
 
 def test_stage_config_errors_name_the_key(tmp_path):
-    from orchestrator.load_config import ConfigError, load_config
+    from orchestrator.config.load import ConfigError, load_config
 
     bad = tmp_path / "s.yaml"
     bad.write_text("train:\n  batch_size: 10\n  micro_batch_size: 4\ndata:\n  task: addition_2digit\n")
@@ -172,7 +172,7 @@ def test_relay_data_draws_rejected_answers_from_their_own_stream_and_trainable_p
     from types import SimpleNamespace
 
     from orchestrator.cli import _data
-    from orchestrator.tasks import reserved
+    from orchestrator.data.tasks import reserved
     from runtime.seeds import stream_seed
 
     out = tmp_path / "prefs.jsonl"

@@ -2,7 +2,7 @@
 the real loop on stand-in roles: the adaptive controller is told the samples that trained, not the
 batch's rows, and an endpoint batch's histogram covers its own bound (rollout.endpoint.max_staleness)."""
 
-from orchestrator import batches as batches_module
+from orchestrator.loop import batches as batches_module
 from rollout.types import RolloutBatch
 from tests.small_loop import STATS, samples, scores, small_trainer
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from orchestrator.config import LoggingConfig, WandbConfig, WandbMode
-from orchestrator.phases import finished_before
-from orchestrator.tracking import Tracker
+from orchestrator.config.schema import LoggingConfig, WandbConfig, WandbMode
+from orchestrator.loop.step_metrics import finished_before
+from orchestrator.loop.tracking import Tracker
 from tests.helpers import jsonl_rows as rows
 
 SAMPLES = [{"prompt": "1+1=", "policy": "2", "reward": 1.0, "reference": "3", "reference_reward": 0.0}]

@@ -22,8 +22,8 @@ from learner.experience import ForwardSettings, make_experience
 from learner.models import build_policy
 from learner.tiny_gpt import char_tokenizer
 from learner.worker import LossSettings, policy_loss
-from orchestrator.dynamic_sampling import informative
-from orchestrator.phases import batch_metrics
+from orchestrator.loop.dynamic_sampling import informative
+from orchestrator.loop.step_metrics import batch_metrics
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.service import ScoringService
 from rollout.types import RolloutBatch

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification
 
 from learner.tiny_gpt import char_tokenizer
-from orchestrator.phases import batch_metrics
+from orchestrator.loop.step_metrics import batch_metrics
 from reward_service.combine import run_source
 from reward_service.config import Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.reference import ReferenceModel

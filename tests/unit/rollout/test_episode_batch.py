@@ -8,8 +8,8 @@ from types import SimpleNamespace
 from envs.base import Environment
 from envs.config import EnvConfig
 from learner.tiny_gpt import DEFAULT_ALPHABET, char_tokenizer
-from orchestrator.evaluate import distinct_n, evaluate_policy
-from orchestrator.phases import batch_metrics
+from orchestrator.loop.step_metrics import batch_metrics
+from orchestrator.tools.evaluate import distinct_n, evaluate_policy
 from reward_service.types import ScoredBatch
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch

@@ -4,8 +4,8 @@ import os
 import subprocess
 import sys
 
-from orchestrator.config import DataConfig
-from orchestrator.data import PromptSampler, load_split
+from orchestrator.config.schema import DataConfig
+from orchestrator.data.prompts import PromptSampler, load_split
 from rollout.config import SamplingConfig
 from runtime.seeds import SEED_RANGE, request_seed, stream_seed
 from tests.helpers import REPO

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from learner.checkpoint import publish
-from orchestrator.phases import checkpoints, resume_path
+from orchestrator.loop.step_metrics import checkpoints, resume_path
 
 
 class Checkpointer:

@@ -9,7 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
-from orchestrator.config import LoggingConfig, WandbMode
+from orchestrator.config.schema import LoggingConfig, WandbMode
 
 
 class Tracker:

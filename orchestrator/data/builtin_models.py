@@ -21,8 +21,8 @@ import torch
 
 from learner.sft import SFTSchedule, greedy_accuracy, sft
 from learner.tiny_gpt import init_tiny_gpt
-from orchestrator.agent_policies import AGENTS, build_tiny_agent
-from orchestrator.tasks import draw_task
+from orchestrator.data.agent_policies import AGENTS, build_tiny_agent
+from orchestrator.data.tasks import draw_task
 
 BUILTIN = "builtin://"  # learner.model_path prefix: a policy relay builds itself under run_root/models
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

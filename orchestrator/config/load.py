@@ -17,9 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from learner.config import MOVED_ALGORITHM_KEYS, MOVED_ALGORITHM_VALUES
-from orchestrator.config import PipelineConfig, StageConfig, TrainConfig
-from orchestrator.methods import RECIPES, recipe_conflicts
-from orchestrator.validate import validate, validate_model_paths, validate_pipeline, validate_reward, validate_stage
+from orchestrator.config.methods import RECIPES, recipe_conflicts
+from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
+from orchestrator.config.validate import (
+    validate,
+    validate_model_paths,
+    validate_pipeline,
+    validate_reward,
+    validate_stage,
+)
 
 SECTION_CHECKS = {"reward": validate_reward}
 RECIPE_ROOTS = {TrainConfig: ("",), PipelineConfig: ("ppo.",)}  # where an algorithm section (and its method) sits
@@ -90,7 +96,7 @@ def load_config(
 
 
 def _apply_recipe(cfg: DictConfig, root, given: set[str], where) -> None:
-    """algorithm.method's keys (orchestrator/methods.py) onto the merged tree, refusing a key the user
+    """algorithm.method's keys (orchestrator/config/methods.py) onto the merged tree, refusing a key the user
     gave another value."""
     for prefix in RECIPE_ROOTS.get(root, ()):
         method = OmegaConf.select(cfg, prefix + "algorithm.method")

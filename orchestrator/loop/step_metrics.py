@@ -1,4 +1,5 @@
-"""Per-step helpers of the loop that are not algorithm math: batch statistics, a phase timer."""
+"""What the loop reads off each step: batch and reward statistics, staleness and busy shares, the phase
+timer, the checks that stop a run that cannot learn, and which checkpoints a run folder holds."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from learner.config import CriticInit, ValueHead
 from learner.supervised import RM, SFT
-from orchestrator.config import PipelineConfig, TrainConfig
-from orchestrator.load_config import ConfigError
-from orchestrator.stages import run_stage
-from orchestrator.validate import validate
+from orchestrator.config.load import ConfigError
+from orchestrator.config.schema import PipelineConfig, TrainConfig
+from orchestrator.config.validate import validate
+from orchestrator.stages.supervised import run_stage
 from reward_service.config import SourceKind
 
 
@@ -27,7 +27,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         dataclasses.replace(cfg.rm, name=f"{cfg.name}/rm", run_root=cfg.run_root, learner=rm_learner), RM
     )
     ppo = ppo_stage(cfg, sft_model, rm_model)
-    from orchestrator.trainer import Trainer
+    from orchestrator.loop.trainer import Trainer
 
     trainer = Trainer(ppo)
     try:

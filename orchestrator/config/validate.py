@@ -7,7 +7,7 @@ from pathlib import Path
 
 from envs.registry import make_factory
 from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, Method, ValueHead
-from orchestrator.methods import endpoint_incompatible, tree_conflicts
+from orchestrator.config.methods import endpoint_incompatible, tree_conflicts
 from reward_service.config import SourceKind
 
 GROUPED = {Estimator.grpo, Estimator.rloo}

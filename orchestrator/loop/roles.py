@@ -11,9 +11,9 @@ from contextlib import AbstractContextManager
 import ray
 
 from learner.group import LearnerGroup, RankPlacement
-from orchestrator.agents import start_gateway
-from orchestrator.config import TrainConfig
-from orchestrator.placement import RoleBundles, cpu_threads, placement, unit
+from orchestrator.config.schema import TrainConfig
+from orchestrator.loop.endpoint import start_gateway
+from orchestrator.loop.placement import RoleBundles, cpu_threads, placement, unit
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
 from rollout.pool import PoolOptions, RolloutPool

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.config import TrainConfig
-from orchestrator.data import policy_prompt, reward_metadata
-from orchestrator.evaluate import evaluate_policy, sample_rows, shown
+from orchestrator.config.schema import TrainConfig
+from orchestrator.data.prompts import policy_prompt, reward_metadata
+from orchestrator.tools.evaluate import evaluate_policy, sample_rows, shown
 from rollout.types import RolloutBatch
 from runtime.seeds import EVALUATION
 
@@ -30,7 +30,7 @@ class Evaluator:
         self.before: dict[str, float] = {}  # the metrics before training
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out prompts through orchestrator.evaluate (read-only scoring, raw rewards); the table
+        """Held-out prompts through orchestrator.tools.evaluate (read-only scoring, raw rewards); the table
         of the first prompts is kept in `samples`."""
         ev = evaluate_policy(
             lambda p, greedy: self.rollout.generate(p, 0, greedy, tasks=self.metadata, draw=EVALUATION),

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.load_config import ConfigError
+from orchestrator.config.load import ConfigError
 
 GB = 1e9  # decimal, as GPUs are sold ("80 GB"); vLLM's kv_cache_space_gb is GiB and converted
 SAFETY = 0.9  # fits = peak <= 90% of the device: allocator fragmentation, CUDA context, NCCL buffers
@@ -86,7 +86,7 @@ def shape_from_hf(c: dict) -> ModelShape:
 
 def find_shape(path: str, key: str, run_root: str) -> tuple[ModelShape, str]:
     """(shape, where it came from). builtin://NAME is looked up under run_root/models, never built."""
-    from orchestrator.builtin_models import builtin_folder
+    from orchestrator.data.builtin_models import builtin_folder
 
     folder = builtin_folder(path, run_root)
     if (folder / "config.json").is_file():
@@ -487,8 +487,8 @@ def load(path: str | Path, overrides: list[str]):
     """(kind, config): the root is told by the file's top-level sections, as `relay config show --for`."""
     import yaml
 
-    from orchestrator.config import PipelineConfig, StageConfig
-    from orchestrator.load_config import load_config
+    from orchestrator.config.load import load_config
+    from orchestrator.config.schema import PipelineConfig, StageConfig
 
     try:
         top = yaml.safe_load(Path(path).read_text())

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from learner.supervised import RM, SFT, SupervisedGroup
-from orchestrator.config import StageConfig
-from orchestrator.data import DataError, drop_overlap, hold_out, policy_prompt, read_examples, task_split
-from orchestrator.datagen import demonstrations, preferences, write_jsonl
-from orchestrator.load_config import to_dict
-from orchestrator.tracking import Tracker
+from orchestrator.config.load import to_dict
+from orchestrator.config.schema import StageConfig
+from orchestrator.data.generate import demonstrations, preferences, write_jsonl
+from orchestrator.data.prompts import DataError, drop_overlap, hold_out, policy_prompt, read_examples, task_split
+from orchestrator.loop.tracking import Tracker
 from reward_service.rm_input import pad_right, rm_input_ids
 from reward_service.sources import REWARD_STATS_FILE
 from runtime.prompts import encode_chat, encode_text
@@ -137,7 +137,7 @@ def stage_table(kind: str, before: dict, after: dict) -> str:
 def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[dict], list[dict], int]:
     """(train rows, held-out rows, skipped bad lines). A task is generated into the run directory first,
     so generated and user data go through the same reader. No held-out prompt is a training prompt
-    (orchestrator/data.py: task_split, hold_out, drop_overlap)."""
+    (orchestrator/data/prompts.py: task_split, hold_out, drop_overlap)."""
     d = cfg.data
     train_files, eval_files = list(d.train_files), list(d.eval_files)
     if d.task:

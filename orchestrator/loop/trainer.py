@@ -7,18 +7,25 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
 
-from orchestrator.batches import ahead_bound
-from orchestrator.checkpointer import Checkpointer
-from orchestrator.config import TrainConfig
-from orchestrator.dynamic_sampling import Sampled, dynamic_sample
-from orchestrator.evaluate import samples_table, summary_table
-from orchestrator.load_config import to_dict
-from orchestrator.loop_parts import LoopParts, start_parts
-from orchestrator.phases import batch_metrics, busy_metrics, check_progress, finished_before, staleness_metrics, timed
-from orchestrator.plots import plot_run
-from orchestrator.profiling import profiled
-from orchestrator.signals import Stopped, StopRequest
-from orchestrator.tracking import Tracker
+from orchestrator.config.load import to_dict
+from orchestrator.config.schema import TrainConfig
+from orchestrator.loop.batches import ahead_bound
+from orchestrator.loop.checkpointer import Checkpointer
+from orchestrator.loop.dynamic_sampling import Sampled, dynamic_sample
+from orchestrator.loop.parts import LoopParts, start_parts
+from orchestrator.loop.profiling import profiled
+from orchestrator.loop.signals import Stopped, StopRequest
+from orchestrator.loop.step_metrics import (
+    batch_metrics,
+    busy_metrics,
+    check_progress,
+    finished_before,
+    staleness_metrics,
+    timed,
+)
+from orchestrator.loop.tracking import Tracker
+from orchestrator.tools.evaluate import samples_table, summary_table
+from orchestrator.tools.plots import plot_run
 
 StepHook = Callable[[int, dict], object]  # (step, metrics) after each step; a true return ends training there
 
@@ -43,7 +50,7 @@ class Trainer:
 
     def run(self, stop: StopRequest | None = None, on_step: StepHook | None = None) -> dict:
         """Train to total_steps (or until `on_step` returns true), then evaluate on the held-out
-        prompts. A stop request (a signal, see orchestrator.signals) is read between steps: the step
+        prompts. A stop request (a signal, see orchestrator.loop.signals) is read between steps: the step
         in flight finishes (abandoning one would redo it anyway), then _stop checkpoints and raises Stopped."""
         stop, saved_at, ended = stop or StopRequest(), None, False  # saved_at: the step this process last saved
         before = self.evaluator.evaluate_before(self.step)
@@ -135,7 +142,7 @@ class Trainer:
         return self.roles.scoring.score(batch, meta, self.cfg.rollout.sampling.temperature, scoring_ahead)
 
     def keep_informative(self, sampled: Sampled) -> Sampled:
-        """Dynamic sampling (orchestrator.dynamic_sampling) with fresh prompts generated and scored."""
+        """Dynamic sampling (orchestrator.loop.dynamic_sampling) with fresh prompts generated and scored."""
 
         def sample_more(n: int) -> Sampled:
             batch, examples = self.batches.generate(self.step, n)

@@ -9,8 +9,8 @@ import logging
 import random
 from pathlib import Path
 
-from orchestrator.config import BadLinePolicy, DataConfig
-from orchestrator.tasks import RESERVE_ONE_IN, TaskTooSmall, draw_task, prompt_id
+from orchestrator.config.schema import BadLinePolicy, DataConfig
+from orchestrator.data.tasks import RESERVE_ONE_IN, TaskTooSmall, draw_task, prompt_id
 from runtime.prompts import is_chat, is_token_ids
 from runtime.seeds import stream_seed
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def demonstrations(examples: list[dict]) -> list[dict]:
-    """Task examples (orchestrator/tasks.py) as demonstrations."""
+    """Task examples (orchestrator/data/tasks.py) as demonstrations."""
     return [{"prompt": e["prompt"], "response": e["answer"]} for e in examples]
 
 

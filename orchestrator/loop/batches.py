@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import ray
 
-from orchestrator.agents import endpoint_batch
-from orchestrator.config import AsyncMode, TrainConfig
-from orchestrator.data import PromptSampler, policy_prompt, reward_metadata
+from orchestrator.config.schema import AsyncMode, TrainConfig
+from orchestrator.data.prompts import PromptSampler, policy_prompt, reward_metadata
+from orchestrator.loop.endpoint import endpoint_batch
 from rollout.types import RolloutBatch
 
 

@@ -177,7 +177,7 @@ class TrainConfig:
 @dataclass
 class SupervisedDataConfig:
     """Demonstrations (prompt, response) for `relay sft`, preference pairs (prompt, chosen, rejected)
-    for `relay rm`: JSONL/Parquet files, or generated from a task (see orchestrator/datagen.py)."""
+    for `relay rm`: JSONL/Parquet files, or generated from a task (see orchestrator/data/generate.py)."""
 
     train_files: list[str] = field(default_factory=list)
     """JSONL or Parquet: demonstrations (sft) or preference pairs (rm)"""

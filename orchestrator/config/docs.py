@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from learner.config import KLControllerKind
-from orchestrator.load_config import to_dict
+from orchestrator.config.load import to_dict
 
 
 @functools.cache

@@ -18,9 +18,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.config import TrainConfig
-from orchestrator.data import load_split, policy_prompt, reward_metadata
-from orchestrator.phases import prompt_text, reward_metrics
+from orchestrator.config.schema import TrainConfig
+from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
+from orchestrator.loop.step_metrics import prompt_text, reward_metrics
 from reward_service.config import RewardSource, SourceKind
 from runtime.seeds import EVALUATION
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.batches import EndpointBatches, PromptBatches
-from orchestrator.builtin_models import resolve_model_path
-from orchestrator.config import TrainConfig
-from orchestrator.data import load_split
-from orchestrator.evaluator import Evaluator
-from orchestrator.roles import Roles, init_ray, start_roles
+from orchestrator.config.schema import TrainConfig
+from orchestrator.data.builtin_models import resolve_model_path
+from orchestrator.data.prompts import load_split
+from orchestrator.loop.batches import EndpointBatches, PromptBatches
+from orchestrator.loop.evaluator import Evaluator
+from orchestrator.loop.roles import Roles, init_ray, start_roles
 
 
 @dataclass

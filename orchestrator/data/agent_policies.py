@@ -20,7 +20,7 @@ import torch
 
 from learner.sft import SFTSchedule, sft_tokens
 from learner.tiny_gpt import init_tiny_gpt
-from orchestrator.tasks import draw_task
+from orchestrator.data.tasks import draw_task
 from rollout.episodes import observation_ids
 from runtime.prompts import encode_text
 

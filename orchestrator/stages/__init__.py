@@ -1,0 +1,1 @@
+"""The SFT and reward-model stages, and the SFT -> RM -> RL pipeline that chains them."""

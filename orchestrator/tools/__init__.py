@@ -1,0 +1,1 @@
+"""Commands around training: the memory planner (relay plan), plots, and relay eval."""
