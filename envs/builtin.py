@@ -14,6 +14,8 @@ from envs.base import Environment
 
 
 class Calculator(Environment):
+    """Arithmetic with a tool: the policy may call the calculator, then answers; reward 1 for the right sum."""
+
     def __init__(self, call_prefix: str = "call"):
         self.prefix = call_prefix
         self.pattern = re.compile(rf"^\s*{re.escape(call_prefix)}\s+(-?\d{{1,9}})\s*([-+*])\s*(-?\d{{1,9}})\s*$")
@@ -34,6 +36,8 @@ class Calculator(Environment):
 
 
 class GuessNumber(Environment):
+    """A number-guessing game: each guess is answered higher/lower; a terminal reward for finding it."""
+
     def __init__(self, low: int = 1, high: int = 15):
         self.low, self.high, self.secret = low, high, None
 

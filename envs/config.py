@@ -6,6 +6,8 @@ from typing import Any
 
 @dataclass
 class EnvConfig:
+    """The `env` section: which environment episodes play, and its limits per turn and episode."""
+
     name: str = ""
     """"" = single-turn (prompt -> one response); a built-in (calculator, guess_number) or "module.path:Class" """
     max_turns: int = 4

@@ -8,6 +8,8 @@ import math
 
 
 class FixedKLController:
+    """A KL coefficient that never moves (kl_controller: fixed); checkpointed like the adaptive one."""
+
     def __init__(self, kl_coef: float):
         self.value = float(kl_coef)
 

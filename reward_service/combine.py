@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SourceRun:
+    """One source's run over a batch: a score per sample (None: could not judge), its timeouts and errors."""
+
     scores: list[float | None]  # None: invalid for this sample
     timeouts: int = 0  # calls (remote: chunks) whose samples were lost to a timeout
     errors: list[str] = field(default_factory=list)
@@ -33,6 +35,8 @@ class SourceRun:
 
 
 class Deadline(Exception):
+    """A source's call ran past its deadline."""
+
     pass
 
 

@@ -5,6 +5,8 @@ from enum import Enum
 
 
 class SourceKind(str, Enum):
+    """The kinds of reward source (rule, verifier, function, reward model, remote, environment)."""
+
     math_answer = "math_answer"  # the final answer (#### N, last \boxed{}, else math-verify's pick) vs the reference
     exact_match = "exact_match"  # stripped response equals the reference answer
     format = "format"  # response matches `pattern` (e.g. required tags)
@@ -25,6 +27,8 @@ class InvalidPolicy(str, Enum):
 
 
 class Normalization(str, Enum):
+    """How combined rewards are normalised: none, per batch, or a running mean and std."""
+
     none = "none"
     batch = "batch"  # whiten over the batch
     running = "running"  # running mean/std, checkpointed with the run
@@ -32,6 +36,8 @@ class Normalization(str, Enum):
 
 @dataclass
 class RewardSource:
+    """One reward source: its kind, weight, and the options of that kind (pattern, model, URL, deadlines)."""
+
     kind: SourceKind = SourceKind.math_answer
     """math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote or environment"""
     weight: float = 1.0
@@ -58,6 +64,9 @@ class RewardSource:
 
 @dataclass
 class RewardConfig:
+    """The `reward` section: the sources, their combination, shaping, and what a sample nobody could judge
+    becomes."""
+
     sources: list[RewardSource] = field(default_factory=lambda: [RewardSource()])
     """what judges a response; the reward is their weighted sum"""
     reference_model_path: str = ""

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RemoteResult:
+    """A remote source's answer for one call: a score per sample (None: lost), with lost and retried chunks."""
+
     scores: list[float | None]  # None: this sample got no usable reward
     timeouts: int = 0  # chunks lost to a timeout (their last attempt timed out, or the call's deadline hit)
     errors: list[str] = field(default_factory=list)  # one line per lost chunk

@@ -7,6 +7,8 @@ from runtime.prompts import PromptOverflow
 
 @dataclass
 class SamplingConfig:
+    """How the engines sample: temperature, filters, lengths, samples per prompt, stop strings, seed."""
+
     temperature: float = 1.0
     """softmax temperature, applied to the learner's logprobs too; must be > 0 for training (greedy is eval.greedy)"""
     top_k: int = -1
@@ -50,6 +52,8 @@ class EndpointConfig:
 
 @dataclass
 class RolloutConfig:
+    """The `rollout` section: the vLLM engines, their sampling, the agent endpoint and weight-sync buckets."""
+
     dtype: str = "float32"
     """the engine's weights and compute; must equal learner.dtype (weights are sent in it), or behaviour
     logprobs drift"""

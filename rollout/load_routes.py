@@ -23,6 +23,8 @@ Weights = Iterable[tuple[str, torch.Tensor]]
 
 @dataclass(frozen=True)
 class Route:
+    """Where one received tensor goes in the engine: its parameter, its first row there, its layout."""
+
     param: str  # the engine's parameter name
     row: int  # where the tensor starts along dim 0 inside that parameter
     transposed: bool = False  # the engine stores it transposed (GPT-2's Conv1D weights)

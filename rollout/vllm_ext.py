@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 
 class WorkerExtension:
+    """Mixed into vLLM's worker: receives weight buckets and copies them into the model's parameters
+    (routes found once), holding the sync group and the last bucket plan."""
+
     _relay_routes: dict[str, Route] = {}  # see rollout/load_routes.py; found for the tensor names in
     _relay_routes_for: frozenset[str] = frozenset()  # this set, found again if the set changes
     _relay_twins: frozenset[str] = frozenset()

@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class TensorMeta:
+    """One tensor of a weight bucket on the wire: its Hugging Face name, shape, dtype and layout."""
+
     name: str  # Hugging Face parameter name, as the engine's load_weights expects
     shape: tuple[int, ...]
     dtype: str  # e.g. "float32"

@@ -13,12 +13,16 @@ from rollout.config import RolloutConfig
 
 
 class BadLinePolicy(str, Enum):
+    """What a malformed line of a prompt file does: stop naming file:line, or skip it and count it."""
+
     error = "error"  # stop at the first bad line, naming file and line
     skip = "skip"  # skip it, count it under data/skipped_lines, log file and line once
 
 
 @dataclass
 class ClusterConfig:
+    """The `cluster` section: how many workers and ranks, their devices, placement, restarts."""
+
     address: str = ""
     """"" starts a local Ray (or joins RAY_ADDRESS); "auto" or host:port joins a running cluster"""
     rollout_workers: int = 1
@@ -49,6 +53,8 @@ class ClusterConfig:
 
 @dataclass
 class DataConfig:
+    """The `data` section: prompt files or a task, the held-out set, batch size, dynamic sampling."""
+
     train_files: list[str] = field(default_factory=list)
     """prompt files, JSONL or Parquet; give these or task, not both"""
     eval_files: list[str] = field(default_factory=list)
@@ -79,6 +85,8 @@ class DataConfig:
 
 
 class WandbMode(str, Enum):
+    """Where wandb writes: offline (no login), online, or disabled."""
+
     offline = "offline"  # works with no login; `wandb sync` uploads later
     online = "online"
     disabled = "disabled"
@@ -86,6 +94,8 @@ class WandbMode(str, Enum):
 
 @dataclass
 class WandbConfig:
+    """Weights & Biases: mode, project and entity."""
+
     mode: WandbMode = WandbMode.offline
     """offline (no login; `wandb sync` later), online, or disabled (metrics.jsonl only)"""
     project: str = "relay"
@@ -96,6 +106,8 @@ class WandbConfig:
 
 @dataclass
 class LoggingConfig:
+    """The `logging` section: wandb, console lines and the progress bar, profiling one step."""
+
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases; metrics.jsonl in the run folder is written either way"""
     log_every: int = 1
@@ -108,6 +120,8 @@ class LoggingConfig:
 
 @dataclass
 class CheckpointConfig:
+    """The `checkpoint` section: how often to save, how many to keep, and resuming."""
+
     every_n_steps: int = 0
     """steps between checkpoints (runs/<name>/checkpoints/step_N); 0 = only at the end"""
     keep_last: int = 2
@@ -118,6 +132,8 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
+    """The `eval` section: held-out evaluation during training (how often, greedy, sample tables)."""
+
     every_n_steps: int = 0
     """steps between held-out evaluations; 0 = only before and after training"""
     greedy: bool = True
@@ -127,6 +143,8 @@ class EvalConfig:
 
 
 class AsyncMode(str, Enum):
+    """How far generation runs ahead of the learner: sync, one_step or full."""
+
     sync = "sync"  # generate -> score -> update -> sync in turn: every sample is from the current policy
     one_step = "one_step"  # the next batch generates while this one is scored and trained (staleness 1)
     full = "full"  # up to max_staleness batches generate ahead of the learner, which never waits for a sync
@@ -134,6 +152,8 @@ class AsyncMode(str, Enum):
 
 @dataclass
 class AsyncConfig:
+    """The `async_training` section: the mode and, for full, the staleness bound."""
+
     mode: AsyncMode = AsyncMode.sync
     """sync, one_step or full ("off" is spelled sync: YAML reads off as false)"""
     max_staleness: int = 2
@@ -142,6 +162,8 @@ class AsyncConfig:
 
 @dataclass
 class TrainConfig:
+    """The root of `relay train`'s config: the run (name, seed, steps) and one section per package."""
+
     name: str = "run"
     """run folder: <run_root>/<name>; also the wandb run name"""
     seed: int = 0

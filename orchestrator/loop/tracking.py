@@ -13,6 +13,9 @@ from orchestrator.config.schema import LoggingConfig, WandbMode
 
 
 class Tracker:
+    """Owns where a run's metrics go: metrics.jsonl (one row per step, rewound on resume), wandb and the
+    console line."""
+
     def __init__(
         self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None, finished: bool = False
     ):

@@ -57,6 +57,8 @@ def win_rate(policy: list[float], reference: list[float]) -> float:
 
 @dataclass
 class Evaluation:
+    """One policy's held-out evaluation: its metrics, and the greedy and sampled batches with their scores."""
+
     metrics: dict[str, float]  # eval/greedy/..., eval/sampled/...
     greedy: object | None  # RolloutBatch of greedy answers (None when eval.greedy is off)
     greedy_scored: object | None  # its ScoredBatch (raw rewards)

@@ -18,7 +18,7 @@ ALLOWED = {
     "envs": {"runtime"},
     "rollout": {"runtime", "envs"},
     "reward_service": {"runtime", "rollout.types"},
-    "learner": {"runtime", "rollout.types", "rollout.weight_sync", "reward_service"},
+    "learner": {"runtime", "rollout.types", "rollout.weight_sync", "reward_service.types", "reward_service.rules"},
     "orchestrator": {"runtime", "envs", "rollout", "reward_service", "learner"},
 }
 
@@ -65,6 +65,63 @@ def test_packages_import_only_upstream_stages(package):
             if top in PACKAGES and top != package and not any(within(name, e) for e in ALLOWED[package]):
                 offenders.append(f"{path.relative_to(REPO)} imports {name}")
     assert not offenders, offenders
+
+
+# inside orchestrator/, by group: config/ imports no other group, data/ only config/
+ORCHESTRATOR_GROUPS = {"config": set(), "data": {"config"}}
+
+
+@pytest.mark.parametrize("group", sorted(ORCHESTRATOR_GROUPS))
+def test_orchestrator_groups_import_only_what_they_may(group):
+    others = {"cli", "loop", "config", "data", "tools", "stages"} - {group} - ORCHESTRATOR_GROUPS[group]
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in (REPO / "orchestrator" / group).rglob("*.py")
+        for name in imported_names(path)
+        if name.split(".")[0] == "orchestrator" and len(name.split(".")) > 1 and name.split(".")[1] in others
+    ]
+    assert not offenders, offenders
+
+
+MAP = REPO / "docs" / "architecture.md"
+
+
+def module_map_rules() -> dict[str, set[str]]:
+    """The "may import" table at the end of docs/architecture.md: {package: the names it may import}."""
+    text = MAP.read_text().split("## Who may import whom")[1]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| `")]
+    return {pkg.strip().strip("`"): {n.strip().strip("`") for n in may.split(",") if "`" in n} for pkg, may in rows}
+
+
+def test_the_module_map_draws_the_import_rules_this_test_enforces():
+    assert module_map_rules() == ALLOWED
+
+
+def test_the_module_map_names_every_module():
+    text = MAP.read_text()
+    missing = [
+        str(p.relative_to(REPO))
+        for pkg in PACKAGES
+        for p in (REPO / pkg).rglob("*.py")
+        if p.name != "__init__.py" and f"`{p.relative_to(REPO)}`" not in text
+    ]
+    assert not missing, f"add these to {MAP.relative_to(REPO)}: {missing}"
+
+
+def undocumented(path: Path) -> list[str]:
+    """The module, and each public top-level class of it, that has no docstring."""
+    tree = ast.parse(path.read_text())
+    missing = [] if ast.get_docstring(tree) else [str(path.relative_to(REPO))]
+    return missing + [
+        f"{path.relative_to(REPO)}:{n.name}"
+        for n in tree.body
+        if isinstance(n, ast.ClassDef) and not n.name.startswith("_") and not ast.get_docstring(n)
+    ]
+
+
+def test_every_module_and_public_class_says_what_it_owns():
+    missing = [m for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") for m in undocumented(p)]
+    assert not missing, missing
 
 
 def test_the_checker_sees_imports(tmp_path):
