@@ -132,7 +132,16 @@ class LearnerGroup:
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
 
     def update(self, batch, scored, step: int) -> dict[str, float]:
+        """Both phases of an update in one call per rank (experience, then train)."""
         return self._all("update", batch, scored, step)[0]
+
+    def experience(self, batch, scored) -> None:
+        """The advantage phase on every rank: old logprobs, values, KL and advantages, kept for train."""
+        self._all("experience", batch, scored)
+
+    def train(self, step: int) -> dict[str, float]:
+        """The epochs of mini-batches on the kept experience; rank 0's metrics."""
+        return self._all("train", step)[0]
 
     def update_kl(self, current_kl: float, n_samples: int) -> float:
         return self._all("update_kl", current_kl, n_samples)[0]

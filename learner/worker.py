@@ -124,6 +124,7 @@ class Learner(Profiled):
         self._sending: _Sending | None = None  # a background weight broadcast (send_weights)
         self._staged: list[torch.Tensor] = []  # its copy of the weights, reused from sync to sync
         self.updates = 0
+        self.pending: PendingUpdate | None = None  # the experience of the batch being trained (experience -> train)
         self.single_pass = True  # skip the recompute forward where experience.single_pass allows (tests turn it off)
 
     def ready(self) -> bool:
@@ -135,7 +136,13 @@ class Learner(Profiled):
 
     # ------------------------------------------------------------------ the update
     def update(self, batch: RolloutBatch, scored: ScoredBatch, step: int) -> dict[str, float]:
-        """One PPO/GRPO update on a scored batch: recompute, advantages, epochs of mini-batches."""
+        """One PPO/GRPO update on a scored batch, both phases in one call: experience, then train."""
+        self.experience(batch, scored)
+        return self.train(step)
+
+    def experience(self, batch: RolloutBatch, scored: ScoredBatch) -> None:
+        """The paper's advantage phase: the learner's old logprobs and values, the KL to the reference
+        and the advantages of a scored batch, kept on this rank for `train`."""
         start = time.perf_counter()
         skipped_before = self._skipped()
         one_pass = self.single_pass and single_pass(self.algo, len(batch))  # the update's forward: the old logprobs
@@ -152,13 +159,20 @@ class Learner(Profiled):
         exp = make_experience(
             self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value, run, not one_pass
         )
-        advantages_s = time.perf_counter() - start  # the recompute, values and advantages: the paper's phase
+        self.pending = PendingUpdate(exp, len(batch), one_pass, start, skipped_before)
+
+    def train(self, step: int) -> dict[str, float]:
+        """Epochs of mini-batches on the experience `experience` kept; returns the update's metrics."""
+        if self.pending is None:
+            raise RuntimeError("Learner.train: call experience(batch, scored) first")
+        p, self.pending = self.pending, None
+        exp, n, one_pass, start, skipped_before = p.exp, p.rows, p.one_pass, p.start, p.skipped_before
         self.policy_engine.train()
         sums: dict[str, float] = defaultdict(float)
         n_mini, norms = 0, []
         for epoch in range(self.algo.ppo_epochs):
             shuffle = torch.Generator().manual_seed(stream_seed(self.seed, "mini_batches", step, epoch))
-            order = torch.randperm(len(batch), generator=shuffle)
+            order = torch.randperm(n, generator=shuffle)
             for rows in order.split(self.algo.mini_batch_size):
                 if exp.mask[rows].any():  # else nothing trains (all invalid): no step, no move by Adam's momentum
                     self._train_mini_batch(exp, rows, sums, one_pass)
@@ -177,7 +191,6 @@ class Learner(Profiled):
             log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", skipped)
         tokens = float(exp.mask.sum()) * self.algo.ppo_epochs
         metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start)
-        metrics["timing/advantages"] = advantages_s
         self.updates += 1
         return metrics
 
@@ -366,6 +379,18 @@ class Learner(Profiled):
         from learner.checkpoint import load_learner
 
         load_learner(self, path)
+
+
+@dataclass
+class PendingUpdate:
+    """What `Learner.experience` keeps for `Learner.train`: the batch's experience and its row count,
+    whether the update's own forward gives the old logprobs, and the update's start (its token rate)."""
+
+    exp: Experience
+    rows: int
+    one_pass: bool
+    start: float  # time.perf_counter() when the experience began
+    skipped_before: int  # optimizer steps skipped before this update
 
 
 class _Sending:

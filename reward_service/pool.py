@@ -6,6 +6,7 @@ no reward. Evaluation goes through the read-only `evaluate`, which never changes
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import ray
 
@@ -18,6 +19,16 @@ log = logging.getLogger(__name__)
 
 class Restarted(Exception):
     """The scoring actor answering is not the one the pool gave its state to."""
+
+
+@dataclass
+class ScoringAhead:
+    """A batch's scoring launched behind its generation: its judge call, its reference call, and the
+    actor instance that took them."""
+
+    judged: ray.ObjectRef
+    reference: ray.ObjectRef
+    instance: str
 
 
 class ScoringPool:
@@ -34,16 +45,28 @@ class ScoringPool:
         self.state, self.instance = ray.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
         self.restarts = 0
 
-    def judge_ahead(self, pending: list, metadata: list[dict], temperature: float):
-        """Judge the batch that the pending generate calls will make, as soon as they finish
-        (ScoringService.judge); returns the call for score(..., judged=)."""
-        return self.actor.judge.remote(*pending, metadata=metadata, temperature=temperature)
+    def judge_ahead(self, pending: list, metadata: list[dict], temperature: float) -> ScoringAhead:
+        """Judge the batch that the pending generate calls will make, and take its reference logprobs,
+        as soon as they finish (ScoringService.judge, .reference_logprobs); for score and reference."""
+        return ScoringAhead(
+            self.actor.judge.remote(*pending, metadata=metadata, temperature=temperature),
+            self.actor.reference_logprobs.remote(*pending, temperature=temperature),
+            self.instance,
+        )
 
-    def score(self, batch, metadata: list[dict], temperature: float, judged=None):
-        """judged: a judge_ahead call for this very batch, so only the shaping is left. If the actor
-        died since, the restarted one scores the batch whole."""
+    def score(self, batch, metadata: list[dict], temperature: float, ahead: ScoringAhead | None = None):
+        """The batch's rewards (ScoringService.score). ahead: its judge_ahead, so only the shaping is
+        left. If the actor died since, the restarted one scores the batch whole."""
         whole = lambda: self.actor.score.remote(batch, metadata, temperature)  # noqa: E731
-        return self._call((lambda: self.actor.finish.remote(judged)) if judged is not None else whole, whole)
+        return self._call((lambda: self.actor.finish.remote(ahead.judged)) if ahead is not None else whole, whole)
+
+    def reference(self, batch, temperature: float, ahead: ScoringAhead | None = None) -> list[list[float]]:
+        """The batch's reference logprobs: those judge_ahead launched, if the actor that took that call
+        still serves (else a restart, already counted by `score`, lost them), or computed now."""
+        whole = lambda: self.actor.reference_logprobs.remote(batch, temperature=temperature)  # noqa: E731
+        if ahead is not None and ahead.instance == self.instance:
+            return self._call(lambda: ahead.reference, whole)
+        return self._call(whole)
 
     def busy_seconds(self) -> float:
         """The service's seconds spent judging since it (re)started (0 while Ray restarts it)."""

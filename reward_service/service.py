@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 
 import ray
@@ -67,14 +66,12 @@ class RewardFunction:
 @dataclasses.dataclass
 class Judged:
     """A batch judged but not yet shaped: each source's run, the combined raw reward, which samples
-    are invalid, the reference logprobs, and the overlong penalty (0s when off) shaping adds."""
+    are invalid, and the overlong penalty (0s when off) shaping adds."""
 
     runs: dict
     total: list[float]
     invalid: list[bool]
-    ref_logprobs: list[list[float]]
     overlong: list[float]
-    timings: dict = dataclasses.field(default_factory=dict)  # timing/reference: seconds of the reference logprobs
 
 
 class ScoringService(Profiled, Busy):
@@ -111,24 +108,29 @@ class ScoringService(Profiled, Busy):
 
     def score(self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0) -> ScoredBatch:
         """For training: raw rewards plus the overlong penalty, clipped and normalised (the running
-        normaliser moves); `raw` keeps the sources' sum.
-        `metadata[j]` belongs to prompt j of the step (answer, task entry, ...)."""
+        normaliser moves); `raw` keeps the sources' sum. The reference logprobs are the next phase
+        (`reference_logprobs`): here each sample's are empty. `metadata[j]` belongs to prompt j of the
+        step (answer, task entry, ...)."""
         return self.finish(self.judge(batch, metadata=metadata, temperature=temperature))
 
     def judge(self, *parts: RolloutBatch, metadata: list[dict], temperature: float = 1.0) -> Judged:
-        """The half of `score` that reads no state (raw rewards, reference logprobs) of the batch the
-        parts make together, in order. Asynchronous training calls it with the generate calls still
-        pending, so it runs as soon as they finish, while the learner trains on the batch before."""
+        """The half of `score` that reads no state (raw rewards) of the batch the parts make together,
+        in order. Asynchronous training calls it with the generate calls still pending, so it runs as
+        soon as they finish, while the learner trains on the batch before."""
         batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
         with self.working():
             runs, total, invalid = self._judge(batch, metadata)
             penalty = self._overlong(batch)
             if self.cfg.overlong_buffer:
                 runs["overlong"] = SourceRun(penalty)  # reported beside the sources
-            start = time.perf_counter()
-            ref_logprobs = self.reference.logprobs(batch, temperature)
-            timings = {"timing/reference": time.perf_counter() - start}  # the paper's reference phase
-            return Judged(runs, total, invalid, ref_logprobs, penalty, timings)
+            return Judged(runs, total, invalid, penalty)
+
+    def reference_logprobs(self, *parts: RolloutBatch, temperature: float = 1.0) -> list[list[float]]:
+        """The paper's reference phase: the frozen reference policy's logprob of each sampled token of
+        the batch the parts make together (pending generate calls, as for `judge`)."""
+        batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
+        with self.working():
+            return self.reference.logprobs(batch, temperature)
 
     def finish(self, judged: Judged) -> ScoredBatch:
         """The other half: add the overlong penalty, clip and normalise (the running normaliser moves,
@@ -138,9 +140,7 @@ class ScoringService(Profiled, Busy):
         trained = [(0.0 if bad and zero else t) + p for t, bad, p in zip(judged.total, judged.invalid, judged.overlong)]
         left_out = [bad and not zero for bad in judged.invalid]
         rewards = shape(trained, left_out, self.cfg.clip, self.cfg.normalization, self.running)
-        scored = self._scored(judged.runs, judged.total, judged.invalid, rewards, judged.ref_logprobs)
-        scored.metrics |= judged.timings
-        return scored
+        return self._scored(judged.runs, judged.total, judged.invalid, rewards, [[] for _ in judged.total])
 
     def evaluate(
         self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0, with_reference: bool = True

@@ -84,6 +84,10 @@ class Scoring:
         self.scored += 1
         return self.judge(batch, self.scored - 1)
 
+    def reference(self, batch, temperature, ahead=None) -> list[list[float]]:
+        self.calls.append("reference")
+        return [[-0.5] * len(r) for r in batch.response_ids]
+
     def judge_ahead(self, pending, metadata, temperature):
         self.calls.append(("judge_ahead", list(pending), [m["answer"] for m in metadata]))
         return len(self.calls)
@@ -102,13 +106,16 @@ class Scoring:
 
 
 class Learner:
-    """The learner group: `update` returns `stats`; checkpoints are a file each."""
+    """The learner group: `experience` then `train`, which returns `stats`; checkpoints are a file each."""
 
     def __init__(self, calls: list, stats: dict | None = None):
         self.calls, self.stats, self.ranks = calls, stats or STATS, ["rank 0"]
 
-    def update(self, batch, scored, step) -> dict:
-        self.calls.append("update")
+    def experience(self, batch, scored) -> None:
+        self.calls.append("experience")
+
+    def train(self, step) -> dict:
+        self.calls.append("train")
         return dict(self.stats)
 
     def update_kl(self, current_kl: float, n_samples: int) -> float:

@@ -69,11 +69,6 @@ class Evaluator:
             self.reference_samples = json.loads(saved.read_text()) if saved.exists() else {}  # else: no column
         return self.before
 
-    def evaluate_after(self, step: int) -> dict[str, float]:
-        after = self.evaluate(step)
-        self.write("eval_after.json", after)
-        return after
-
     def read_after(self) -> dict[str, float]:
         """A resumed run that had finished: the final evaluation it wrote."""
         return json.loads((self.run_dir / "eval_after.json").read_text())

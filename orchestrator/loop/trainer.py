@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -31,9 +32,8 @@ StepHook = Callable[[int, dict], object]  # (step, metrics) after each step; a t
 
 
 class Trainer:
-    """Owns the loop and its bookkeeping: the step (also the policy version the engines hold: weight
-    syncs since the initial model), the counts it checkpoints, and the parts it drives (LoopParts:
-    the roles, a batch source, the evaluator), a Checkpointer and the Tracker."""
+    """Owns the loop: the step (the policy version the engines hold), the counts it checkpoints, the parts
+    it drives (LoopParts: the roles, a batch source, the evaluator), a Checkpointer and the Tracker."""
 
     def __init__(self, cfg: TrainConfig, parts: LoopParts | None = None):
         self.cfg, self.run_dir = cfg, Path(cfg.run_root) / cfg.name
@@ -49,9 +49,8 @@ class Trainer:
         self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed_at, self.finished)
 
     def run(self, stop: StopRequest | None = None, on_step: StepHook | None = None) -> dict:
-        """Train to total_steps (or until `on_step` returns true), then evaluate on the held-out
-        prompts. A stop request (a signal, see orchestrator.loop.signals) is read between steps: the step
-        in flight finishes (abandoning one would redo it anyway), then _stop checkpoints and raises Stopped."""
+        """Train to total_steps (or until `on_step` returns true), then evaluate held out. A stop request
+        (loop/signals.py) is read between steps: the step in flight finishes, then _stop checkpoints."""
         stop, saved_at, ended = stop or StopRequest(), None, False  # saved_at: the step this process last saved
         before = self.evaluator.evaluate_before(self.step)
         if self.step == 0:
@@ -88,9 +87,8 @@ class Trainer:
         return after
 
     def _stop(self, signal_name: str, saved_at: int | None) -> NoReturn:
-        """Keep the completed steps in a checkpoint (unless the loop just wrote this step's), close the
-        tracker and raise Stopped (the CLI reports it). No evaluation after training: the run has not
-        finished; the resumed one evaluates, from the same state, as an uninterrupted run would."""
+        """Checkpoint the completed steps (unless the loop just did), close the tracker, raise Stopped.
+        No final evaluation: the resumed run makes it, from the same state, as an uninterrupted one would."""
         if self.step > 0 and saved_at != self.step:
             self.save()
         self.tracker.close()
@@ -100,25 +98,32 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One update. With async_training the batch was generated ahead (PromptBatches.next), so
         "generate" times only the wait for it, and the sync returns once the learner has staged its
-        weights. The reference logprobs are computed inside the scoring service's judge call and the
-        advantages inside the learner's update: each reports its own timing/reference, timing/advantages."""
+        weights. The scoring launched ahead computes the rewards and reference logprobs behind the
+        generation, so "score" and "reference" then time the wait for them."""
         t: dict[str, float] = {}
         profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
         busy_before, r = self.roles.busy(), self.roles
         with profiled(r.actors(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
             with timed(t, "generate"):
                 this = self.batches.next(self.step)
-            with timed(t, "score"):
-                sampled = Sampled(this.rollouts, this.examples, self.score(this.rollouts, this.examples, this))
+            with timed(t, "score"):  # rewards
+                scored = self.score(this.rollouts, this.examples, this.scoring_ahead)
+            with timed(t, "reference"):  # the frozen reference policy's logprobs, for the KL
+                scored = self.reference(this.rollouts, scored, this.scoring_ahead)
+            sampled = Sampled(this.rollouts, this.examples, scored)
             if self.cfg.data.dynamic_sampling:
                 with timed(t, "dynamic_sampling"):
                     sampled = self.keep_informative(sampled)
             with timed(t, "score_ahead"):  # the next batch's scoring, launched behind its generation
                 self.batches.score_next_ahead()
             batch, scored = sampled.rollouts, sampled.scored
-            with timed(t, "update"), r.engines_asleep():  # awake again before the sync
-                stats = r.learner.update(batch, scored, self.step)
-            check_progress(self.counters, stats, scored, *self._progress_limits())
+            with r.engines_asleep():  # awake again before the sync
+                with timed(t, "advantages"):  # old logprobs, values, KL to the reference, advantages
+                    r.learner.experience(batch, scored)
+                with timed(t, "update"):  # epochs of mini-batches
+                    stats = r.learner.train(self.step)
+            limits = self.cfg.algorithm.max_skipped_updates, self.cfg.reward.max_unjudged_steps, self.step
+            check_progress(self.counters, stats, scored, *limits)
             with timed(t, "sync"):
                 r.sync_weights(self.step + 1, self.wait_for_sync, on_restart=self.batches.relaunch_uncollected)
             kl_coef = r.learner.update_kl(stats["kl/ref_seq"], sum(scored.valid))  # per sequence, those trained
@@ -135,26 +140,27 @@ class Trainer:
             "throughput/samples_per_s": len(batch) / t["timing/total"],
         }
 
-    def score(self, batch, examples: list[dict], this=None):
-        """Scores for training; `this` (a StepBatch) carries the scoring launched ahead, if any."""
+    def score(self, batch, examples: list[dict], ahead=None):
+        """Rewards for training; `ahead`: the batch's scoring launched behind its generation, if any."""
         meta = [self.batches.metadata(e) for e in examples]
-        scoring_ahead = this.scoring_ahead if this is not None else None
-        return self.roles.scoring.score(batch, meta, self.cfg.rollout.sampling.temperature, scoring_ahead)
+        return self.roles.scoring.score(batch, meta, self.cfg.rollout.sampling.temperature, ahead)
+
+    def reference(self, batch, scored, ahead=None):
+        """`scored` with the reference policy's logprobs of the batch (launched ahead with its scoring, if so)."""
+        ref = self.roles.scoring.reference(batch, self.cfg.rollout.sampling.temperature, ahead)
+        return dataclasses.replace(scored, ref_logprobs=ref)
 
     def keep_informative(self, sampled: Sampled) -> Sampled:
         """Dynamic sampling (orchestrator.loop.dynamic_sampling) with fresh prompts generated and scored."""
 
         def sample_more(n: int) -> Sampled:
             batch, examples = self.batches.generate(self.step, n)
-            return Sampled(batch, examples, self.score(batch, examples))
+            return Sampled(batch, examples, self.reference(batch, self.score(batch, examples)))
 
         d = self.cfg.data
         kept, dropped = dynamic_sample(sampled, d.rollout_batch_size, d.dynamic_sampling_rounds, sample_more)
         self.counters["rollout/dropped_groups"] += dropped
         return kept
-
-    def _progress_limits(self) -> tuple[int, int, int]:
-        return self.cfg.algorithm.max_skipped_updates, self.cfg.reward.max_unjudged_steps, self.step
 
     def all_counters(self) -> dict:
         """Every count the loop reports and checkpoints: its own, the roles' restarts, the batch source's."""
@@ -162,8 +168,7 @@ class Trainer:
         return restarts | self.counters | self.batches.counts()
 
     def save(self) -> int:
-        """Checkpoint this step: the learner, then the loop's state with the batches launched ahead
-        collected first (they are kept as generated). Returns the step saved."""
+        """Checkpoint this step: the learner, then the loop's state with the batches launched ahead."""
 
         def loop_state() -> dict:
             self.batches.collect_launched(self.step)
@@ -183,10 +188,8 @@ class Trainer:
         self.roles.scoring.load_state_dict(state["scoring"])
         self.step, counts = state["step"], state["counters"]
         self.counters |= {k: counts[k] for k in self.counters}
-        self.roles.rollout_restarts, self.roles.scoring.restarts = (
-            counts["restarts/rollout"],
-            counts["restarts/scoring"],
-        )
+        self.roles.rollout_restarts = counts["restarts/rollout"]
+        self.roles.scoring.restarts = counts["restarts/scoring"]
         self.batches.load_state_dict(state, counts)
         self.roles.channel.push(self.step)  # the engines start from the initial model: give them the restored one
         print(f"relay: resumed from {self.checkpointer.resume_from} at step {self.step}", flush=True)

@@ -29,12 +29,13 @@ def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
     assert scored.rewards == [1.0, 1.0, 0.0, 1.5]
     assert scored.invalid == [False, False, True, False] and scored.valid == [True, True, False, True]
     assert scored.components["format"] == [0.0, 0.0, 0.0, 1.0]
-    assert [len(x) for x in scored.ref_logprobs] == [len(r) for r in batch.response_ids]
-    assert scored.metrics.pop("timing/reference") > 0  # the reference phase's seconds, reported to the loop
+    assert scored.ref_logprobs == [[], [], [], []]  # the reference phase is a call of its own
     assert scored.metrics == {"reward/timeouts": 0.0, "reward/errors": 0.0, "reward/retried_attempts": 0.0}
     assert batch_metrics(batch, scored)["reward/invalid_frac"] == 0.25
+    ref = ray.get(service.reference_logprobs.remote(batch, temperature=1.0))
+    assert [len(x) for x in ref] == [len(r) for r in batch.response_ids]
     direct = ReferenceModel(tiny_model).logprobs(batch)
-    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(scored.ref_logprobs, direct))
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(ref, direct))
     ray.kill(service)
 
 
@@ -46,11 +47,16 @@ def test_the_pool_finishes_a_batch_judged_ahead_and_rescores_it_if_the_service_d
     direct = ScoringService(cfg, tiny_model)
     batch, meta = batch_of(PAIRS), [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
     parts = [ray.put(batch.select([0, 1])), ray.put(batch.select([2, 3]))]  # as pending generate calls
-    assert same(pool.score(batch, meta, 1.0, pool.judge_ahead(parts, meta, 1.0)), direct.score(batch, meta))
+    ahead = pool.judge_ahead(parts, meta, 1.0)
+    assert same(pool.score(batch, meta, 1.0, ahead), direct.score(batch, meta))
+    want = direct.reference_logprobs(batch)
+    assert pool.reference(batch, 1.0, ahead) == want and pool.reference(batch, 1.0) == want
     assert pool.busy_seconds() > 0
     judged = pool.judge_ahead(parts, meta, 1.0)
-    ray.get(judged)
+    ray.get([judged.judged, judged.reference])
     ray.kill(pool.actor, no_restart=False)  # the judged batch died with the service: scored whole again
     assert same(pool.score(batch, meta, 1.0, judged), direct.score(batch, meta)) and pool.restarts == 1
+    # its reference call died with it too: computed again on the new actor, and the one death counted once
+    assert pool.reference(batch, 1.0, judged) == want and pool.restarts == 1
     assert pool.state_dict() == direct.state_dict()
     pool.shutdown()

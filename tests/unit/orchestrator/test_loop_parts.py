@@ -334,11 +334,12 @@ def test_a_group_baseline_needs_groups():
 @pytest.mark.parametrize("sleep", [True, False])
 def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(sleep, tmp_path):
     """The call sequence of one training step (recorded; on GPU the memory itself is in
-    scripts/gpu_check.sh): engines asleep only while the learner updates, awake for the sync."""
+    scripts/gpu_check.sh): engines asleep only while the learner computes advantages and trains,
+    awake for the sync; the reference phase follows the rewards."""
     trainer, calls = small_trainer(tmp_path, "async_training.mode=one_step", sleep_engines=sleep)
     trainer.run(on_step=lambda step, metrics: True)  # one step
     step = calls[: [i for i, c in enumerate(calls) if c[0] == "update_kl"][0] + 1]
-    middle = ["sleep", "update", "wake_up"] if sleep else ["update"]
+    middle = ["sleep", "experience", "train", "wake_up"] if sleep else ["experience", "train"]
     # step 1's batch is launched ahead; the next batch's scoring is launched after this one's (the
     # service runs its calls in order)
     assert step == [
@@ -346,6 +347,7 @@ def test_colocated_engines_sleep_around_the_update_and_wake_before_the_sync(slee
         ("submit", 1, 4),
         "generate",
         "score",
+        "reference",
         ("judge_ahead", [(2, 1)], ["3", "4"]),
         *middle,
         ("sync", 1),

@@ -10,6 +10,7 @@ Hand example used throughout: one prompt, 4 samples "a", "bb", "ccc", "dddd" sco
         -> [-0.547723, -1.095445, 0.547723, 1.095445]
 """
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from learner.worker import LossSettings, policy_loss
 from orchestrator.loop.dynamic_sampling import informative
 from orchestrator.loop.step_metrics import batch_metrics
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
+from reward_service.reference import ReferenceModel
 from reward_service.service import ScoringService
 from rollout.types import RolloutBatch
 from runtime.logprobs import SamplerSettings
@@ -59,7 +61,9 @@ def remote_cfg(url, **kw) -> RewardConfig:
 
 def learner_view(tiny_model, batch, scored):
     """The advantages (per sample, on its response tokens), the loss mask and the gradient each
-    sample's tokens get, through the learner's own experience and loss code."""
+    sample's tokens get, through the learner's own experience and loss code (after the reference
+    phase, as the loop runs it)."""
+    scored = dataclasses.replace(scored, ref_logprobs=ReferenceModel(tiny_model).logprobs(batch))
     policy = build_policy(LearnerConfig(model_path=tiny_model), value_head=False)
     algo = AlgorithmConfig(estimator=Estimator.grpo, grpo=GRPOConfig(scale_by_std=True))
     exp = make_experience(
