@@ -42,7 +42,7 @@ ACCURACY = "eval/greedy/reward/accuracy"
 def run_relay(cfg, steps: int) -> dict:
     trainer = Trainer(cfg)
     try:
-        before = trainer.evaluate().get(ACCURACY, float("nan"))  # nan with eval.greedy: false
+        before = trainer.evaluator.evaluate(trainer.step).get(ACCURACY, float("nan"))  # nan with eval.greedy: false
         rows = []
         for _ in range(steps):
             m = trainer.train_step()
@@ -50,14 +50,14 @@ def run_relay(cfg, steps: int) -> dict:
             rows.append(
                 {
                     "generate": m["timing/generate"],
-                    "score": m["timing/score"],
+                    "score": m["timing/score"] + m["timing/reference"],  # as the baseline's score: rewards + ref
                     "sync": m["timing/sync"],
-                    "update": m["timing/update"] + m["timing/sync"],
+                    "update": m["timing/advantages"] + m["timing/update"] + m["timing/sync"],
                     "total": m["timing/total"],
                     "gap": m["rollout/logprob_gap"],
                 }
             )
-        after = trainer.evaluate().get(ACCURACY, float("nan"))
+        after = trainer.evaluator.evaluate(trainer.step).get(ACCURACY, float("nan"))
     finally:
         trainer.shutdown()
         ray.shutdown()
@@ -69,14 +69,14 @@ def run_mode(cfg, steps: int, warmup: int) -> dict:
     ends after the warm-up (in async modes a step's own timer misses the overlap)."""
     trainer = Trainer(cfg)
     try:
-        before = trainer.evaluate()
+        before = trainer.evaluator.evaluate(trainer.step)
         ends, rows = [], []
         for _ in range(steps):
             rows.append(trainer.train_step())
             trainer.step += 1
             ends.append(time.perf_counter())
-        trainer.channel.settle()
-        after = trainer.evaluate()
+        trainer.roles.finish_sync()
+        after = trainer.evaluator.evaluate(trainer.step)
     finally:
         trainer.shutdown()
         ray.shutdown()

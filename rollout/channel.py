@@ -21,7 +21,7 @@ class WeightChannel:
         self.pool, self.sender, self.timeout_s = pool, sender, timeout_s
         self.buckets = sender.weight_buckets(bucket_mb)
         self.wire_planned = False
-        self.receiving: list = []  # the engines' receives of a sync still in flight (push(wait=False))
+        self.receiving: list = []  # the engines' receives of a sync still in flight (send(wait=False))
         self.connect()
 
     def connect(self) -> None:
@@ -36,12 +36,12 @@ class WeightChannel:
             + engines
         )
 
-    def push(self, version: int, wait: bool = True) -> None:
+    def send(self, version: int, wait: bool = True) -> None:
         """Send the sender's weights to every engine as policy `version`. wait=False returns once the
         sender has staged a copy (it broadcasts in the background, and trains meanwhile); each engine
         takes them after the generate calls already queued on it, never inside one. The first sync
         is always waited for: it teaches the wire layout."""
-        self.settle()
+        self.wait_sent()
         background = not wait and self.wire_planned
         receiving = self.pool.receive_weights(self.buckets, version)
         ray.get(self.sender.send_weights(self.buckets, background) + ([] if background else receiving))
@@ -50,7 +50,7 @@ class WeightChannel:
         elif not self.wire_planned:  # the engines have found their layouts: send in them from now on
             self.buckets, self.wire_planned = self.pool.wire_plan(self.buckets), True
 
-    def settle(self) -> None:
+    def wait_sent(self) -> None:
         """Wait for a sync still in flight (a dead engine raises here, as in any other call)."""
         receiving, self.receiving = self.receiving, []
         ray.get(receiving)

@@ -138,10 +138,10 @@ class Channel:
     def __init__(self, calls: list):
         self.calls = calls
 
-    def push(self, version: int, wait: bool = True) -> None:
+    def send(self, version: int, wait: bool = True) -> None:
         self.calls.append(("sync", version))
 
-    def settle(self) -> None:
+    def wait_sent(self) -> None:
         pass
 
 

@@ -43,7 +43,7 @@ def bundles(c) -> list[dict[str, float]]:
         + [(c.gpus_per_learner, c.learner_resource)] * c.learner_ranks
         + [(c.gpus_per_scoring, c.scoring_resource)]
     )
-    return [{k: v for k, v in {"CPU": 1, "GPU": gpus}.items() if v} | unit(resource) for gpus, resource in roles]
+    return [{k: v for k, v in {"CPU": 1, "GPU": gpus}.items() if v} | one_unit_of(resource) for gpus, resource in roles]
 
 
 def cpu_threads(cfg) -> tuple[int, int, int]:
@@ -68,6 +68,6 @@ def cpu_threads(cfg) -> tuple[int, int, int]:
     )
 
 
-def unit(resource: str) -> dict[str, float]:
+def one_unit_of(resource: str) -> dict[str, float]:
     """One unit of a custom Ray resource ({} for ""): a node started with --resources '{"X": 8}' hosts 8 such actors."""
     return {resource: 1} if resource else {}

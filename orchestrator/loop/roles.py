@@ -13,7 +13,7 @@ import ray
 from learner.group import LearnerGroup, RankPlacement
 from orchestrator.config.schema import TrainConfig
 from orchestrator.loop.endpoint import start_gateway
-from orchestrator.loop.placement import RoleBundles, cpu_threads, placement, unit
+from orchestrator.loop.placement import RoleBundles, cpu_threads, one_unit_of, placement
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
 from rollout.pool import PoolOptions, RolloutPool
@@ -54,7 +54,7 @@ class RolePlacement:
         return 1 if self.bundles else 0  # colocated actors reserve no CPU: they take turns
 
     def resources(self, resource: str) -> dict | None:
-        return unit(resource) if self.bundles is None else None
+        return one_unit_of(resource) if self.bundles is None else None
 
 
 def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
@@ -166,7 +166,7 @@ class Roles:
         """The learner's weights to the engines as policy `version` (wait=False: do not wait for the
         engines). If an engine died, restart_rollout, then `on_restart()` (launch again what was lost)."""
         try:
-            self.channel.push(version, wait=wait)
+            self.channel.send(version, wait=wait)
         except ray.exceptions.RayActorError as e:
             self.restart_rollout(e, version)
             on_restart()
@@ -178,11 +178,11 @@ class Roles:
         log.warning("rollout worker died (%s); waiting for its restart and generating again", type(error).__name__)
         await_ready(self.rollout.workers)
         self.channel.connect()
-        self.channel.push(version)
+        self.channel.send(version)
 
     def finish_sync(self) -> None:
         """Wait for a weight sync still in flight."""
-        self.channel.settle()
+        self.channel.wait_sent()
 
     def shutdown(self) -> None:
         if self.gateway is not None:

@@ -191,7 +191,7 @@ class Trainer:
         self.roles.rollout_restarts = counts["restarts/rollout"]
         self.roles.scoring.restarts = counts["restarts/scoring"]
         self.batches.load_state_dict(state, counts)
-        self.roles.channel.push(self.step)  # the engines start from the initial model: give them the restored one
+        self.roles.channel.send(self.step)  # the engines start from the initial model: give them the restored one
         print(f"relay: resumed from {self.checkpointer.resume_from} at step {self.step}", flush=True)
         return self.step
 

@@ -3,7 +3,7 @@ runs on two nodes)."""
 
 from learner.group import rank_options
 from orchestrator.config.schema import ClusterConfig
-from orchestrator.loop.placement import bundles, unit
+from orchestrator.loop.placement import bundles, one_unit_of
 from runtime.actors import actor_options
 
 
@@ -23,7 +23,7 @@ def test_placement_knobs_reach_bundles_and_actor_options():
         {"CPU": 1},
     ]
     assert bundles(ClusterConfig(colocate=False)) == [{"CPU": 1}, {"CPU": 1}, {"CPU": 1}]
-    assert unit("") == {} and unit("scoring_node") == {"scoring_node": 1}
-    assert actor_options(0, 0, 2, {}, unit("rollout_node"))["resources"] == {"rollout_node": 1}
+    assert one_unit_of("") == {} and one_unit_of("scoring_node") == {"scoring_node": 1}
+    assert actor_options(0, 0, 2, {}, one_unit_of("rollout_node"))["resources"] == {"rollout_node": 1}
     assert actor_options(0, 0, 2, {})["resources"] == {}
-    assert rank_options(0, 0, 1, unit("learner_node"))["resources"] == {"learner_node": 1}
+    assert rank_options(0, 0, 1, one_unit_of("learner_node"))["resources"] == {"learner_node": 1}
