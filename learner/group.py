@@ -132,8 +132,9 @@ class LearnerGroup:
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
 
     def update(self, batch, scored, step: int) -> dict[str, float]:
-        """Both phases of an update in one call per rank (experience, then train)."""
-        return self._all("update", batch, scored, step)[0]
+        """Both phases of an update, as the trainer calls them: experience, then train."""
+        self.experience(batch, scored)
+        return self.train(step)
 
     def experience(self, batch, scored) -> None:
         """The advantage phase on every rank: old logprobs, values, KL and advantages, kept for train."""

@@ -518,5 +518,5 @@ def micro_metrics(terms: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[st
 
 def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplerSettings) -> int:
     """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens (the trainer sets 0 to the sample's
-    whole budget, orchestrator.loop.trainer.learner_algorithm), else one response's max_new_tokens."""
+    whole budget, orchestrator.loop.roles.learner_algorithm), else one response's max_new_tokens."""
     return algo.loss_norm_tokens or sampling.max_new_tokens

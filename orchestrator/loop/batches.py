@@ -13,6 +13,7 @@ import ray
 from orchestrator.config.schema import AsyncMode, TrainConfig
 from orchestrator.data.prompts import PromptSampler, policy_prompt, reward_metadata
 from orchestrator.loop.endpoint import endpoint_batch
+from reward_service.pool import ScoringAhead
 from rollout.types import RolloutBatch
 
 
@@ -31,8 +32,8 @@ class LaunchedBatch:
     indices: list[int]  # its prompts, as indices into the training prompts
     pending: list | None  # its generate calls in flight
     batch: RolloutBatch | None = None  # once collected
-    scoring: ray.ObjectRef | None = None  # its scoring launched behind its generation (ScoringPool.judge_ahead)
-    draw: int = 0  # with step, seeds its requests (rollout.seeds.request_seed): unique per batch launched
+    scoring: ScoringAhead | None = None  # its scoring launched behind its generation (ScoringPool.judge_ahead)
+    draw: int = 0  # with step, seeds its requests (runtime.seeds.request_seed): unique per batch launched
 
     def state_dict(self) -> dict:
         return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch), "draw": self.draw}
@@ -51,7 +52,7 @@ class StepBatch:
 
     rollouts: RolloutBatch
     examples: list[dict]
-    scoring_ahead: ray.ObjectRef | None = None
+    scoring_ahead: ScoringAhead | None = None
 
 
 def shift_prompts(batch: RolloutBatch, by: int) -> RolloutBatch:

@@ -155,7 +155,7 @@ class Roles:
         )
 
     def busy(self) -> dict[str, list[float]]:
-        """Each role's seconds of work so far, one per actor (phases.busy_metrics)."""
+        """Each role's seconds of work so far, one per actor (step_metrics.busy_metrics)."""
         return {"rollout": self.rollout.busy_seconds(), "scoring": [self.scoring.busy_seconds()]}
 
     def engines_asleep(self) -> AbstractContextManager:

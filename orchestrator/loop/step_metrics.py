@@ -30,14 +30,15 @@ def busy_metrics(
 ) -> dict[str, float]:
     """Each role's busy share of the step (the rest it waited): the engines' and the scoring
     service's own working time, read from them (`before`/`after`: seconds by role, one per actor; an
-    actor restarted in the step counts from its restart), and the update."""
+    actor restarted in the step counts from its restart), and the learner's two phases (advantages
+    and update)."""
     wall = timings["timing/total"]
     busy = {
         role: min(
             statistics.fmean(max(0.0, b - a) if b >= a else b for a, b in zip(before[role], after[role])) / wall, 1.0
         )
         for role in ("rollout", "scoring")
-    } | {"learner": timings["timing/update"] / wall}
+    } | {"learner": (timings["timing/advantages"] + timings["timing/update"]) / wall}
     return {f"pipeline/busy/{k}": v for k, v in busy.items()} | {f"pipeline/idle/{k}": 1.0 - v for k, v in busy.items()}
 
 

@@ -99,13 +99,13 @@ def test_openai_client_calls_become_episodes_of_the_next_update(ray_cluster, pol
             a.start()
         seen = {}
         learner = trainer.roles.learner
-        update = learner.update
+        experience = learner.experience
 
-        def spy(batch, scored, step):  # what the learner is given, recorded on the way
+        def spy(batch, scored):  # what the learner is given, recorded on the way
             seen["batch"], seen["scored"] = batch, scored
-            return update(batch, scored, step)
+            return experience(batch, scored)
 
-        learner.update = spy
+        learner.experience = spy
         metrics = trainer.train_step()  # waits for the 4 finished episodes
         for a in agents:
             a.join()

@@ -72,7 +72,7 @@ def test_stopped_says_where_the_checkpoint_is():
 
 
 def loop(tmp_path, stop_during_step, every=0, total_steps=4):
-    """The real Trainer.run on stand-in roles (tests/orchestrator/small_loop.py); a stop is requested
+    """The real Trainer.run on stand-in roles (tests/small_loop.py); a stop is requested
     during step `stop_during_step` (0: before the first step). Returns (the Stopped raised, the steps
     checkpointed, the steps logged)."""
     import json

@@ -82,7 +82,7 @@ def write_checkpoint(run_dir, step):
 
 
 def trainer(run_dir, total_steps, step=0, every_eval=0):
-    """The real Trainer on stand-in roles (tests/orchestrator/small_loop.py) with a real tracker, in
+    """The real Trainer on stand-in roles (tests/small_loop.py) with a real tracker, in
     `run_dir`, resumed from the checkpoint of `step` if > 0 (written here unless a run left one).
     Every row it trains carries run/resumed."""
     from tests.small_loop import STATS, small_trainer  # imports vLLM and DeepSpeed: slow, only here
