@@ -65,15 +65,17 @@ class ScoringPool:
         still serves (else a restart, already counted by `score`, lost them), or computed now."""
         whole = lambda: self.actor.reference_logprobs.remote(batch, temperature=temperature)  # noqa: E731
         if ahead is not None and ahead.instance == self.instance:
-            return self._call(lambda: ahead.reference, whole)
-        return self._call(whole)
+            return self._call(lambda: ahead.reference, whole, reads_only=True)
+        return self._call(whole, reads_only=True)
 
     def busy_seconds(self) -> float:
         """The service's seconds spent judging since it (re)started (0 while Ray restarts it)."""
         return busy_seconds([self.actor])[0]
 
     def evaluate(self, batch, metadata: list[dict], temperature: float, with_reference: bool):
-        return self._call(lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference))
+        return self._call(
+            lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference), reads_only=True
+        )
 
     def state_dict(self) -> dict:
         return self.state
@@ -82,16 +84,19 @@ class ScoringPool:
         ray.get(self.actor.load_state_dict.remote(state))
         self.state = state
 
-    def _call(self, call, retry=None):
-        """call(), keeping the state it leaves. If the actor died, in the call or before it (Ray queues
-        calls for an actor it is restarting: one could run on the new actor before it has the state),
-        wait for the restart, give it the state and make the call again (`retry`, if given)."""
+    def _call(self, call, retry=None, reads_only: bool = False):
+        """call(), keeping the state it leaves (reads_only: a call that changes none, so nothing to keep).
+        If the actor died, in the call or before it (Ray queues calls for an actor it is restarting: one
+        could run on the new actor before it has the state), wait for the restart, give it the state and
+        make the call again (`retry`, if given)."""
 
         def once(call):
-            result, state, instance = ray.get([call(), self.actor.state_dict.remote(), self.actor.instance_id.remote()])
+            asks = [call(), self.actor.instance_id.remote()] + ([] if reads_only else [self.actor.state_dict.remote()])
+            result, instance, *state = ray.get(asks)
             if instance != self.instance:
                 raise Restarted(instance)
-            self.state = state
+            if state:
+                self.state = state[0]
             return result
 
         try:

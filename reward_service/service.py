@@ -74,6 +74,11 @@ class Judged:
     overlong: list[float]
 
 
+def joined(parts: tuple[RolloutBatch, ...]) -> RolloutBatch:
+    """The batch the parts make together, in order (one part: itself)."""
+    return parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
+
+
 class ScoringService(Profiled, Busy):
     """The frozen judge (a Ray actor): it owns the reward sources, the reference model, the reward
     shaping and the running reward normaliser (its only state, which evaluation never changes)."""
@@ -117,7 +122,7 @@ class ScoringService(Profiled, Busy):
         """The half of `score` that reads no state (raw rewards) of the batch the parts make together,
         in order. Asynchronous training calls it with the generate calls still pending, so it runs as
         soon as they finish, while the learner trains on the batch before."""
-        batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
+        batch = joined(parts)
         with self.working():
             runs, total, invalid = self._judge(batch, metadata)
             penalty = self._overlong(batch)
@@ -128,9 +133,8 @@ class ScoringService(Profiled, Busy):
     def reference_logprobs(self, *parts: RolloutBatch, temperature: float = 1.0) -> list[list[float]]:
         """The paper's reference phase: the frozen reference policy's logprob of each sampled token of
         the batch the parts make together (pending generate calls, as for `judge`)."""
-        batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
         with self.working():
-            return self.reference.logprobs(batch, temperature)
+            return self.reference.logprobs(joined(parts), temperature)
 
     def finish(self, judged: Judged) -> ScoredBatch:
         """The other half: add the overlong penalty, clip and normalise (the running normaliser moves,
