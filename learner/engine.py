@@ -36,29 +36,35 @@ class GuardedAdamW(torch.optim.AdamW):
 @dataclass(frozen=True)
 class RankAddress:
     """Where one learner rank sits: its rank among world_size, the group's rendezvous at
-    master_addr:master_port (init_distributed), and its torch threads (0 = torch's default)."""
+    master_addr:master_port (init_distributed), its torch threads (0 = torch's default), and how long
+    one of the group's collectives may wait for the other ranks before it fails."""
 
     rank: int
     world_size: int
     master_addr: str
     master_port: int
     threads: int = 0
+    collective_timeout_s: float = 1800.0
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, backend: str) -> None:
+def init_distributed(address: RankAddress, backend: str) -> None:
     """The learner ranks' own process group (the default group of these processes). `backend`
     follows the rank's device (runtime.device.collective_backend). Ray makes exactly the actor's
-    own GPU visible, so it is always local device 0."""
+    own GPU visible, so it is always local device 0. A collective waiting on a rank that is gone
+    fails after address.collective_timeout_s (NCCL: its async error handling, set in rank_options)."""
+    import datetime
+
     import deepspeed
 
     os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
+        RANK=str(address.rank),
+        WORLD_SIZE=str(address.world_size),
         LOCAL_RANK="0",
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
+        MASTER_ADDR=address.master_addr,
+        MASTER_PORT=str(address.master_port),
     )
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    timeout = datetime.timedelta(seconds=address.collective_timeout_s)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)
 
 
 def warmup_schedule(warmup_steps: int):

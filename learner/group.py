@@ -16,6 +16,7 @@ from learner.config import AlgorithmConfig, LearnerConfig
 from learner.engine import RankAddress
 from learner.worker import Learner, node_address
 from rollout.weight_sync import encode_plan
+from runtime import watchdog
 from runtime.device import malloc_env
 from runtime.logprobs import SamplerSettings
 
@@ -40,6 +41,7 @@ def rank_options(
                 "DS_ACCELERATOR": "cpu" if not num_gpus else "cuda",
                 "OMP_NUM_THREADS": str(threads),
                 "TOKENIZERS_PARALLELISM": "false",
+                **({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"} if num_gpus else {}),  # a timed-out collective raises
                 **(env or {}),
             }
         },
@@ -82,7 +84,7 @@ def start_ranks(actor_cls, world_size: int, make_args, placement: RankPlacement 
             for rank in range(world_size)
         ]
         try:
-            ray.get([r.ready.remote() for r in ranks])
+            watchdog.get([r.ready.remote() for r in ranks])
             return ranks
         except ray.exceptions.RayActorError as e:
             for r in ranks:
@@ -106,10 +108,12 @@ class LearnerGroup:
         seed: int,
         placement: RankPlacement | None = None,
         keep_freed_memory: bool = False,
+        collective_timeout_s: float = 1800.0,
     ):
         """`sampling`: how the rollout engines sample (temperature, filters, samples per prompt);
         `placement`: where the ranks go (start_ranks; its threads default to cfg.threads, its env is
-        set here); keep_freed_memory: see runtime.device.malloc_env."""
+        set here); keep_freed_memory: see runtime.device.malloc_env; collective_timeout_s: how long
+        a collective of the ranks may wait for one of them."""
         placement = placement or RankPlacement()
         self.ranks = start_ranks(
             Learner,
@@ -119,7 +123,7 @@ class LearnerGroup:
                 algo,
                 sampling,
                 seed,
-                RankAddress(rank, world_size, addr, port, threads),
+                RankAddress(rank, world_size, addr, port, threads, collective_timeout_s),
             ),
             dataclasses.replace(
                 placement,
@@ -129,7 +133,7 @@ class LearnerGroup:
         )
 
     def _all(self, method: str, *args):
-        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+        return watchdog.get([getattr(r, method).remote(*args) for r in self.ranks])
 
     def update(self, batch, scored, step: int) -> dict[str, float]:
         """Both phases of an update, as the trainer calls them: experience, then train."""
@@ -148,11 +152,11 @@ class LearnerGroup:
         return self._all("update_kl", current_kl, n_samples)[0]
 
     def weight_buckets(self, bucket_mb: int):
-        return ray.get(self.ranks[0].weight_buckets.remote(bucket_mb))
+        return watchdog.get(self.ranks[0].weight_buckets.remote(bucket_mb))
 
     def sync_address(self) -> tuple[str, int]:
         """(IP, port) for the weight-sync store, on rank 0's node: rank 0 serves it."""
-        return ray.get(self.ranks[0].sync_address.remote())
+        return watchdog.get(self.ranks[0].sync_address.remote())
 
     def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> list:
         """Rank 0 joins the rollout sync group as its rank 0, on the rollout side's `backend`;
@@ -174,7 +178,7 @@ class LearnerGroup:
         return out
 
     def describe(self) -> dict:
-        return ray.get(self.ranks[0].describe.remote())
+        return watchdog.get(self.ranks[0].describe.remote())
 
     def save(self, path: str | Path) -> Path:
         """Write into <path>.tmp on every rank, then rename: a crash mid-save leaves no valid-looking checkpoint."""

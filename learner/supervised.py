@@ -18,6 +18,7 @@ from learner.engine import RankAddress, init_distributed, make_engine
 from learner.group import RankPlacement, start_ranks
 from learner.models import no_dropout_config
 from learner.worker import seed_everything
+from runtime import watchdog
 from runtime.device import collective_backend, compute, process_device
 from runtime.logprobs import chunked_logprobs
 
@@ -52,7 +53,7 @@ class SupervisedLearner:
         if address.threads:
             torch.set_num_threads(address.threads)
         self.device = process_device()
-        init_distributed(rank, world_size, address.master_addr, address.master_port, collective_backend(self.device))
+        init_distributed(address, collective_backend(self.device))
         seed_everything(seed + rank)
         self.cfg, self.train, self.kind, self.rank, self.world = cfg, train, kind, rank, world_size
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
@@ -141,9 +142,8 @@ class SupervisedGroup:
         )
 
     def _all(self, method: str, *args) -> list:
-        import ray
 
-        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+        return watchdog.get([getattr(r, method).remote(*args) for r in self.ranks])
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return _add(self._all("train_step", batch))

@@ -94,7 +94,7 @@ class Learner(Profiled):
         if cfg.logprob_chunk_tokens < 1:
             raise ValueError(f"learner.logprob_chunk_tokens must be at least 1, got {cfg.logprob_chunk_tokens}")
         self.device = process_device()  # from this actor's Ray resources: everything it computes lives there
-        init_distributed(rank, world_size, address.master_addr, address.master_port, collective_backend(self.device))
+        init_distributed(address, collective_backend(self.device))
         seed_everything(stream_seed(seed, "learner", rank))  # init and dropout: each rank its own stream
         self.cfg, self.algo, self.rank, self.world = cfg, algo, rank, world_size
         # the sampler's distribution: logprobs at its temperature, its filters for the gap metric

@@ -12,6 +12,7 @@ import ray
 
 from reward_service.config import RewardConfig
 from reward_service.service import ScoringService
+from runtime import watchdog
 from runtime.actors import await_ready, busy_seconds
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class ScoringPool:
         # busy_seconds is answered from a concurrency group of its own, while the service judges
         remote = ray.remote(concurrency_groups={"stats": 1})(ScoringService)
         self.actor = remote.options(**options).remote(cfg, reference_path, dtype, threads, chunk_tokens)
-        self.state, self.instance = ray.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
+        self.state, self.instance = watchdog.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
         self.restarts = 0
 
     def judge_ahead(self, pending: list, metadata: list[dict], temperature: float) -> ScoringAhead:
@@ -81,7 +82,7 @@ class ScoringPool:
         return self.state
 
     def load_state_dict(self, state: dict) -> None:
-        ray.get(self.actor.load_state_dict.remote(state))
+        watchdog.get(self.actor.load_state_dict.remote(state))
         self.state = state
 
     def _call(self, call, retry=None, reads_only: bool = False):
@@ -92,7 +93,7 @@ class ScoringPool:
 
         def once(call):
             asks = [call(), self.actor.instance_id.remote()] + ([] if reads_only else [self.actor.state_dict.remote()])
-            result, instance, *state = ray.get(asks)
+            result, instance, *state = watchdog.get(asks)
             if instance != self.instance:
                 raise Restarted(instance)
             if state:
@@ -105,8 +106,8 @@ class ScoringPool:
             self.restarts += 1
             log.warning("scoring service died (%s); waiting for its restart and retrying", type(e).__name__)
             await_ready([self.actor])
-            self.instance = ray.get(self.actor.instance_id.remote())
-            ray.get(self.actor.load_state_dict.remote(self.state))
+            self.instance = watchdog.get(self.actor.instance_id.remote())
+            watchdog.get(self.actor.load_state_dict.remote(self.state))
             return once(retry or call)
 
     def shutdown(self) -> None:

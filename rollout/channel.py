@@ -7,9 +7,8 @@ timeout_s) -> pending calls, send_weights(buckets, background) -> pending calls.
 
 from __future__ import annotations
 
-import ray
-
 from rollout.pool import RolloutPool
+from runtime import watchdog
 
 
 class WeightChannel:
@@ -31,7 +30,7 @@ class WeightChannel:
         self.receiving = []
         host, port = self.sender.sync_address()
         engines = self.pool.init_weight_sync(host, port, self.timeout_s)
-        ray.get(
+        watchdog.get(
             self.sender.init_weight_sync(host, port, self.pool.sync_world_size, self.pool.sync_backend, self.timeout_s)
             + engines
         )
@@ -44,7 +43,9 @@ class WeightChannel:
         self.wait_sent()
         background = not wait and self.wire_planned
         receiving = self.pool.receive_weights(self.buckets, version)
-        ray.get(self.sender.send_weights(self.buckets, background) + ([] if background else receiving))
+        watchdog.get(
+            self.sender.send_weights(self.buckets, background) + ([] if background else receiving), "weight sync"
+        )
         if background:
             self.receiving = receiving
         elif not self.wire_planned:  # the engines have found their layouts: send in them from now on
@@ -53,4 +54,4 @@ class WeightChannel:
     def wait_sent(self) -> None:
         """Wait for a sync still in flight (a dead engine raises here, as in any other call)."""
         receiving, self.receiving = self.receiving, []
-        ray.get(receiving)
+        watchdog.get(receiving, "weight sync (the engines' receive)")

@@ -16,7 +16,8 @@ from rollout.engine import engine_env
 from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import TensorMeta, encode_plan
 from rollout.worker import RolloutWorker
-from runtime.actors import actor_options, busy_seconds
+from runtime import watchdog
+from runtime.actors import actor_options, busy_seconds, restart_count
 from runtime.device import collective_backend, malloc_env
 
 
@@ -96,9 +97,9 @@ class RolloutPool:
             )  # busy_seconds answers mid-generate
             share = -(-options.step_samples // num_workers)
             self.workers.append(actor.remote(cfg, model_path, seed, threads, options.sleep_mode, share, env))
-        ray.get([w.ready.remote() for w in self.workers])
+        watchdog.get([w.ready.remote() for w in self.workers])
         # the engines' own device decision (runtime.device), and the weight-sync backend it implies
-        self.device = ray.get(self.workers[0].get_device.remote())
+        self.device = watchdog.get(self.workers[0].get_device.remote())
         self.sync_backend = collective_backend(self.device)
 
     def __len__(self) -> int:
@@ -137,7 +138,11 @@ class RolloutPool:
 
     @staticmethod
     def collect(pending: list) -> RolloutBatch:
-        return RolloutBatch.concat(ray.get(pending))
+        return RolloutBatch.concat(watchdog.get(pending, "RolloutWorker.generate"))
+
+    def restart_counts(self) -> list[int]:
+        """How often Ray has restarted each engine (a killed one shows here before its calls fail)."""
+        return [restart_count(w) for w in self.workers]
 
     def busy_seconds(self) -> list[float]:
         """Each engine's seconds spent generating since it (re)started (see busy_seconds)."""
@@ -168,7 +173,7 @@ class RolloutPool:
         Conv1D weights: a transposed copy runs at ~1/8 the speed of a plain one on CPU, and the
         sender then does it once, in the time it waits for the engines anyway). The engines learn
         their layout on the first sync, so call this after one; all hold the same model."""
-        routes = ray.get(self.workers[0].weight_routes.remote())
+        routes = watchdog.get(self.workers[0].weight_routes.remote())
         return [
             [dataclasses.replace(m, transposed=m.name in routes and routes[m.name][2]) for m in bucket]
             for bucket in buckets
@@ -176,17 +181,17 @@ class RolloutPool:
 
     def load_weights(self, named_tensors) -> list[int]:
         ref = ray.put(named_tensors)  # one copy in the object store, read by every worker
-        return ray.get([w.load_weights.remote(ref) for w in self.workers])
+        return watchdog.get([w.load_weights.remote(ref) for w in self.workers])
 
     def weight_checksums(self) -> list[float]:
-        return ray.get([w.weight_checksum.remote() for w in self.workers])
+        return watchdog.get([w.weight_checksum.remote() for w in self.workers])
 
     def sleep(self) -> int:
         """Every engine asleep (GPU: weights offloaded, KV cache freed); returns the bytes freed."""
-        return sum(ray.get([w.sleep.remote() for w in self.workers]))
+        return sum(watchdog.get([w.sleep.remote() for w in self.workers]))
 
     def wake_up(self) -> None:
-        ray.get([w.wake_up.remote() for w in self.workers])
+        watchdog.get([w.wake_up.remote() for w in self.workers])
 
     @contextmanager
     def asleep(self, enabled: bool):

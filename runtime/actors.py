@@ -7,6 +7,8 @@ import time
 
 import ray
 
+from runtime import watchdog
+
 
 def actor_options(
     num_cpus: float, num_gpus: float, max_restarts: int, env: dict[str, str], resources: dict[str, float] | None = None
@@ -29,14 +31,15 @@ def busy_seconds(actors: list) -> list[float]:
     out = []
     for pending in [a.busy_seconds.remote() for a in actors]:
         try:
-            out.append(ray.get(pending))
+            out.append(watchdog.get(pending, "busy_seconds"))
         except ray.exceptions.RayActorError:
             out.append(0.0)
     return out
 
 
 def await_ready(actors: list, timeout_s: float = 300.0) -> None:
-    """Wait until every actor answers `ready` (Ray is restarting the dead ones)."""
+    """Wait until every actor answers `ready` (Ray is restarting the dead ones). An actor Ray will not
+    restart (its max_restarts spent) raises at once, not at the timeout."""
     deadline = time.monotonic() + timeout_s
     for actor in actors:
         while True:
@@ -44,6 +47,17 @@ def await_ready(actors: list, timeout_s: float = 300.0) -> None:
                 ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or ray_state(actor) == "DEAD":
                     raise
                 time.sleep(1.0)
+    watchdog.restart_deadline()  # the restart took the phase's time, not the work waited for after it
+
+
+def ray_state(actor) -> str:
+    """Ray's state of the actor (ALIVE, RESTARTING, DEAD: gone for good), from the cluster's actor table."""
+    return (ray._private.state.actors(actor._actor_id.hex()) or {}).get("State", "")
+
+
+def restart_count(actor) -> int:
+    """How often Ray has restarted the actor so far."""
+    return int((ray._private.state.actors(actor._actor_id.hex()) or {}).get("NumRestarts", 0))

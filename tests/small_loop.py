@@ -63,6 +63,9 @@ class Engines:
     def busy_seconds(self) -> list[float]:
         return [0.0]
 
+    def restart_counts(self) -> list[int]:
+        return [0]
+
     @contextmanager
     def asleep(self, enabled: bool):
         if enabled:

@@ -10,6 +10,7 @@ from envs.config import EnvConfig
 from learner.config import AlgorithmConfig, LearnerConfig, SupervisedTrainConfig
 from reward_service.config import RewardConfig
 from rollout.config import RolloutConfig
+from runtime.watchdog import WatchdogConfig
 
 
 class BadLinePolicy(str, Enum):
@@ -194,6 +195,8 @@ class TrainConfig:
     """when to save, how many to keep, resuming"""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """held-out evaluation during training"""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    """deadlines of the driver's waits on remote calls, and what a stuck one leaves behind"""
 
 
 @dataclass

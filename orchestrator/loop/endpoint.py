@@ -8,6 +8,7 @@ import ray
 from rollout.config import RolloutConfig
 from rollout.gateway import Gateway
 from rollout.types import RolloutBatch
+from runtime import watchdog
 
 
 def start_gateway(workers: list, model_path: str, cfg: RolloutConfig):
@@ -30,6 +31,6 @@ def endpoint_batch(
     """Exactly `samples` samples of finished episodes within the staleness bound at `step`, one prompt
     each (their reward is the environment source's), the examples the scoring reads for them, and
     the endpoint's counters."""
-    batch, counts = ray.get(gateway.take.remote(samples, timeout_s, step))
+    batch, counts = watchdog.get(gateway.take.remote(samples, timeout_s, step))
     examples = [{"prompt": "", "answer": "", "metadata": {}} for _ in range(len(batch))]
     return batch, examples, counts

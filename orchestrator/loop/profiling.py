@@ -11,7 +11,7 @@ import pstats
 from contextlib import contextmanager
 from pathlib import Path
 
-import ray
+from runtime import watchdog
 
 
 @contextmanager
@@ -19,14 +19,14 @@ def profiled(roles: dict, out_dir: Path, timings: dict[str, float]):
     """Profile every actor in `roles` (name -> actor with runtime.profiling.Profiled) and this process
     around the block; afterwards write the files above, with `timings` (filled by the block) as the phases."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    ray.get([actor.profile.remote(True) for actor in roles.values()])
+    watchdog.get([actor.profile.remote(True) for actor in roles.values()])
     driver = cProfile.Profile()
     driver.enable()
     try:
         yield
     finally:
         driver.disable()
-        texts = ray.get(
+        texts = watchdog.get(
             [actor.profile.remote(False, str(out_dir / f"{name}.trace.json")) for name, actor in roles.items()]
         )
     for name, text in zip(roles, texts):

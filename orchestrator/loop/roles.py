@@ -69,7 +69,7 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
     rollout = start_rollout(cfg, model_path, where)
     scoring = start_scoring(cfg, model_path, where)
     learner = start_learner(cfg, model_path, where)
-    channel = WeightChannel(rollout, learner, cfg.rollout.sync_bucket_mb)
+    channel = WeightChannel(rollout, learner, cfg.rollout.sync_bucket_mb, cfg.watchdog.collective_timeout_s)
     gateway = start_gateway(rollout.workers, model_path, cfg.rollout) if cfg.rollout.endpoint.enabled else None
     return Roles(rollout, scoring, learner, channel, gateway, placement_group, where.sleep_engines)
 
@@ -130,6 +130,7 @@ def start_learner(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Le
             resources=where.resources(c.learner_resource),
         ),
         keep_freed_memory=c.cpu_keep_freed_memory,
+        collective_timeout_s=cfg.watchdog.collective_timeout_s,
     )
 
 
@@ -164,10 +165,14 @@ class Roles:
 
     def sync_weights(self, version: int, wait: bool, on_restart) -> None:
         """The learner's weights to the engines as policy `version` (wait=False: do not wait for the
-        engines). If an engine died, restart_rollout, then `on_restart()` (launch again what was lost)."""
+        engines). If an engine died (or the watchdog killed a stuck one: the sender's broadcast then fails
+        too), restart_rollout, then `on_restart()` (launch again what was lost)."""
+        restarts = self.rollout.restart_counts()
         try:
             self.channel.send(version, wait=wait)
-        except ray.exceptions.RayActorError as e:
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+            if not isinstance(e, ray.exceptions.RayActorError) and self.rollout.restart_counts() == restarts:
+                raise  # the sender failed on its own
             self.restart_rollout(e, version)
             on_restart()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from learner.checkpoint import recover
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
+from runtime import watchdog
 from runtime.prompts import is_chat, is_token_ids
 
 VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # sources whose mean is an accuracy
@@ -44,9 +45,12 @@ def busy_metrics(
 
 @contextmanager
 def timed(timings: dict[str, float], name: str):
+    """Time the block as timing/<name>, and watch its remote calls under the phase's deadline
+    (runtime/watchdog.py; "total" is the whole step's)."""
     start = time.perf_counter()
     try:
-        yield
+        with watchdog.phase("step" if name == "total" else name):
+            yield
     finally:
         timings[f"timing/{name}"] = time.perf_counter() - start
 

@@ -27,6 +27,8 @@ from orchestrator.loop.step_metrics import (
 from orchestrator.loop.tracking import Tracker
 from orchestrator.tools.evaluate import samples_table, summary_table
 from orchestrator.tools.plots import plot_run
+from runtime import watchdog
+from runtime.watchdog import Watchdog, watching
 
 StepHook = Callable[[int, dict], object]  # (step, metrics) after each step; a true return ends training there
 
@@ -37,9 +39,11 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, parts: LoopParts | None = None):
         self.cfg, self.run_dir = cfg, Path(cfg.run_root) / cfg.name
-        parts = parts or start_parts(cfg, self.run_dir)
+        self.step, self.last_metrics = 0, {}
+        self.watchdog = Watchdog(cfg.watchdog, self.run_dir, self._actors, self._incident_context)
+        with watching(self.watchdog), self.watchdog.phase("start"):
+            parts = parts or start_parts(cfg, self.run_dir)
         self.roles, self.batches, self.evaluator = parts.roles, parts.batches, parts.evaluator
-        self.step = 0
         self.wait_for_sync = ahead_bound(cfg) == 0  # asynchronous modes train while the engines take weights
         self.counters = {"data/skipped_lines": parts.skipped_lines, "rollout/dropped_groups": 0}
         self.counters |= {"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0}
@@ -50,9 +54,15 @@ class Trainer:
 
     def run(self, stop: StopRequest | None = None, on_step: StepHook | None = None) -> dict:
         """Train to total_steps (or until `on_step` returns true), then evaluate held out. A stop request
-        (loop/signals.py) is read between steps: the step in flight finishes, then _stop checkpoints."""
+        (loop/signals.py) is read between steps: the step in flight finishes, then _stop checkpoints.
+        Every wait on a remote call has a deadline (runtime/watchdog.py)."""
+        with watching(self.watchdog):
+            return self._run(stop, on_step)
+
+    def _run(self, stop: StopRequest | None, on_step: StepHook | None) -> dict:
         stop, saved_at, ended = stop or StopRequest(), None, False  # saved_at: the step this process last saved
-        before = self.evaluator.evaluate_before(self.step)
+        with watchdog.phase("evaluate"):
+            before = self.evaluator.evaluate_before(self.step)
         if self.step == 0:
             self.tracker.log_table("eval/samples", 0, self.evaluator.samples)
         while self.step < self.cfg.total_steps and not stop.requested and not ended:
@@ -60,9 +70,11 @@ class Trainer:
             self.step += 1
             every, total = self.cfg.eval.every_n_steps, self.cfg.total_steps
             if every and self.step % every == 0 and self.step < total:
-                metrics.update(self.evaluator.evaluate(self.step))
+                with watchdog.phase("evaluate"):
+                    metrics.update(self.evaluator.evaluate(self.step))
                 self.tracker.log_table("eval/samples", self.step, self.evaluator.samples)
             self.tracker.log(self.step, metrics, total)
+            self.last_metrics = metrics
             every = self.cfg.checkpoint.every_n_steps
             if (every and self.step % every == 0) or self.step == total:
                 saved_at = self.save()
@@ -78,7 +90,8 @@ class Trainer:
         return after
 
     def _final_evaluation(self) -> dict[str, float]:
-        after = self.evaluator.evaluate(self.step)
+        with watchdog.phase("evaluate"):
+            after = self.evaluator.evaluate(self.step)
         self.tracker.log(self.step, after, self.cfg.total_steps)
         self.tracker.log_table("eval/samples", self.step, self.evaluator.samples)
         self.evaluator.write("eval_after.json", after)
@@ -102,8 +115,9 @@ class Trainer:
         generation, so "score" and "reference" then time the wait for them."""
         t: dict[str, float] = {}
         profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
-        busy_before, r = self.roles.busy(), self.roles
+        r = self.roles
         with profiled(r.actors(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
+            busy_before = r.busy()  # inside the step's phase: a stuck actor's answer has its deadline
             with timed(t, "generate"):
                 this = self.batches.next(self.step)
             with timed(t, "score"):  # rewards
@@ -179,7 +193,8 @@ class Trainer:
                 "config": to_dict(self.cfg),
             } | self.batches.state_dict()
 
-        self.checkpointer.save(self.step, self.roles.learner, loop_state)
+        with watchdog.phase("checkpoint"):
+            self.checkpointer.save(self.step, self.roles.learner, loop_state)
         return self.step
 
     def _load(self) -> int:
@@ -194,6 +209,13 @@ class Trainer:
         self.roles.channel.send(self.step)  # the engines start from the initial model: give them the restored one
         print(f"relay: resumed from {self.checkpointer.resume_from} at step {self.step}", flush=True)
         return self.step
+
+    def _actors(self) -> dict:
+        """Every role's actor by name, for the watchdog (none while the roles start)."""
+        return self.roles.actors() if hasattr(self, "roles") else {}
+
+    def _incident_context(self) -> dict:
+        return {"step": self.step, "last_metrics": self.last_metrics, "config": to_dict(self.cfg)}
 
     def shutdown(self) -> None:
         self.roles.shutdown()
