@@ -84,11 +84,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+class SyncFailed(RuntimeError):
+    """A broadcast of the weight-sync group that failed: it timed out (a rank is stuck) or lost a rank
+    (one died). Names the group, this rank and the bucket."""
+
+
 class SyncGroup:
     """A broadcast group of world_size ranks rendezvousing at host:port. Every rank must construct
-    it at the same time (the constructor blocks until all have joined)."""
+    it at the same time (the constructor blocks until all have joined). No broadcast waits longer than
+    timeout_s: it then raises SyncFailed."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0):
+        self.address, self.timeout_s = f"{host}:{port}", timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         if backend == "gloo":
@@ -114,8 +121,20 @@ class SyncGroup:
             buf = self._flat[key] = torch.empty(numel, dtype=dtype, device=self.device)
         return buf[:numel]
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self.broadcast_async(tensor).wait()
+    def broadcast(self, tensor: torch.Tensor, what: str = "a broadcast") -> None:
+        self.wait(self.broadcast_async(tensor), what)
+
+    def wait(self, work, what: str) -> None:
+        """Wait for a broadcast's work handle; the backend's error (a timeout, a lost peer) raises SyncFailed."""
+        try:
+            work.wait()
+        except RuntimeError as e:
+            timed_out = "timed out" in str(e).lower() or "timeout" in str(e).lower()
+            how = f"did not complete within {self.timeout_s:.0f} s (watchdog.collective_timeout_s)"
+            raise SyncFailed(
+                f"weight sync group at {self.address} ({self.backend}, rank {self.rank} of {self.world_size}): "
+                f"{what} {how if timed_out else 'lost a rank of the group'}: {e}"
+            ) from e
 
     def broadcast_async(self, tensor: torch.Tensor):
         """Start a broadcast from rank 0; returns the work handle (call .wait())."""
@@ -135,11 +154,11 @@ def send_weights(group: SyncGroup, buckets: list[list[TensorMeta]], get: Callabl
             _flatten(bucket, get, flat)
             work = group.broadcast_async(flat)
             if in_flight is not None:
-                in_flight.wait()
+                group.wait(in_flight, f"sending bucket {k} of {len(buckets)}")
             in_flight = work
             sent += flat.numel() * flat.element_size()
         if in_flight is not None:
-            in_flight.wait()
+            group.wait(in_flight, f"sending bucket {len(buckets)} of {len(buckets)}")
     return sent
 
 
@@ -160,8 +179,8 @@ def stage_buckets(
 
 def broadcast_staged(group: SyncGroup, staged: list[torch.Tensor]) -> None:
     """Broadcast staged buckets in order (receivers use receive_buckets, as for send_weights)."""
-    for flat in staged:
-        group.broadcast(flat.to(group.device, non_blocking=True))
+    for k, flat in enumerate(staged):
+        group.broadcast(flat.to(group.device, non_blocking=True), f"sending staged bucket {k + 1} of {len(staged)}")
 
 
 def _flatten(bucket: list[TensorMeta], get: Callable[[str], torch.Tensor], flat: torch.Tensor) -> None:
@@ -200,7 +219,7 @@ def receive_buckets(group: SyncGroup, buckets: list[list[TensorMeta]], reuse: bo
         work = group.broadcast_async(flat)
         if ready is not None:
             yield ready
-        work.wait()
+        group.wait(work, f"receiving bucket {k + 1} of {len(buckets)}")
         ready = flat
     if ready is not None:
         yield ready
