@@ -143,6 +143,8 @@ class Watchdog:
         processes = self.processes()
         waiting = {p.actor_id for r in pending if (p := processes.get(_actor_of(r))) is not None}
         culprits = blame([processes[a] for a in waiting])
+        if any(p.is_learner for p in culprits):  # the ranks restart together: one left would wait in a collective
+            culprits += [p for p in processes.values() if p.is_learner and p not in culprits]
         incident = Incident(phase, what, waited, limit, culprits, len(self.incidents) + 1)
         self.incidents.append(incident)
         folder = incident.write(self.run_dir, list(processes.values()), self.incident_context(), self.cfg.stacks)

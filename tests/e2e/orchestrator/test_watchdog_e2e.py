@@ -60,3 +60,19 @@ def test_a_stopped_rollout_engine_is_named_restarted_and_the_run_finishes(ray_cl
     steps = [r["step"] for r in rows if "timing/total" in r]
     assert steps == [1, 2, 3, 4]
     assert len(json.loads((tmp_path / name / "eval_after.json").read_text())) > 0
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_stopped_learner_rank_is_named_every_rank_rebuilt_and_the_run_finishes(ray_cluster, policy, tmp_path, ranks):
+    """With 2 ZeRO-2 ranks the last one is stopped: rank 0 then waits in a collective, and both are rebuilt."""
+    name, role = f"stopped_learner_{ranks}", f"learner_{ranks - 1}"
+    zero = {"cluster.learner_ranks": ranks, "learner.zero_stage": 2} if ranks > 1 else {}
+    cfg = config(policy, tmp_path, name=name, total_steps=4, **zero, **WATCHDOG)
+    counts, pid, incidents = run_stopping(cfg, role, at_step=2)
+    assert counts["restarts/learner"] == 1 and counts["restarts/rollout"] == 0
+    (incident,) = incidents
+    assert incident.culprits[0].role == role and incident.culprits[0].pid == pid and incident.culprits[0].stopped
+    assert sorted(p.role for p in incident.culprits) == [f"learner_{i}" for i in range(ranks)]
+    assert "rebuilds" in json.loads((incident_folders(tmp_path / name)[0] / "incident.json").read_text())["action"]
+    steps = [r["step"] for r in metrics(tmp_path / name) if "timing/total" in r]
+    assert steps == [1, 2, 3, 4]
