@@ -17,10 +17,18 @@ class Tracker:
     recovery), wandb (each step once: WandbSteps) and the console line."""
 
     def __init__(
-        self, cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None, finished: bool = False
+        self,
+        cfg: LoggingConfig,
+        run_dir: Path,
+        name: str,
+        config: dict,
+        resumed_at: int | None,
+        finished: bool = False,
+        total_steps: int | None = None,
     ):
         """resumed_at: the step of the checkpoint a resumed run starts from (None: a fresh run);
-        finished: it resumes a run that had also evaluated after its last step (its rows are kept)."""
+        finished: it resumes a run that had also evaluated after its last step (its rows are kept);
+        total_steps: the run's last step (resumed at it, unfinished, the run evaluates it again)."""
         self.cfg, self.path = cfg, run_dir / "metrics.jsonl"
         run_dir.mkdir(parents=True, exist_ok=True)
         # a resumed run redoes the steps after its checkpoint, and the final evaluation at it
@@ -31,7 +39,9 @@ class Tracker:
         self.file = self.path.open("a")
         self.wandb, self.wandb_has = None, WandbSteps()
         if cfg.wandb.mode != WandbMode.disabled:
-            self.wandb = start_wandb(cfg, run_dir, name, config, resumed_at)
+            # wandb's next step after a rewind to N is N + 1: the final evaluation redone at N needs N - 1
+            redo = resumed_at is not None and not finished and total_steps is not None and resumed_at >= total_steps
+            self.wandb = start_wandb(cfg, run_dir, name, config, resumed_at, redo)
         self.start = time.time()
 
     def log(self, step: int, metrics: dict[str, float], total_steps: int) -> None:
@@ -119,13 +129,17 @@ class WandbSteps:
         self.held = max(self.held, self.last)
 
 
-def start_wandb(cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None):
+def start_wandb(
+    cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resumed_at: int | None, redo_final: bool = False
+):
     """A fresh run gets a new wandb run (its id kept in the run directory: a later run of the same
     name is another wandb run). A resumed one rewinds that wandb run to its checkpoint's step, so
     the redone steps replace the first run's rather than being dropped as "less than the current
     step" (wandb's resume_from; offline, wandb records the rewind and applies it at `wandb sync`).
-    Where the rewind is refused (online without the feature), or no id was kept, the resumed run
-    logs to a new wandb run, and says so."""
+    redo_final: the resumed run evaluates its checkpoint's (last) step again, which a rewind to that
+    step would drop: it rewinds one step further and logs that step's training row (metrics.jsonl's)
+    again. Where the rewind is refused (online without the feature), or no id was kept, the resumed
+    run logs to a new wandb run, and says so."""
     import wandb
 
     id_file = run_dir / "wandb_id"
@@ -138,11 +152,15 @@ def start_wandb(cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resu
         dir=str(run_dir),
     )
     if resumed_at is not None and id_file.exists():
-        old = id_file.read_text().strip()
+        old, rewind = id_file.read_text().strip(), resumed_at - 1 if redo_final else resumed_at
         try:
-            return wandb.init(id=old, resume_from=f"{old}?_step={resumed_at}", **init)
+            run = wandb.init(id=old, resume_from=f"{old}?_step={rewind}", **init)
         except Exception as e:  # noqa: BLE001 (wandb raises its own errors for a refused rewind)
-            why = f"wandb could not rewind run {old} to step {resumed_at} ({type(e).__name__}: {e})"
+            why = f"wandb could not rewind run {old} to step {rewind} ({type(e).__name__}: {e})"
+        else:
+            for row in jsonl_rows_at(run_dir / "metrics.jsonl", resumed_at) if redo_final else []:
+                run.log({k: math.nan if v is None else v for k, v in row.items() if k != "step"}, step=resumed_at)
+            return run
     else:
         why = "no wandb id was kept in the run directory" if resumed_at is not None else ""
     new = uuid.uuid4().hex[:12]
@@ -150,6 +168,12 @@ def start_wandb(cfg: LoggingConfig, run_dir: Path, name: str, config: dict, resu
     if why:
         print(f"relay: {why}; the resumed run logs to a new wandb run {new}", flush=True)
     return wandb.init(id=new, **init)
+
+
+def jsonl_rows_at(path: Path, step: int) -> list[dict]:
+    """The rows of a JSONL log at `step`."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if r["step"] == step]
 
 
 def keep_until(path: Path, step: int, redo_final: bool = False) -> bool:

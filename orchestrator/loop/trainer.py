@@ -55,7 +55,9 @@ class Trainer:
         self.last_checkpoint = self.checkpointer.resume_from
         self.initial_state = None if resumed_at is not None else json.dumps(self.loop_state())
         self.finished = finished_before(self.run_dir, resumed_at, cfg.total_steps)
-        self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed_at, self.finished)
+        self.tracker = Tracker(
+            cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed_at, self.finished, cfg.total_steps
+        )
 
     def run(self, stop: StopRequest | None = None, on_step: StepHook | None = None) -> dict:
         """Train to total_steps (or until `on_step` returns true), then evaluate held out. A stop request

@@ -38,7 +38,7 @@ def config(policy, root, name, ranks):
 
 
 def train(cfg, kill_after_step=None):
-    """Run to the end; `kill_after_step`: SIGKILL learner rank 0's process once that step is done (once:
+    """Run to the end; `kill_after_step`: SIGKILL the last learner rank's process once that step is done (once:
     the replay passes it again). Returns the run's counts and the seconds from the kill to the recovery's
     start (detected), to its end (restored) and to the next step done."""
     trainer, times = Trainer(cfg), {}
@@ -56,7 +56,7 @@ def train(cfg, kill_after_step=None):
             times["next_step"] = time.perf_counter() - times["kill"]
         if step == kill_after_step and "kill" not in times:
             times["kill"] = time.perf_counter()
-            os.kill(actor_pid(trainer.roles.learner.ranks[0]), signal.SIGKILL)
+            os.kill(actor_pid(trainer.roles.learner.ranks[-1]), signal.SIGKILL)  # under ZeRO, not the sender
 
     try:
         trainer.run(on_step=kill_rank)
@@ -89,5 +89,6 @@ def test_a_killed_learner_rank_is_rebuilt_and_the_run_ends_as_an_undisturbed_one
         print(f"learner recovery, {ranks} rank(s), killed after step {kill}: {seconds} s after the kill")
         assert counts["restarts/learner"] == 1 and counts["restarts/rollout"] == 0
         rows = jsonl_rows(tmp_path / name / "metrics.jsonl")
+        assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
         assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == 1
         assert record(tmp_path / name) == want  # each step once, every number the undisturbed run's
