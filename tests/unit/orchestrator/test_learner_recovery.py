@@ -8,6 +8,7 @@ import ray
 from orchestrator.cli import _parser, resume_command
 from orchestrator.loop.recovery import LearnerLost, restored_counters
 from orchestrator.loop.tracking import WandbSteps
+from tests.helpers import REPO
 from tests.helpers import jsonl_rows as rows
 from tests.small_loop import Learner, small_trainer
 from tests.unit.orchestrator.test_tracking import FakeWandb
@@ -20,6 +21,8 @@ def fake_wandb(monkeypatch):
 
     fake = FakeWandb()
     monkeypatch.setattr(wandb, "init", fake.init)
+    monkeypatch.setattr(wandb, "Table", lambda columns, data: ("table", columns, data))
+    monkeypatch.setattr(wandb, "Image", lambda path: ("image", path))
     return fake
 
 
@@ -74,7 +77,7 @@ def test_a_dead_learner_is_restarted_restored_and_its_steps_replayed_each_record
     tmp_path, fake_wandb, checkpoint_every
 ):
     # rank 0 dies in the 4th train call (step 4): back to step 2's checkpoint, or to the start without one
-    t, calls = dying_trainer(tmp_path, {3}, f"checkpoint.every_n_steps={checkpoint_every}")
+    t, calls = dying_trainer(tmp_path, {3}, f"checkpoint.every_n_steps={checkpoint_every}", "eval.every_n_steps=2")
     t.run()
     restored = 2 if checkpoint_every else 0
     assert calls.count("restart learner") == 1 and "connect" in calls
@@ -89,6 +92,8 @@ def test_a_dead_learner_is_restarted_restored_and_its_steps_replayed_each_record
     assert not run.dropped, run.dropped
     logged = [step for data, step in run.calls if "timing/total" in data]
     assert logged == [1, 2, 3, 4, 5]  # each step once: the replayed 1..3 (or 3) not again
+    assert [r["step"] for r in rows(t.run_dir / "samples.jsonl")] == [0, 2, 4, 5]  # the sample tables too
+    assert [step for data, step in run.calls if "eval/samples" in data] == [0, 2, 4, 5]
     # the sampler was restored too: the replayed steps train on the prompts (and seeds) they first did
     submits = [c for c in calls if c[0] == "submit"]
     first, again = submits[:4], [c for c in calls[restart:] if c[0] == "submit"]
@@ -123,3 +128,53 @@ def test_a_learner_death_in_the_weight_sync_goes_to_the_learner_not_to_an_engine
 def test_the_cli_names_the_command_that_resumes():
     args = _parser().parse_args(["train", "configs/x.yaml", "total_steps=3", "checkpoint.resume=never"])
     assert resume_command(args) == "relay train configs/x.yaml total_steps=3 checkpoint.resume=auto"
+
+
+class DyingInSave(Learner):
+    """The learner group whose rank 0 dies in its first checkpoint save."""
+
+    def __init__(self, calls):
+        super().__init__(calls)
+        self.saves = 0
+
+    def save(self, path):
+        self.saves += 1
+        if self.saves == 1:
+            raise ray.exceptions.RayActorError("rank 0")
+        return super().save(path)
+
+
+def test_a_learner_death_in_a_checkpoint_save_replays_from_the_one_before(tmp_path, fake_wandb):
+    t, calls = small_trainer(tmp_path, "total_steps=4", "checkpoint.every_n_steps=2", "logging.wandb.mode=offline")
+    t.roles.learner = DyingInSave(calls)
+    t.run()
+    assert t.roles.learner_restarts == 1 and ("save", "step_2.tmp") in calls
+    assert [r["step"] for r in rows(t.run_dir / "metrics.jsonl") if "timing/total" in r] == [1, 2, 3, 4]
+    assert [step for data, step in fake_wandb.run.calls if "timing/total" in data] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (t.run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]
+
+
+def test_relay_train_ends_a_lost_learner_with_the_resumable_status_and_the_command(tmp_path, monkeypatch, capsys):
+    import orchestrator.loop.trainer as trainer
+
+    class LosesItsLearner:
+        def __init__(self, cfg):
+            pass
+
+        def run(self, stop):
+            raise LearnerLost(2, 6, tmp_path / "checkpoints" / "step_5", ray.exceptions.ActorDiedError())
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(trainer, "Trainer", LosesItsLearner)
+    from orchestrator.cli import main
+
+    status = main(["train", f"run_root={tmp_path}", "logging.wandb.mode=disabled"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 3 and len(err) == 1, err  # one line, no traceback
+    assert "a learner rank died in step 7 (ActorDiedError) after 2 learner restarts" in err[0]
+    assert err[0].endswith(
+        f"relay train {REPO}/configs/grpo_tiny_cpu.yaml run_root={tmp_path} "
+        "logging.wandb.mode=disabled checkpoint.resume=auto"
+    )
