@@ -100,6 +100,19 @@ def test_a_dead_learner_is_restarted_restored_and_its_steps_replayed_each_record
     assert again[: 4 - restored] == first[restored:] and len(again) == 5 - restored
 
 
+def test_a_replay_under_one_step_async_launches_the_batches_the_first_pass_launched(tmp_path):
+    # one_step: the batch of the step after is launched ahead; the restore replaces the queue with the
+    # checkpoint's (its batches collected) and the replay launches from there as the first pass did
+    t, calls = dying_trainer(tmp_path, {3}, "checkpoint.every_n_steps=2", "async_training.mode=one_step")
+    t.run()
+    restart = calls.index("restart learner")
+    first = [c for c in calls[:restart] if c[0] == "submit"]
+    again = [c for c in calls[restart:] if c[0] == "submit"]
+    assert first == [("submit", s, 2 * s + 2) for s in range(5)]  # steps 0-4 launched (4 ahead of step 3)
+    assert again == first[3:]  # step 3's batch came back with the checkpoint, collected: 3 and 4 again
+    assert [r["step"] for r in rows(t.run_dir / "metrics.jsonl") if "timing/total" in r] == [1, 2, 3, 4, 5]
+
+
 def test_a_learner_that_keeps_dying_ends_the_run_resumable_after_max_restarts(tmp_path, fake_wandb):
     t, calls = dying_trainer(tmp_path, {1, 2, 3}, "cluster.max_restarts=2", "checkpoint.every_n_steps=1")
     with pytest.raises(LearnerLost) as e:
