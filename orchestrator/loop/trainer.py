@@ -38,7 +38,8 @@ StepHook = Callable[[int, dict], object]  # (step, metrics) after each step; a t
 
 class Trainer:
     """Owns the loop: the step (the policy version the engines hold), the counts it checkpoints, the parts
-    it drives (LoopParts: the roles, a batch source, the evaluator), a Checkpointer and the Tracker."""
+    it drives (LoopParts: the roles, a batch source, the evaluator), a Checkpointer, the Tracker, and what
+    a learner recovery goes back to (the last checkpoint, or the loop's state at the start)."""
 
     def __init__(self, cfg: TrainConfig, parts: LoopParts | None = None):
         self.cfg, self.run_dir = cfg, Path(cfg.run_root) / cfg.name
