@@ -115,25 +115,47 @@ class LearnerGroup:
         set here); keep_freed_memory: see runtime.device.malloc_env; collective_timeout_s: how long
         a collective of the ranks may wait for one of them."""
         placement = placement or RankPlacement()
-        self.ranks = start_ranks(
-            Learner,
-            world_size,
-            lambda rank, addr, port, threads: (
-                cfg,
-                algo,
-                sampling,
-                seed,
-                RankAddress(rank, world_size, addr, port, threads, collective_timeout_s),
-            ),
-            dataclasses.replace(
-                placement,
-                threads=placement.threads or cfg.threads,
-                env=malloc_env(keep_freed_memory, placement.num_gpus > 0),
-            ),
+        placement = dataclasses.replace(
+            placement,
+            threads=placement.threads or cfg.threads,
+            env=malloc_env(keep_freed_memory, placement.num_gpus > 0),
         )
 
+        def args(rank, addr, port, threads):
+            return cfg, algo, sampling, seed, RankAddress(rank, world_size, addr, port, threads, collective_timeout_s)
+
+        # restart() builds the ranks again from the same arguments (a fresh rendezvous port each time)
+        self._start = lambda: start_ranks(Learner, world_size, args, placement)
+        self.ranks = self._start()
+
+    def restart(self) -> None:
+        """Kill every rank and start them all again, as new from the model (a rank that died takes the
+        others' process group with it, so ZeRO's ranks restart together); the caller restores their state."""
+        self.shutdown()
+        self.ranks = self._start()
+
+    def lost(self, error: BaseException) -> bool:
+        """Whether `error` (ray.exceptions.RayActorError) reports one of this group's ranks dead or unreachable."""
+        died = getattr(error, "actor_id", None)
+        return isinstance(error, ray.exceptions.RayActorError) and died in {r._actor_id.hex() for r in self.ranks}
+
     def _all(self, method: str, *args):
-        return watchdog.get([getattr(r, method).remote(*args) for r in self.ranks])
+        return self.wait_all([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def wait_all(self, calls: list) -> list:
+        """ray.get of the ranks' `calls` (one per rank, in rank order). When a rank died, the others'
+        collectives fail with it, and their error may come first: the dead rank's RayActorError is raised."""
+        try:
+            return watchdog.get(calls)
+        except ray.exceptions.RayTaskError as e:
+            for call in calls:
+                try:
+                    ray.get(call, timeout=10.0)
+                except ray.exceptions.RayActorError as died:
+                    raise died from e
+                except Exception:  # noqa: BLE001 (a survivor's own failure: the dead rank's error is the cause)
+                    continue
+            raise
 
     def update(self, batch, scored, step: int) -> dict[str, float]:
         """Both phases of an update, as the trainer calls them: experience, then train."""

@@ -15,8 +15,10 @@ TRAIN_EXIT_STATUS = """Run PPO/GRPO/RLOO/REINFORCE training.
 SIGTERM (preemption, eviction) or Ctrl-C: the current step finishes, a checkpoint of it is written,
 and relay exits with status 3; `checkpoint.resume=auto` continues from it. Ctrl-C again exits at once,
 without a checkpoint (status 130).
-exit status: 0 done, 1 training error, 2 config or data error, 3 stopped by a signal (resumable),
-130 interrupted without a checkpoint."""
+A learner rank that dies is restarted and the lost steps replayed, up to cluster.max_restarts times;
+once more, relay exits with status 3 and `checkpoint.resume=auto` continues from the last checkpoint.
+exit status: 0 done, 1 training error, 2 config or data error, 3 stopped by a signal or the learner
+lost (resumable), 130 interrupted without a checkpoint."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,6 +168,7 @@ def _train(args) -> int:
         overrides = ["logging.profile_step=3", *overrides]
     cfg = load_config(path, overrides, local=True)  # every config error surfaces here, before Ray starts
     print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
+    from orchestrator.loop.recovery import LearnerLost
     from orchestrator.loop.signals import (
         INTERRUPTED_EXIT_CODE,
         STOPPED_EXIT_CODE,
@@ -182,6 +185,9 @@ def _train(args) -> int:
         except Stopped as e:
             print(f"relay: {e}", file=sys.stderr, flush=True)
             return STOPPED_EXIT_CODE
+        except LearnerLost as e:
+            print(f"relay: {e}; to continue: {resume_command(args)}", file=sys.stderr, flush=True)
+            return STOPPED_EXIT_CODE
         except KeyboardInterrupt:
             print(
                 "relay: interrupted: exiting without a checkpoint; checkpoint.resume=auto continues from the newest "
@@ -193,6 +199,13 @@ def _train(args) -> int:
         finally:
             trainer.shutdown()
     return 0
+
+
+def resume_command(args) -> str:
+    """The command that continues this `relay train` run from its newest checkpoint."""
+    path, overrides = _split(args)
+    kept = [o for o in overrides if not o.startswith("checkpoint.resume=")]
+    return " ".join(["relay train", str(path), *kept, "checkpoint.resume=auto"])
 
 
 def _serve_reward(args) -> int:

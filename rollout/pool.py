@@ -140,6 +140,11 @@ class RolloutPool:
     def collect(pending: list) -> RolloutBatch:
         return RolloutBatch.concat(watchdog.get(pending, "RolloutWorker.generate"))
 
+    def lost(self, error: BaseException) -> bool:
+        """Whether `error` (ray.exceptions.RayActorError) reports one of this pool's engines dead or unreachable."""
+        died = getattr(error, "actor_id", None)
+        return isinstance(error, ray.exceptions.RayActorError) and died in {w._actor_id.hex() for w in self.workers}
+
     def restart_counts(self) -> list[int]:
         """How often Ray has restarted each engine (a killed one shows here before its calls fail)."""
         return [restart_count(w) for w in self.workers]

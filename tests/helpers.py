@@ -152,3 +152,10 @@ def make_micro_batch(input_ids, mask, **tensors):
     fields = {k: nan.clone() for k in fields} | {"old_values": None, "returns": None} | tensors
     positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
     return MicroBatch(input_ids, torch.ones_like(input_ids), positions, mask, **fields)
+
+
+def actor_pid(handle) -> int:
+    """The process id of a live Ray actor (to send it a real signal)."""
+    import ray
+
+    return ray._private.state.actors(handle._actor_id.hex())["Pid"]

@@ -66,6 +66,9 @@ class Engines:
     def restart_counts(self) -> list[int]:
         return [0]
 
+    def lost(self, error) -> bool:
+        return False
+
     @contextmanager
     def asleep(self, enabled: bool):
         if enabled:
@@ -136,6 +139,12 @@ class Learner:
     def load(self, path: Path) -> None:
         self.calls.append(("load", path.parent.name))
 
+    def lost(self, error) -> bool:
+        return getattr(error, "actor_id", None) == "rank 0"
+
+    def restart(self) -> None:
+        self.calls.append("restart learner")
+
 
 class Channel:
     def __init__(self, calls: list):
@@ -146,6 +155,9 @@ class Channel:
 
     def wait_sent(self) -> None:
         pass
+
+    def connect(self) -> None:
+        self.calls.append("connect")
 
 
 def examples(n: int) -> list[dict]:

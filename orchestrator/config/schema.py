@@ -39,7 +39,8 @@ class ClusterConfig:
     gpus_per_scoring: float = 0.0
     """GPUs of the scoring service (reference and reward models); 0 = CPU"""
     max_restarts: int = 2
-    """Ray restarts of a dead rollout/scoring actor before the run fails"""
+    """Ray restarts of a dead rollout/scoring actor, and rebuilds of the learner group after a dead rank (its lost
+    steps replayed from the last checkpoint), before the run fails"""
     cpu_keep_freed_memory: bool = True
     """CPU roles reuse freed memory (glibc malloc without mmap or trim): a step's big tensors no longer page-fault
     anew; each process keeps its peak memory"""

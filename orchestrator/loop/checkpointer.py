@@ -37,8 +37,8 @@ class Checkpointer:
             shutil.rmtree(old)
         return final
 
-    def load(self, learner) -> dict:
-        """The loop's state of resume_from, the learner restored from it."""
-        state = json.loads((self.resume_from / "orchestrator.json").read_text())
-        learner.load(self.resume_from / "learner")
+    def load(self, learner, path: Path) -> dict:
+        """The loop's state of checkpoint `path` (resume_from, or one this run saved), the learner restored from it."""
+        state = json.loads((path / "orchestrator.json").read_text())
+        learner.load(path / "learner")
         return state

@@ -137,7 +137,7 @@ def start_learner(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Le
 class Roles:
     """Owns every actor of the run: the rollout pool (and the agent endpoint in front of it), the
     scoring pool, the learner group, the weight channel between learner and engines, and the
-    placement group they sit in (start_roles builds them); counts the rollout restarts it recovered from."""
+    placement group they sit in (start_roles builds them); counts the rollout and learner restarts it recovered from."""
 
     def __init__(
         self, rollout, scoring, learner, channel, gateway=None, placement_group=None, sleep_engines: bool = False
@@ -145,6 +145,7 @@ class Roles:
         self.rollout, self.scoring, self.learner, self.channel = rollout, scoring, learner, channel
         self.gateway, self.placement_group, self.sleep_engines = gateway, placement_group, sleep_engines
         self.rollout_restarts = 0
+        self.learner_restarts = 0  # learner group rebuilds (Trainer.recover_learner)
 
     # ------------------------------------------------------------------ during the run
     def actors(self) -> dict:
@@ -171,6 +172,8 @@ class Roles:
         try:
             self.channel.send(version, wait=wait)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+            if self.learner.lost(e):  # the sender died: the loop's learner recovery, not an engine restart
+                raise
             if not isinstance(e, ray.exceptions.RayActorError) and self.rollout.restart_counts() == restarts:
                 raise  # the sender failed on its own
             self.restart_rollout(e, version)
@@ -184,6 +187,14 @@ class Roles:
         await_ready(self.rollout.workers)
         self.channel.connect()
         self.channel.send(version)
+
+    def restart_learner(self) -> None:
+        """A learner rank died: start every rank again (LearnerGroup.restart) and reconnect the weight
+        channel (the new rank 0 joins a new group with the engines). Restoring the learner's state and
+        giving the engines its weights is the loop's (Trainer.recover_learner)."""
+        self.learner_restarts += 1
+        self.learner.restart()
+        self.channel.connect()
 
     def finish_sync(self) -> None:
         """Wait for a weight sync still in flight."""

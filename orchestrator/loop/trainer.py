@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
+
+import ray
 
 from orchestrator.config.load import to_dict
 from orchestrator.config.schema import TrainConfig
@@ -15,6 +19,7 @@ from orchestrator.loop.checkpointer import Checkpointer
 from orchestrator.loop.dynamic_sampling import Sampled, dynamic_sample
 from orchestrator.loop.parts import LoopParts, start_parts
 from orchestrator.loop.profiling import profiled
+from orchestrator.loop.recovery import LearnerLost, restored_counters
 from orchestrator.loop.signals import Stopped, StopRequest
 from orchestrator.loop.step_metrics import (
     batch_metrics,
@@ -35,7 +40,8 @@ StepHook = Callable[[int, dict], object]  # (step, metrics) after each step; a t
 
 class Trainer:
     """Owns the loop: the step (the policy version the engines hold), the counts it checkpoints, the parts
-    it drives (LoopParts: the roles, a batch source, the evaluator), a Checkpointer and the Tracker."""
+    it drives (LoopParts: the roles, a batch source, the evaluator), a Checkpointer, the Tracker, and what
+    a learner recovery goes back to (the last checkpoint, or the loop's state at the start)."""
 
     def __init__(self, cfg: TrainConfig, parts: LoopParts | None = None):
         self.cfg, self.run_dir = cfg, Path(cfg.run_root) / cfg.name
@@ -49,8 +55,14 @@ class Trainer:
         self.counters |= {"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0}
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.resume)
         resumed_at = self._load() if self.checkpointer.resume_from else None
+        # what a learner recovery restores: the last checkpoint, or with none, the start (the loop's state
+        # kept here as a checkpoint keeps it; the learner's is the model, rebuilt)
+        self.last_checkpoint = self.checkpointer.resume_from
+        self.initial_state = None if resumed_at is not None else json.dumps(self.loop_state())
         self.finished = finished_before(self.run_dir, resumed_at, cfg.total_steps)
-        self.tracker = Tracker(cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed_at, self.finished)
+        self.tracker = Tracker(
+            cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed_at, self.finished, cfg.total_steps
+        )
 
     def run(self, stop: StopRequest | None = None, on_step: StepHook | None = None) -> dict:
         """Train to total_steps (or until `on_step` returns true), then evaluate held out. A stop request
@@ -66,18 +78,14 @@ class Trainer:
         if self.step == 0:
             self.tracker.log_table("eval/samples", 0, self.evaluator.samples)
         while self.step < self.cfg.total_steps and not stop.requested and not ended:
-            metrics = self.train_step()
-            self.step += 1
-            every, total = self.cfg.eval.every_n_steps, self.cfg.total_steps
-            if every and self.step % every == 0 and self.step < total:
-                with watchdog.phase("evaluate"):
-                    metrics.update(self.evaluator.evaluate(self.step))
-                self.tracker.log_table("eval/samples", self.step, self.evaluator.samples)
-            self.tracker.log(self.step, metrics, total)
-            self.last_metrics = metrics
-            every = self.cfg.checkpoint.every_n_steps
-            if (every and self.step % every == 0) or self.step == total:
-                saved_at = self.save()
+            try:
+                metrics, saved = self.advance()
+            except ray.exceptions.RayActorError as e:
+                if not self.roles.learner.lost(e):
+                    raise
+                self.recover_learner(e)  # back at the last checkpoint: the loop replays the steps after it
+                continue
+            saved_at = saved if saved is not None else saved_at
             ended = bool(on_step and on_step(self.step, metrics))
         if stop.requested:
             self._stop(stop.signal, saved_at)
@@ -89,9 +97,75 @@ class Trainer:
         self.tracker.close()
         return after
 
-    def _final_evaluation(self) -> dict[str, float]:
+    def advance(self) -> tuple[dict, int | None]:
+        """One step of the loop: train, evaluate held out when due, log, checkpoint when due. Returns the
+        step's metrics and the step it checkpointed (None: none)."""
+        metrics, saved = self.train_step(), None
+        self.step += 1
+        every, total = self.cfg.eval.every_n_steps, self.cfg.total_steps
+        if every and self.step % every == 0 and self.step < total:
+            metrics.update(self.evaluate())
+            self.tracker.log_table("eval/samples", self.step, self.evaluator.samples)
+        self.tracker.log(self.step, metrics, total)
+        self.last_metrics = metrics
+        every = self.cfg.checkpoint.every_n_steps
+        if (every and self.step % every == 0) or self.step == total:
+            saved = self.save()
+        return metrics, saved
+
+    def recover_learner(self, error: Exception) -> None:
+        """A learner rank died (or the watchdog killed a stuck one; `error` says which) in the step after
+        self.step: start every rank again, restore the last checkpoint this run saved or resumed from (or
+        the run's start) in process, as a resumed run would, and rewind the records to it; the loop then
+        replays the lost steps. Beyond cluster.max_restarts rebuilds: LearnerLost (resumable)."""
+        while True:
+            if self.roles.learner_restarts >= self.cfg.cluster.max_restarts:
+                self.tracker.close()
+                raise LearnerLost(self.roles.learner_restarts, self.step, self.last_checkpoint, error) from error
+            lost_at, start = self.step, time.perf_counter()
+            print(
+                f"relay: a learner rank died in step {lost_at + 1} ({type(error).__name__}); restarting the "
+                f"learner ({self.roles.learner_restarts + 1}/{self.cfg.cluster.max_restarts})",
+                flush=True,
+            )
+            try:
+                self.roles.restart_learner()
+                self._restore_last()
+            except ray.exceptions.RayActorError as e:
+                if not self.roles.learner.lost(e):
+                    raise
+                error = e  # a new rank died too: try again, within the same limit
+                continue
+            took = time.perf_counter() - start
+            print(f"relay: learner restored at step {self.step} in {took:.1f}s; going on from there", flush=True)
+            return
+
+    def _restore_last(self) -> None:
+        """The last checkpoint (or the start) back in the loop, its counts but the restarts, and the
+        records (metrics.jsonl, samples.jsonl, wandb) rewound to its step."""
+        if self.last_checkpoint is not None:
+            state = self.checkpointer.load(self.roles.learner, self.last_checkpoint)
+        else:  # the ranks were built anew from the model: the learner is at the start already
+            state = json.loads(self.initial_state)
+        self._restore(state, restored_counters(self.all_counters(), state["counters"], in_process=True))
+        self.tracker.rewind(self.step)
+
+    def evaluate(self) -> dict[str, float]:
+        """The held-out evaluation at this step (Evaluator.evaluate), under its phase's deadline. If an
+        engine died in it (or the watchdog killed a stuck one), it is restarted with the current weights
+        and the evaluation made again: it is seeded and reads only, so it gives what it would have."""
         with watchdog.phase("evaluate"):
-            after = self.evaluator.evaluate(self.step)
+            try:
+                return self.evaluator.evaluate(self.step)
+            except ray.exceptions.RayActorError as e:
+                if not self.roles.rollout.lost(e):
+                    raise  # a learner rank's: the loop's learner recovery
+                self.roles.restart_rollout(e, self.step)
+                self.batches.relaunch_uncollected()
+                return self.evaluator.evaluate(self.step)
+
+    def _final_evaluation(self) -> dict[str, float]:
+        after = self.evaluate()
         self.tracker.log(self.step, after, self.cfg.total_steps)
         self.tracker.log_table("eval/samples", self.step, self.evaluator.samples)
         self.evaluator.write("eval_after.json", after)
@@ -178,7 +252,9 @@ class Trainer:
 
     def all_counters(self) -> dict:
         """Every count the loop reports and checkpoints: its own, the roles' restarts, the batch source's."""
-        restarts = {"restarts/rollout": self.roles.rollout_restarts, "restarts/scoring": self.roles.scoring.restarts}
+        r = self.roles
+        restarts = {"restarts/rollout": r.rollout_restarts, "restarts/scoring": r.scoring.restarts}
+        restarts["restarts/learner"] = r.learner_restarts
         return restarts | self.counters | self.batches.counts()
 
     def save(self) -> int:
@@ -186,29 +262,37 @@ class Trainer:
 
         def loop_state() -> dict:
             self.batches.collect_launched(self.step)
-            return {
-                "step": self.step,
-                "counters": self.all_counters(),
-                "scoring": self.roles.scoring.state_dict(),
-                "config": to_dict(self.cfg),
-            } | self.batches.state_dict()
+            return self.loop_state() | {"config": to_dict(self.cfg)}
 
         with watchdog.phase("checkpoint"):
-            self.checkpointer.save(self.step, self.roles.learner, loop_state)
+            self.last_checkpoint = self.checkpointer.save(self.step, self.roles.learner, loop_state)
         return self.step
+
+    def loop_state(self) -> dict:
+        """The loop's state as a checkpoint keeps it: the step, the counts, the scoring state, the sampler
+        and the batches launched ahead (collected: PromptBatches.collect_launched)."""
+        counts, scoring = self.all_counters(), self.roles.scoring.state_dict()
+        return {"step": self.step, "counters": counts, "scoring": scoring} | self.batches.state_dict()
 
     def _load(self) -> int:
         """Restore the checkpoint to resume from; returns its step."""
-        state = self.checkpointer.load(self.roles.learner)
+        state = self.checkpointer.load(self.roles.learner, self.checkpointer.resume_from)
+        self._restore(state, restored_counters(self.all_counters(), state["counters"], in_process=False))
+        print(f"relay: resumed from {self.checkpointer.resume_from} at step {self.step}", flush=True)
+        return self.step
+
+    def _restore(self, state: dict, counts: dict) -> None:
+        """A checkpoint's loop `state` back (the learner restored already), with the counts `counts`, and
+        the restored learner's weights to the engines (fresh ones hold the initial model, live ones a later
+        policy)."""
         self.roles.scoring.load_state_dict(state["scoring"])
-        self.step, counts = state["step"], state["counters"]
+        self.step = state["step"]
         self.counters |= {k: counts[k] for k in self.counters}
         self.roles.rollout_restarts = counts["restarts/rollout"]
         self.roles.scoring.restarts = counts["restarts/scoring"]
+        self.roles.learner_restarts = counts["restarts/learner"]
         self.batches.load_state_dict(state, counts)
-        self.roles.channel.send(self.step)  # the engines start from the initial model: give them the restored one
-        print(f"relay: resumed from {self.checkpointer.resume_from} at step {self.step}", flush=True)
-        return self.step
+        self.roles.channel.send(self.step)
 
     def _actors(self) -> dict:
         """Every role's actor by name, for the watchdog (none while the roles start)."""

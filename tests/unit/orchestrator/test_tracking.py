@@ -225,3 +225,19 @@ def test_a_fresh_run_is_never_taken_for_a_finished_one(tmp_path, fake_wandb):
         t.run(on_step=dies)
     assert not (tmp_path / "eval_after.json").exists()
     assert not finished_before(tmp_path, 2, 2)  # so its resume at step 2 evaluates
+
+
+def test_a_resume_that_redoes_the_final_evaluation_gets_it_to_wandb(tmp_path, fake_wandb):
+    """The rewind to the checkpoint's step N set wandb's next step to N + 1 (wandb 0.31, offline too), so
+    the final evaluation the resumed run redoes at step N was dropped: wandb is rewound to N - 1 and step
+    N's training row, kept in metrics.jsonl, logged again before it."""
+    killed_at(tmp_path, total_steps=4, step=4)  # checkpointed step 4 (in this story), died in its final evaluation
+    trained = fake_wandb.run.logged[4]
+    trainer(tmp_path, total_steps=4, step=4).run()
+    run = fake_wandb.run
+    assert fake_wandb.inits[-1]["resume_from"].endswith("?_step=3")
+    assert not run.dropped, run.dropped
+    assert {k: run.logged[4][k] for k in trained} == trained  # the training row, as the first run logged it
+    assert {"eval/greedy/reward/mean", "eval/samples", "pipeline"} <= set(run.logged[4])
+    assert sorted(run.logged) == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in rows(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 4]

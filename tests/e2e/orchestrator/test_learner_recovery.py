@@ -1,0 +1,94 @@
+"""A learner rank SIGKILLed mid-run on the real stack: the group is rebuilt, the last checkpoint (or the
+start) restored in process, the lost steps replayed, and the run ends exactly as one nobody disturbed
+(1 rank, and 2 ranks under ZeRO-2), each step recorded once."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from orchestrator.config.load import load_config
+from orchestrator.loop.trainer import Trainer
+from scripts.same_metrics import deterministic
+from tests.helpers import REPO, actor_pid, jsonl_rows
+
+pytestmark = pytest.mark.e2e
+
+
+def config(policy, root, name, ranks):
+    over = {
+        "learner.model_path": policy,
+        "run_root": str(root),
+        "name": name,
+        "logging.wandb.mode": "disabled",
+        "logging.progress_bar": "false",
+        "data.rollout_batch_size": 16,
+        "data.eval_size": 16,
+        "algorithm.mini_batch_size": 64,
+        "algorithm.micro_batch_size": 64 // ranks,
+        "learner.lr": 2e-4,
+        "total_steps": 4,
+        "checkpoint.every_n_steps": 2,
+        "cluster.learner_ranks": ranks,
+        "learner.zero_stage": 2 if ranks > 1 else 0,
+    }
+    return load_config(REPO / "configs" / "grpo_tiny_cpu.yaml", [f"{k}={v}" for k, v in over.items()])
+
+
+def train(cfg, kill_after_step=None):
+    """Run to the end; `kill_after_step`: SIGKILL the last learner rank's process once that step is done (once:
+    the replay passes it again). Returns the run's counts and the seconds from the kill to the recovery's
+    start (detected), to its end (restored) and to the next step done."""
+    trainer, times = Trainer(cfg), {}
+    recover = trainer.recover_learner
+
+    def timed_recovery(error):
+        times["detected"] = time.perf_counter() - times["kill"]
+        recover(error)
+        times["restored"] = time.perf_counter() - times["kill"]
+
+    trainer.recover_learner = timed_recovery
+
+    def kill_rank(step, metrics):
+        if "restored" in times and "next_step" not in times:
+            times["next_step"] = time.perf_counter() - times["kill"]
+        if step == kill_after_step and "kill" not in times:
+            times["kill"] = time.perf_counter()
+            os.kill(actor_pid(trainer.roles.learner.ranks[-1]), signal.SIGKILL)  # under ZeRO, not the sender
+
+    try:
+        trainer.run(on_step=kill_rank)
+        return trainer.all_counters(), {k: round(v, 1) for k, v in times.items() if k != "kill"}
+    finally:
+        trainer.shutdown()
+
+
+def record(run_dir):
+    """The run's per-step numbers that are not clock readings (scripts/same_metrics.py), its restarts
+    aside, and its final evaluation."""
+    rows = [
+        {k: v for k, v in deterministic(r).items() if k != "restarts/learner"}
+        for r in jsonl_rows(run_dir / "metrics.jsonl")
+    ]
+    return rows, deterministic(json.loads((run_dir / "eval_after.json").read_text()))
+
+
+@pytest.mark.parametrize("ranks, kills", [(1, (1, 3)), (2, (3,))], ids=["1_rank", "2_ranks_zero2"])
+def test_a_killed_learner_rank_is_rebuilt_and_the_run_ends_as_an_undisturbed_one(
+    ray_cluster, policy, tmp_path, ranks, kills
+):
+    """Killed after step 1: no checkpoint yet, back to the start (step 0); after step 3: back to step 2's."""
+    train(config(policy, tmp_path, "whole", ranks))
+    want = record(tmp_path / "whole")
+    assert [r["step"] for r in want[0]] == [1, 2, 3, 4, 4]  # the last step, then its evaluation
+    for kill in kills:
+        name = f"killed_{kill}"
+        counts, seconds = train(config(policy, tmp_path, name, ranks), kill_after_step=kill)
+        print(f"learner recovery, {ranks} rank(s), killed after step {kill}: {seconds} s after the kill")
+        assert counts["restarts/learner"] == 1 and counts["restarts/rollout"] == 0
+        rows = jsonl_rows(tmp_path / name / "metrics.jsonl")
+        assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
+        assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == 1
+        assert record(tmp_path / name) == want  # each step once, every number the undisturbed run's
