@@ -17,8 +17,10 @@ and relay exits with status 3; `checkpoint.resume=auto` continues from it. Ctrl-
 without a checkpoint (status 130).
 A learner rank that dies is restarted and the lost steps replayed, up to cluster.max_restarts times;
 once more, relay exits with status 3 and `checkpoint.resume=auto` continues from the last checkpoint.
-exit status: 0 done, 1 training error, 2 config or data error, 3 stopped by a signal or the learner
-lost (resumable), 130 interrupted without a checkpoint."""
+A process that hangs is named by the watchdog and restarted (the README's "When a process hangs or dies").
+exit status: 0 done, 1 training error, 2 config or data error, 3 stopped by a signal, or a process lost
+beyond its restarts (resumable: the line printed says the command), 130 interrupted without a checkpoint.
+A failure's traceback goes to runs/<name>/relay.log."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +170,18 @@ def _train(args) -> int:
         overrides = ["logging.profile_step=3", *overrides]
     cfg = load_config(path, overrides, local=True)  # every config error surfaces here, before Ray starts
     print(record_launch(cfg, "train"), flush=True)  # the full config goes to the run folder
-    from orchestrator.loop.recovery import LearnerLost
+    from orchestrator.loop.trainer import Trainer
+
+    run_dir = Path(cfg.run_root) / cfg.name
+    try:
+        trainer = Trainer(cfg)  # ray.init sets its own SIGTERM handler: ours go in after it
+    except Exception as e:  # noqa: BLE001 (every way a run ends gets one line; the traceback goes to relay.log)
+        return _ended(e, run_dir, args)
+    return _run(trainer, run_dir, args)
+
+
+def _run(trainer, run_dir: Path, args) -> int:
+    """Run the built trainer under the signal handlers; each way it ends is an exit status and one line."""
     from orchestrator.loop.signals import (
         INTERRUPTED_EXIT_CODE,
         STOPPED_EXIT_CODE,
@@ -176,17 +189,12 @@ def _train(args) -> int:
         StopRequest,
         stop_on_signals,
     )
-    from orchestrator.loop.trainer import Trainer
 
-    trainer = Trainer(cfg)  # ray.init sets its own SIGTERM handler: ours go in after it
     with stop_on_signals(StopRequest()) as stop:  # kept through shutdown: a repeated SIGTERM must not kill it
         try:
             trainer.run(stop)
         except Stopped as e:
             print(f"relay: {e}", file=sys.stderr, flush=True)
-            return STOPPED_EXIT_CODE
-        except LearnerLost as e:
-            print(f"relay: {e}; to continue: {resume_command(args)}", file=sys.stderr, flush=True)
             return STOPPED_EXIT_CODE
         except KeyboardInterrupt:
             print(
@@ -196,9 +204,25 @@ def _train(args) -> int:
                 flush=True,
             )
             return INTERRUPTED_EXIT_CODE
+        except Exception as e:  # noqa: BLE001 (as in _train)
+            return _ended(e, run_dir, args)
         finally:
             trainer.shutdown()
     return 0
+
+
+def _ended(error: Exception, run_dir: Path, args) -> int:
+    """A run that ended on `error`: config, data and training errors go to main's one-line handlers;
+    anything else through orchestrator.loop.endings (its status, its line, the traceback in relay.log)."""
+    from orchestrator.data.prompts import DataError
+    from orchestrator.loop.endings import ending
+    from orchestrator.loop.step_metrics import TrainingError
+
+    if isinstance(error, (ConfigError, DataError, TrainingError)):
+        raise error
+    status, line = ending(error, run_dir, resume_command(args))
+    print(line, file=sys.stderr, flush=True)
+    return status
 
 
 def resume_command(args) -> str:

@@ -53,9 +53,9 @@ def ending(error: BaseException, run_dir: Path, resume_command: str) -> tuple[in
             if found
             else f"no checkpoint was written; to start again: {resume_command}"
         )
-        return STOPPED_EXIT_CODE, f"relay: run ended: {cause(error)}; {go_on} (traceback: {log})"
+        return STOPPED_EXIT_CODE, f"relay: run ended: {cause(error)} (traceback in {log}); {go_on}"
     last = f"; the last checkpoint is step {found[-1][0]}" if found else ""
-    return FAILED_EXIT_CODE, f"relay: training failed: {cause(error)}{last} (traceback: {log})"
+    return FAILED_EXIT_CODE, f"relay: training failed: {cause(error)} (traceback in {log}){last}"
 
 
 def write_traceback(error: BaseException, run_dir: Path) -> Path:

@@ -11,19 +11,6 @@ from orchestrator.loop.tracking import WandbSteps
 from tests.helpers import REPO
 from tests.helpers import jsonl_rows as rows
 from tests.small_loop import Learner, small_trainer
-from tests.unit.orchestrator.test_tracking import FakeWandb
-
-
-@pytest.fixture
-def fake_wandb(monkeypatch):
-    """wandb.init's step rules without wandb (test_tracking.FakeWandb)."""
-    import wandb
-
-    fake = FakeWandb()
-    monkeypatch.setattr(wandb, "init", fake.init)
-    monkeypatch.setattr(wandb, "Table", lambda columns, data: ("table", columns, data))
-    monkeypatch.setattr(wandb, "Image", lambda path: ("image", path))
-    return fake
 
 
 def test_a_restore_in_process_keeps_the_restarts_and_takes_every_other_count():

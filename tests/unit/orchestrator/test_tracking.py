@@ -60,17 +60,6 @@ class FakeWandb:
         return run
 
 
-@pytest.fixture
-def fake_wandb(monkeypatch):
-    import wandb
-
-    fake = FakeWandb()
-    monkeypatch.setattr(wandb, "init", fake.init)
-    monkeypatch.setattr(wandb, "Table", lambda columns, data: ("table", columns, data))
-    monkeypatch.setattr(wandb, "Image", lambda path: ("image", path))
-    return fake
-
-
 def write_checkpoint(run_dir, step):
     """What a first run checkpointed at `step`, as the loop's state: a resumed run starts there."""
     counts = ["data/skipped_lines", "rollout/dropped_groups", "learner/skipped_updates_in_a_row"]
