@@ -24,7 +24,7 @@ def run_stopping(cfg, role: str, at_step: int):
     stopped = {}
 
     def stop_role(step, _metrics):
-        if step == at_step:
+        if step == at_step and not stopped:  # once: a learner recovery replays the step
             stopped["pid"] = actor_process(role, trainer.roles.actors()[role]).pid
             os.kill(stopped["pid"], signal.SIGSTOP)
 
@@ -66,7 +66,9 @@ def test_a_stopped_rollout_engine_is_named_restarted_and_the_run_finishes(ray_cl
 def test_a_stopped_learner_rank_is_named_every_rank_rebuilt_and_the_run_finishes(ray_cluster, policy, tmp_path, ranks):
     """With 2 ZeRO-2 ranks the last one is stopped: rank 0 then waits in a collective, and both are rebuilt."""
     name, role = f"stopped_learner_{ranks}", f"learner_{ranks - 1}"
-    zero = {"cluster.learner_ranks": ranks, "learner.zero_stage": 2} if ranks > 1 else {}
+    zero = (
+        {"cluster.learner_ranks": ranks, "learner.zero_stage": 2, "algorithm.micro_batch_size": 32} if ranks > 1 else {}
+    )
     cfg = config(policy, tmp_path, name=name, total_steps=4, **zero, **WATCHDOG)
     counts, pid, incidents = run_stopping(cfg, role, at_step=2)
     assert counts["restarts/learner"] == 1 and counts["restarts/rollout"] == 0
