@@ -78,3 +78,31 @@ def test_a_stopped_learner_rank_is_named_every_rank_rebuilt_and_the_run_finishes
     assert "rebuilds" in json.loads((incident_folders(tmp_path / name)[0] / "incident.json").read_text())["action"]
     steps = [r["step"] for r in metrics(tmp_path / name) if "timing/total" in r]
     assert steps == [1, 2, 3, 4]
+
+
+def test_an_engine_stopped_in_the_weight_sync_is_named_restarted_and_the_sync_made_again(ray_cluster, policy, tmp_path):
+    """The engine stops just as step 2's sync starts: the learner's broadcast waits on it (gloo), the sync's
+    deadline names the engine, which is killed; the broadcast then fails, the engine is restarted, the
+    group rebuilt and the weights sent again."""
+    name = "stopped_in_sync"
+    cfg = config(policy, tmp_path, name=name, total_steps=3, **WATCHDOG)
+    trainer = Trainer(cfg)
+    send, stopped = trainer.roles.channel.send, {}
+
+    def stop_then_send(version, wait=True):
+        if version == 2 and not stopped:
+            stopped["pid"] = actor_process("rollout_0", trainer.roles.rollout.workers[0]).pid
+            os.kill(stopped["pid"], signal.SIGSTOP)
+        return send(version, wait)
+
+    trainer.roles.channel.send = stop_then_send
+    try:
+        trainer.run()
+        counts, incidents = trainer.all_counters(), trainer.watchdog.incidents
+    finally:
+        trainer.shutdown()
+    assert counts["restarts/rollout"] == 1 and counts["restarts/learner"] == 0
+    (incident,) = incidents
+    assert incident.phase == "sync" and [p.role for p in incident.culprits] == ["rollout_0"]
+    assert incident.culprits[0].pid == stopped["pid"]
+    assert [r["step"] for r in metrics(tmp_path / name) if "timing/total" in r] == [1, 2, 3]
