@@ -54,7 +54,8 @@ class Trainer:
         self.counters = {"data/skipped_lines": parts.skipped_lines, "rollout/dropped_groups": 0}
         self.counters |= {"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0}
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.resume)
-        resumed_at = self._load() if self.checkpointer.resume_from else None
+        with watching(self.watchdog), self.watchdog.phase("start"):
+            resumed_at = self._load() if self.checkpointer.resume_from else None
         # what a learner recovery restores: the last checkpoint, or with none, the start (the loop's state
         # kept here as a checkpoint keeps it; the learner's is the model, rebuilt)
         self.last_checkpoint = self.checkpointer.resume_from
