@@ -8,8 +8,9 @@ overhead: runs with watchdog.enabled true and false, back to back in alternating
 the median seconds per step after 2 warm-up steps, and the ratio of each pair.
 recovery: one run per failure (rollout_0 SIGSTOP, learner_0 SIGSTOP, learner_0 SIGKILL) once step --at
 is done: the seconds from the signal to the watchdog's line (detection: the phase's deadline, or
-Ray's own notice of a dead process) and to the end of the disturbed step, beside an undisturbed step's
-median. Prints a table and a final JSON line.
+Ray's own notice of a dead process) and until step --at + 1 is done (with a learner rebuilt, after the
+replay of the steps since the last checkpoint), beside an undisturbed step's median. Prints a table
+and a final JSON line.
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ def recovery(path: str, steps: int, at: int, overrides: list[str]) -> dict:
         marks: dict[str, float] = {}
 
         def hit(step, _metrics, role=role, sig=sig, marks=marks):
-            if step == at:
+            if step == at and "signal" not in marks:  # once: a learner recovery replays the step
                 os.kill(actor_process(role, trainer_of[0].roles.actors()[role]).pid, sig)
                 marks["signal"] = time.perf_counter()
-            elif step == at + 1 and "next" not in marks:
+            elif step == at + 1 and "signal" in marks and "next" not in marks:  # after any replay
                 marks["next"] = time.perf_counter()
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -98,7 +99,9 @@ def recovery(path: str, steps: int, at: int, overrides: list[str]) -> dict:
             "detected_after_s": incidents[0].waited_s if incidents else None,  # None: Ray saw the death itself
             "step_done_after_s": marks["next"] - marks["signal"],
             "undisturbed_step_s": undisturbed,
-            "restarts": {k: v for k, v in rows[-1].items() if k.startswith("restarts/")},
+            "restarts": {
+                k: v for k, v in [r for r in rows if "timing/total" in r][-1].items() if k.startswith("restarts/")
+            },
         }
         print(name, json.dumps(out[name]), flush=True)
     print(f"\n{Path(path).stem}: failure once step {at} is done")

@@ -139,6 +139,17 @@ class LearnerGroup:
         died = getattr(error, "actor_id", None)
         return isinstance(error, ray.exceptions.RayActorError) and died in {r._actor_id.hex() for r in self.ranks}
 
+    def raise_if_lost(self, error: BaseException, timeout_s: float = 10.0) -> None:
+        """Raise the RayActorError of a rank that is gone (`error`, a peer's failure, as its cause); a rank
+        that answers, or does not answer in timeout_s, is not."""
+        for rank in self.ranks:
+            try:
+                ray.get(rank.ready.remote(), timeout=timeout_s)
+            except ray.exceptions.RayActorError as died:
+                raise died from error
+            except ray.exceptions.GetTimeoutError:
+                continue
+
     def _all(self, method: str, *args):
         return self.wait_all([getattr(r, method).remote(*args) for r in self.ranks])
 

@@ -205,11 +205,13 @@ class RolloutPool:
         if not enabled:
             yield
             return
-        self.sleep()
+        with watchdog.phase("sleep"):
+            self.sleep()
         try:
             yield
         finally:
-            self.wake_up()
+            with watchdog.phase("wake"):
+                self.wake_up()
 
     def shutdown(self, timeout_s: float = 20.0) -> None:
         """Ask each engine to stop, then end the actors whatever they answered: a wedged engine

@@ -64,6 +64,13 @@ def actor_process(role: str, handle) -> ActorProcess:
     )
 
 
+def incident_number(run_dir) -> int:
+    """The next incident's number in the run folder: a resumed run goes on from the earlier run's."""
+    folder = Path(run_dir) / "incidents"
+    numbers = [int(p.name.split("_", 1)[0]) for p in folder.glob("*_*") if p.name.split("_", 1)[0].isdigit()]
+    return max(numbers, default=0) + 1
+
+
 def process_state(pid: int) -> str:
     """The kernel's one-letter state of a local process (R, S, D, T, Z), "" if unknown."""
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from runtime.incidents import ActorProcess, Incident, actor_process
+from runtime.incidents import ActorProcess, Incident, actor_process, incident_number
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +35,20 @@ class WatchdogConfig:
     enabled: bool = True
     """false: wait on remote calls without deadlines (a hung actor then hangs the run)"""
     factor: float = 5.0
-    """a phase's deadline: this many times the p99 of its measured durations (the last 100), at least floor_s"""
+    """a phase's deadline: this many times the larger p99 of its own durations and of the whole step's
+    (the last 100 each: a phase that waits for work launched ahead may have to wait for all of it)"""
     floor_s: float = 120.0
     """the shortest deadline a measured phase gets: a slow step is not a false alarm"""
-    first_s: float = 1800.0
-    """the deadline of a phase not measured yet (start-up, the first step's compilation and warm-up)"""
+    first_s: float = 900.0
+    """the deadline of a phase not measured yet (start-up, the first step's compilation and warm-up), of the
+    waits after a recovery (an engine restarted, batches generated again) and of a wait outside any phase"""
     phases_s: dict[str, float] = field(default_factory=dict)
     """fixed deadlines that replace the measured ones, by phase, e.g. {sync: 300, evaluate: 900}"""
     kill_grace_s: float = 120.0
     """after killing a stuck actor, how long to wait for Ray to report it gone before giving up the run"""
-    collective_timeout_s: float = 600.0
-    """timeout of the gloo/NCCL process groups (learner ranks, weight sync): no collective waits longer"""
+    collective_timeout_s: float = 1800.0
+    """timeout of the gloo/NCCL process groups (learner ranks, weight sync): no collective waits longer.
+    Every deadline stays under 0.9 of it, so the watchdog names a stuck rank before a collective fails"""
     stacks: bool = True
     """write every role's Python stacks (py-spy) into the incident folder"""
 
@@ -60,14 +63,26 @@ class PhaseClock:
     def record(self, phase: str, seconds: float) -> None:
         self.seconds[phase].append(seconds)
 
-    def deadline(self, phase: str) -> float:
+    def deadline(self, phase: str, disturbed: bool = False) -> float:
+        """A fixed one (phases_s), first_s unmeasured or after a recovery (disturbed), else factor x the
+        larger p99 of the phase and of the step, at least floor_s; under 0.9 x the collective timeout."""
         if phase in self.cfg.phases_s:
             return self.cfg.phases_s[phase]
-        measured = sorted(self.seconds[phase])
-        if not measured:
-            return self.cfg.first_s
-        p99 = measured[min(len(measured) - 1, round(0.99 * (len(measured) - 1)))]
-        return max(self.cfg.floor_s, self.cfg.factor * p99)
+        if not self.seconds[phase] or disturbed:
+            return min(self.cfg.first_s, 0.9 * self.cfg.collective_timeout_s)
+        p99 = max(_p99(self.seconds[phase]), _p99(self.seconds.get(STEP, ())))
+        return min(max(self.cfg.floor_s, self.cfg.factor * p99), 0.9 * self.cfg.collective_timeout_s)
+
+
+STEP = "step"  # the phase of a whole training step (the trainer's timing/total)
+# every phase the driver watches: the trainer's timed phases, the waits around them, start-up and recovery
+PHASES = {STEP, "start", "generate", "score", "reference", "dynamic_sampling", "score_ahead", "advantages", "update"}
+PHASES |= {"sync", "kl", "busy", "sleep", "wake", "evaluate", "checkpoint", "recover"}
+
+
+def _p99(durations) -> float:
+    measured = sorted(durations)
+    return measured[min(len(measured) - 1, round(0.99 * (len(measured) - 1)))] if measured else 0.0
 
 
 class RunHung(RuntimeError):
@@ -123,10 +138,10 @@ class Watchdog:
     def get(self, refs, what: str = ""):
         """ray.get(refs) by the watched phase's deadline. Past it: name the stuck actors, write the
         incident, kill them (by role), restart the phase's clock, and wait for Ray's answer."""
-        if self.watched is None or not self.cfg.enabled:
+        if not self.cfg.enabled:
             return ray.get(refs)
-        w = self.watched
-        limit = self.clock.deadline(w.name)
+        w = self.watched or Watched("outside a phase", time.monotonic(), disturbed=True)  # first_s then
+        limit = self.clock.deadline(w.name, w.disturbed)
         try:
             return ray.get(refs, timeout=max(0.0, limit - (time.monotonic() - w.started)))
         except ray.exceptions.GetTimeoutError:
@@ -145,9 +160,12 @@ class Watchdog:
         culprits = blame([processes[a] for a in waiting])
         if any(p.is_learner for p in culprits):  # the ranks restart together: one left would wait in a collective
             culprits += [p for p in processes.values() if p.is_learner and p not in culprits]
-        incident = Incident(phase, what, waited, limit, culprits, len(self.incidents) + 1)
+        incident = Incident(phase, what, waited, limit, culprits, incident_number(self.run_dir))
         self.incidents.append(incident)
-        folder = incident.write(self.run_dir, list(processes.values()), self.incident_context(), self.cfg.stacks)
+        try:
+            folder = incident.write(self.run_dir, list(processes.values()), self.incident_context(), self.cfg.stacks)
+        except Exception as e:  # noqa: BLE001 (a full disk must not keep the stuck actor alive)
+            folder = f"not written ({type(e).__name__}: {e})"
         _say(f"relay: {incident.line()}; incident: {folder}; {incident.action()}")
         for p in culprits:
             log.warning("watchdog: killing %s (%s, pid %d): %s", p.role, p.actor_class, p.pid, incident.action())

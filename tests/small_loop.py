@@ -142,6 +142,9 @@ class Learner:
     def lost(self, error) -> bool:
         return getattr(error, "actor_id", None) == "rank 0"
 
+    def raise_if_lost(self, error) -> None:
+        """No stand-in rank dies behind a peer's failure."""
+
     def restart(self) -> None:
         self.calls.append("restart learner")
 

@@ -23,6 +23,7 @@ def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from _cluster(cfg)
     yield from _data(cfg.data)
     yield from _env(cfg)
+    yield from _watchdog(cfg.watchdog)
 
 
 def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -285,6 +286,19 @@ def _cluster(cfg):
     for key in ("rollout_workers", "learner_ranks"):
         if getattr(c, key) < 1:
             yield f"cluster.{key}", f"must be >= 1, got {getattr(c, key)}"
+
+
+def _watchdog(w):
+    from runtime.watchdog import PHASES
+
+    for phase, seconds in w.phases_s.items():
+        if phase not in PHASES:
+            yield f"watchdog.phases_s.{phase}", f"no such phase; the phases: {', '.join(sorted(PHASES))}"
+        elif seconds <= 0:
+            yield f"watchdog.phases_s.{phase}", f"must be > 0 seconds, got {seconds}"
+    for key in ("factor", "floor_s", "first_s", "kill_grace_s", "collective_timeout_s"):
+        if getattr(w, key) <= 0:
+            yield f"watchdog.{key}", f"must be > 0, got {getattr(w, key)}"
 
 
 def _data(d, prefix: str = ""):

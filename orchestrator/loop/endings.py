@@ -21,8 +21,10 @@ def resumable(error: BaseException) -> bool:
     """A run that ended because a process is gone or stuck past its restarts (not because of what it
     computed): its checkpoints are intact, and the same command with checkpoint.resume=auto goes on."""
     from orchestrator.loop.recovery import LearnerLost
+    from rollout.weight_sync import SyncFailed
 
-    return isinstance(error, (RunHung, LearnerLost, ray.exceptions.RayActorError))
+    lost_peer = isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, SyncFailed)
+    return lost_peer or isinstance(error, (RunHung, LearnerLost, ray.exceptions.RayActorError))
 
 
 def cause(error: BaseException) -> str:

@@ -16,7 +16,7 @@ def start_gateway(workers: list, model_path: str, cfg: RolloutConfig):
     actor = ray.remote(num_cpus=0)(Gateway).remote(
         workers, model_path, cfg.endpoint, cfg.sampling, cfg.max_prompt_tokens, cfg.max_model_len
     )
-    url = ray.get(actor.url.remote())
+    url = watchdog.get(actor.url.remote())
     print(
         f"relay: agent endpoint on {url}: point an OpenAI client at {url}/episodes/<episode id>/v1, then end the "
         f'episode with POST {url}/episodes/<episode id>/reward {{"reward": r}}',

@@ -17,6 +17,7 @@ from orchestrator.loop.placement import RoleBundles, cpu_threads, one_unit_of, p
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
 from rollout.pool import PoolOptions, RolloutPool
+from runtime import watchdog
 from runtime.actors import await_ready
 from runtime.device import malloc_env
 from runtime.logprobs import SamplerSettings
@@ -158,7 +159,8 @@ class Roles:
 
     def busy(self) -> dict[str, list[float]]:
         """Each role's seconds of work so far, one per actor (step_metrics.busy_metrics)."""
-        return {"rollout": self.rollout.busy_seconds(), "scoring": [self.scoring.busy_seconds()]}
+        with watchdog.phase("busy"):
+            return {"rollout": self.rollout.busy_seconds(), "scoring": [self.scoring.busy_seconds()]}
 
     def engines_asleep(self) -> AbstractContextManager:
         """The engines asleep for the block when they share the learner's GPUs (awake again after)."""
@@ -172,6 +174,8 @@ class Roles:
         try:
             self.channel.send(version, wait=wait)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+            if not isinstance(e, ray.exceptions.RayActorError):
+                self.learner.raise_if_lost(e)  # a rank's death may reach us as its peers' failed broadcast first
             if self.learner.lost(e):  # the sender died: the loop's learner recovery, not an engine restart
                 raise
             if not isinstance(e, ray.exceptions.RayActorError) and self.rollout.restart_counts() == restarts:
@@ -198,11 +202,12 @@ class Roles:
 
     def finish_sync(self) -> None:
         """Wait for a weight sync still in flight."""
-        self.channel.wait_sent()
+        with watchdog.phase("sync"):
+            self.channel.wait_sent()
 
     def shutdown(self) -> None:
         if self.gateway is not None:
-            ray.get(self.gateway.shutdown.remote())
+            ray.wait([self.gateway.shutdown.remote()], timeout=20.0)  # a wedged gateway must not hang the exit
         self.rollout.shutdown()
         self.learner.shutdown()
         self.scoring.shutdown()

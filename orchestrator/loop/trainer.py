@@ -46,6 +46,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, parts: LoopParts | None = None):
         self.cfg, self.run_dir = cfg, Path(cfg.run_root) / cfg.name
         self.step, self.last_metrics = 0, {}
+        self.learner_rebuilds = 0  # in this process, against cluster.max_restarts (Ray's engine budget is too)
         self.watchdog = Watchdog(cfg.watchdog, self.run_dir, self._actors, self._incident_context)
         with watching(self.watchdog), self.watchdog.phase("start"):
             parts = parts or start_parts(cfg, self.run_dir)
@@ -74,7 +75,7 @@ class Trainer:
 
     def _run(self, stop: StopRequest | None, on_step: StepHook | None) -> dict:
         stop, saved_at, ended = stop or StopRequest(), None, False  # saved_at: the step this process last saved
-        with watchdog.phase("evaluate"):
+        with watchdog.phase("evaluate") if self.step == 0 else nullcontext():  # resumed: read from the run folder
             before = self.evaluator.evaluate_before(self.step)
         if self.step == 0:
             self.tracker.log_table("eval/samples", 0, self.evaluator.samples)
@@ -120,22 +121,24 @@ class Trainer:
         the run's start) in process, as a resumed run would, and rewind the records to it; the loop then
         replays the lost steps. Beyond cluster.max_restarts rebuilds: LearnerLost (resumable)."""
         while True:
-            if self.roles.learner_restarts >= self.cfg.cluster.max_restarts:
+            if self.learner_rebuilds >= self.cfg.cluster.max_restarts:  # this process's: a resume starts afresh
                 self.tracker.close()
-                raise LearnerLost(self.roles.learner_restarts, self.step, self.last_checkpoint, error) from error
+                raise LearnerLost(self.learner_rebuilds, self.step, self.last_checkpoint, error) from error
+            self.learner_rebuilds += 1
             lost_at, start = self.step, time.perf_counter()
             print(
                 f"relay: a learner rank died in step {lost_at + 1} ({type(error).__name__}); restarting the "
-                f"learner ({self.roles.learner_restarts + 1}/{self.cfg.cluster.max_restarts})",
+                f"learner ({self.learner_rebuilds}/{self.cfg.cluster.max_restarts})",
                 flush=True,
             )
             try:
-                self.roles.restart_learner()
-                self._restore_last()
+                with watchdog.phase("recover"):
+                    self.roles.restart_learner()
+                    self._restore_last()
             except ray.exceptions.RayActorError as e:
-                if not self.roles.learner.lost(e):
+                if self.roles.rollout.lost(e):
                     raise
-                error = e  # a new rank died too: try again, within the same limit
+                error = e  # a new rank died too (its handle may not be the group's yet): again, within the limit
                 continue
             took = time.perf_counter() - start
             print(f"relay: learner restored at step {self.step} in {took:.1f}s; going on from there", flush=True)
@@ -192,7 +195,7 @@ class Trainer:
         profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
         r = self.roles
         with profiled(r.actors(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
-            busy_before = r.busy()  # inside the step's phase: a stuck actor's answer has its deadline
+            busy_before = r.busy()
             with timed(t, "generate"):
                 this = self.batches.next(self.step)
             with timed(t, "score"):  # rewards
@@ -215,7 +218,8 @@ class Trainer:
             check_progress(self.counters, stats, scored, *limits)
             with timed(t, "sync"):
                 r.sync_weights(self.step + 1, self.wait_for_sync, on_restart=self.batches.relaunch_uncollected)
-            kl_coef = r.learner.update_kl(stats["kl/ref_seq"], sum(scored.valid))  # per sequence, those trained
+            with watchdog.phase("kl"):
+                kl_coef = r.learner.update_kl(stats["kl/ref_seq"], sum(scored.valid))  # per sequence, those trained
         tokens = sum(batch.model_lengths)  # sampled by the model: an episode's observation tokens are not generated
         return {
             **batch_metrics(batch, scored),

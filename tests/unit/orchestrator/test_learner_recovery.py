@@ -178,3 +178,29 @@ def test_relay_train_ends_a_lost_learner_with_the_resumable_status_and_the_comma
         f"relay train {REPO}/configs/grpo_tiny_cpu.yaml run_root={tmp_path} "
         "logging.wandb.mode=disabled checkpoint.resume=auto"
     )
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step"])
+def test_every_call_the_loop_makes_on_a_role_is_made_under_a_watched_phase(tmp_path, mode):
+    """So every wait it makes on a remote call has a deadline (runtime/watchdog.py): none outside a phase."""
+    from runtime import watchdog
+
+    t, _ = small_trainer(tmp_path, "total_steps=3", f"async_training.mode={mode}", "eval.every_n_steps=2")
+    seen = []
+
+    def watched(role, name, method):
+        def call(*args, **kwargs):
+            active = watchdog._active
+            seen.append((role, name, active.watched.name if active and active.watched else None))
+            return method(*args, **kwargs)
+
+        return call
+
+    roles = {"rollout": t.roles.rollout, "scoring": t.roles.scoring, "learner": t.roles.learner}
+    roles["channel"] = t.roles.channel
+    for role, obj in roles.items():
+        for name in [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n))]:
+            setattr(obj, name, watched(role, name, getattr(obj, name)))
+    t.run()
+    assert {(role, name) for role, name, _ in seen} >= {("rollout", "busy_seconds"), ("learner", "train")}
+    assert [call for call in seen if call[2] is None] == []

@@ -87,3 +87,45 @@ def test_a_phase_is_measured_unless_a_recovery_disturbed_it_and_a_recovery_resta
                 pass
     assert set(dog.clock.seconds) == {"update"}  # generate and its step said nothing of their next deadline
     watchdog.restart_deadline()  # without an active watchdog: nothing to do
+
+
+def test_no_phase_deadline_is_under_factor_times_the_step_p99_so_waits_for_work_launched_ahead_are_no_alarm():
+    # one_step async: generate waits ~0 s for a batch generated during the last update; after a shorter
+    # update it waits for most of a generation, which a step's duration bounds
+    clock = PhaseClock(WatchdogConfig(factor=4.0, floor_s=1.0))
+    for _ in range(10):
+        clock.record("generate", 0.01)
+        clock.record("step", 30.0)
+    assert clock.deadline("generate") == 120.0
+
+
+def test_after_a_recovery_a_phase_waits_first_s_and_no_deadline_reaches_the_collective_timeout():
+    clock = PhaseClock(WatchdogConfig(factor=5.0, floor_s=10.0, first_s=900.0, collective_timeout_s=1000.0))
+    clock.record("generate", 1.0)
+    assert clock.deadline("generate") == 10.0
+    assert clock.deadline("generate", disturbed=True) == 900.0  # batches generated again after a restart
+    clock.record("update", 400.0)
+    # 5 x 400 s would outwait the learner's collectives, which would then fail first, unnamed
+    assert clock.deadline("update") == 900.0
+    assert clock.deadline("never measured") == 900.0
+
+
+def test_incident_folders_are_numbered_on_from_an_earlier_run_of_the_same_folder(tmp_path):
+    from runtime.incidents import incident_number
+
+    assert incident_number(tmp_path) == 1
+    (tmp_path / "incidents" / "1_generate").mkdir(parents=True)
+    (tmp_path / "incidents" / "2_sync").mkdir()
+    assert incident_number(tmp_path) == 3
+
+
+def test_a_fixed_phase_deadline_must_name_a_phase_and_be_positive(tmp_path):
+    from orchestrator.config.load import ConfigError, load_config
+    from tests.helpers import REPO
+
+    preset = REPO / "configs" / "grpo_tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match="watchdog.phases_s.generation: no such phase"):
+        load_config(preset, ["watchdog.phases_s.generation=30"])
+    with pytest.raises(ConfigError, match="watchdog.phases_s.sync: must be > 0"):
+        load_config(preset, ["watchdog.phases_s.sync=0"])
+    assert load_config(preset, ["watchdog.phases_s.sync=300"]).watchdog.phases_s == {"sync": 300.0}
