@@ -2,10 +2,12 @@
 stops or dies (issue 27). Real processes, real signals, the real loop (Trainer.run):
 
     .venv/bin/python -m bench.watchdog overhead [--config configs/grpo_tiny_cpu.yaml] [--steps 12] [--pairs 3]
+        [--against /path/to/a/checkout/of/the/commit/before]
     .venv/bin/python -m bench.watchdog recovery [--config ...] [--steps 6] [--at 3] [key=value ...]
 
-overhead: runs with watchdog.enabled true and false, back to back in alternating order, same seed;
-the median seconds per step after 2 warm-up steps, and the ratio of each pair.
+overhead: `relay train` runs (each its own process and Ray) with watchdog.enabled true and false, or
+with --against this tree's default against another checkout's, back to back in alternating order, same
+seed; the median seconds per step after 2 warm-up steps, and the ratio of each pair.
 recovery: one run per failure (rollout_0 SIGSTOP, learner_0 SIGSTOP, learner_0 SIGKILL) once step --at
 is done: the seconds from the signal to the watchdog's line (detection: the phase's deadline, or
 Ray's own notice of a dead process) and until step --at + 1 is done (with a learner rebuilt, after the
@@ -20,6 +22,8 @@ import json
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,21 +59,41 @@ def run(cfg, on_step=None) -> tuple[Trainer, list[dict]]:
     return trainer, [r for r in rows if "timing/total" in r]
 
 
-def overhead(path: str, steps: int, pairs: int, overrides: list[str]) -> dict:
-    out: dict[str, list[float]] = {"on": [], "off": []}
+def overhead(path: str, steps: int, pairs: int, overrides: list[str], against: str = "") -> dict:
+    """Median s/step of runs of `path`, in alternating order: watchdog on and off in this tree, or (against:
+    another checkout, e.g. the commit before the watchdog) this tree's default against that one's."""
+    if against:
+        variants = {"this tree": (REPO, []), f"{against}": (Path(against), [])}
+    else:
+        variants = {
+            "watchdog on": (REPO, ["watchdog.enabled=true"]),
+            "watchdog off": (REPO, ["watchdog.enabled=false"]),
+        }
+    out: dict[str, list[float]] = {name: [] for name in variants}
     for pair in range(pairs):
-        for enabled in (True, False) if pair % 2 == 0 else (False, True):
-            with tempfile.TemporaryDirectory() as tmp:
-                cfg = config(path, tmp, steps, [f"watchdog.enabled={str(enabled).lower()}", *overrides])
-                _, rows = run(cfg)
-            out["on" if enabled else "off"].append(statistics.median(r["timing/total"] for r in rows[2:]))
-            print("watchdog", "on" if enabled else "off", out["on" if enabled else "off"][-1], flush=True)
-    ratios = [on / off for on, off in zip(out["on"], out["off"])]
-    print(f"\n{Path(path).stem}: median s/step over steps 3..{steps}, {pairs} pairs")
-    print("| watchdog on | watchdog off | on / off |\n|---|---|---|")
-    for on, off, r in zip(out["on"], out["off"], ratios):
-        print(f"| {on:.3f} | {off:.3f} | {r:.3f} |")
-    return {"s_per_step_on": out["on"], "s_per_step_off": out["off"], "ratio_median": statistics.median(ratios)}
+        for name in list(variants) if pair % 2 == 0 else list(variants)[::-1]:
+            tree, extra = variants[name]
+            out[name].append(train_subprocess(tree, path, steps, [*extra, *overrides]))
+            print(name, out[name][-1], flush=True)
+    first, second = list(variants)
+    ratios = [a / b for a, b in zip(out[first], out[second])]
+    print(f"\n{Path(path).stem}: median s/step over steps 3..{steps}, {pairs} pairs, alternating order")
+    print(f"| {first} | {second} | ratio |\n|---|---|---|")
+    for a, b, r in zip(out[first], out[second], ratios):
+        print(f"| {a:.3f} | {b:.3f} | {r:.3f} |")
+    return {"s_per_step": out, "ratio_median": statistics.median(ratios)}
+
+
+def train_subprocess(tree: Path, path: str, steps: int, overrides: list[str]) -> float:
+    """`relay train` of `tree`'s code (its own Ray, the model cached here); the median s/step after 2 warm-up."""
+    model = resolve_model_path(load_config(path, overrides).learner.model_path, str(REPO / "runs"))
+    with tempfile.TemporaryDirectory() as tmp:
+        base = [f"total_steps={steps}", f"run_root={tmp}", "logging.wandb.mode=disabled", "logging.progress_bar=false"]
+        command = [sys.executable, "-m", "orchestrator.cli", "train", path, *base, f"learner.model_path={model}"]
+        env = os.environ | {"PYTHONPATH": str(tree)}
+        subprocess.run(command + overrides, cwd=tree, env=env, check=True, capture_output=True)
+        rows = [json.loads(line) for line in next(Path(tmp).glob("*/metrics.jsonl")).read_text().splitlines()]
+    return statistics.median(r["timing/total"] for r in rows if "timing/total" in r and r["step"] > 2)
 
 
 def recovery(path: str, steps: int, at: int, overrides: list[str]) -> dict:
@@ -119,10 +143,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0, help="default: 12 (overhead), 6 (recovery)")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--at", type=int, default=3, help="recovery: the step after which the signal is sent")
+    p.add_argument("--against", default="", help="overhead: another checkout to compare this tree's default with")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
     if a.what == "overhead":
-        result = overhead(a.config, a.steps or 12, a.pairs, a.overrides)
+        result = overhead(a.config, a.steps or 12, a.pairs, a.overrides, a.against)
     else:
         result = recovery(a.config, a.steps or 6, a.at, a.overrides)
     print(json.dumps(result))
