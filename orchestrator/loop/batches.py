@@ -67,6 +67,8 @@ class PromptBatches:
     batches dropped as stale. Uses the rollout pool to generate, the scoring pool to score ahead,
     and `restart_rollout(error, version)` (Roles) when an engine died."""
 
+    replayable = True  # seeded by (step, draw): a learner recovery replays its steps exactly
+
     def __init__(self, cfg: TrainConfig, train: list[dict], rollout, scoring, restart_rollout):
         self.cfg, self.train = cfg, train
         self.rollout, self.scoring, self.restart_rollout = rollout, scoring, restart_rollout
@@ -185,6 +187,8 @@ class PromptBatches:
 class EndpointBatches:
     """Owns the agent endpoint's side of the loop: each step's batch is the finished episodes an agent
     program played through the endpoint (rollout/gateway.py), and the endpoint's counts."""
+
+    replayable = False  # an agent program plays new episodes: a learner recovery cannot replay steps exactly
 
     def __init__(self, cfg: TrainConfig, gateway):
         self.cfg, self.gateway = cfg, gateway

@@ -31,6 +31,8 @@ def endpoint_batch(
     """Exactly `samples` samples of finished episodes within the staleness bound at `step`, one prompt
     each (their reward is the environment source's), the examples the scoring reads for them, and
     the endpoint's counters."""
-    batch, counts = watchdog.get(gateway.take.remote(samples, timeout_s, step))
+    # its own deadline: the gateway answers within timeout_s (rollout.endpoint.wait_timeout_s), naming what
+    # it waited for; an agent program may legitimately take longer than the measured phases would allow
+    batch, counts = ray.get(gateway.take.remote(samples, timeout_s, step), timeout=timeout_s + 120.0)
     examples = [{"prompt": "", "answer": "", "metadata": {}} for _ in range(len(batch))]
     return batch, examples, counts

@@ -21,10 +21,16 @@ class LearnerLost(RuntimeError):
     """The learner died once more than cluster.max_restarts allows, in step `step` + 1; the run is
     resumable from `checkpoint`, its last (None: it had none, so checkpoint.resume=auto starts anew)."""
 
-    def __init__(self, restarts: int, step: int, checkpoint: os.PathLike | None, cause: BaseException):
+    def __init__(
+        self, restarts: int, step: int, checkpoint: os.PathLike | None, cause: BaseException, replayable: bool = True
+    ):
         self.restarts, self.step, self.checkpoint = restarts, step, checkpoint
         where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint (a resumed run starts from step 0)"
+        why = (
+            f"after {restarts} learner restarts (cluster.max_restarts: {restarts})"
+            if replayable
+            else "with the agent endpoint, whose episodes cannot be replayed in process"
+        )
         super().__init__(
-            f"a learner rank died in step {step + 1} ({type(cause).__name__}) after {restarts} learner "
-            f"restarts (cluster.max_restarts: {restarts}); the run's last is {where}"
+            f"a learner rank died in step {step + 1} ({type(cause).__name__}) {why}; the run's last is {where}"
         )

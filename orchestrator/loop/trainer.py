@@ -121,9 +121,12 @@ class Trainer:
         the run's start) in process, as a resumed run would, and rewind the records to it; the loop then
         replays the lost steps. Beyond cluster.max_restarts rebuilds: LearnerLost (resumable)."""
         while True:
-            if self.learner_rebuilds >= self.cfg.cluster.max_restarts:  # this process's: a resume starts afresh
+            # this process's rebuilds (a resume starts afresh); the endpoint's episodes cannot be replayed, but a
+            # resumed run, whose endpoint starts empty, samples them anew from the restored policy
+            if self.learner_rebuilds >= self.cfg.cluster.max_restarts or not self.batches.replayable:
                 self.tracker.close()
-                raise LearnerLost(self.learner_rebuilds, self.step, self.last_checkpoint, error) from error
+                replayable = self.batches.replayable
+                raise LearnerLost(self.learner_rebuilds, self.step, self.last_checkpoint, error, replayable) from error
             self.learner_rebuilds += 1
             lost_at, start = self.step, time.perf_counter()
             print(

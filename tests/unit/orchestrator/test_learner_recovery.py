@@ -110,6 +110,16 @@ def test_a_learner_that_keeps_dying_ends_the_run_resumable_after_max_restarts(tm
     assert [r["step"] for r in rows(t.run_dir / "metrics.jsonl")] == [1]
 
 
+def test_with_a_batch_source_that_cannot_replay_a_learner_death_ends_the_run_resumable(tmp_path, fake_wandb):
+    # the agent endpoint's episodes are new ones on every pass: a replay would train on samples from the future
+    t, calls = dying_trainer(tmp_path, {2}, "checkpoint.every_n_steps=1")
+    t.batches.replayable = False
+    with pytest.raises(LearnerLost) as e:
+        t.run()
+    assert "restart learner" not in calls and e.value.step == 2
+    assert "with the agent endpoint, whose episodes cannot be replayed in process" in str(e.value)
+
+
 def test_a_learner_death_in_the_weight_sync_goes_to_the_learner_not_to_an_engine_restart(tmp_path):
     t, calls = small_trainer(tmp_path, "total_steps=3")
     sent = []
