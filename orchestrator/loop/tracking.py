@@ -84,7 +84,7 @@ class Tracker:
             self._to_wandb({name: wandb.Image(str(path))}, step)
 
     def _to_wandb(self, data: dict, step: int) -> None:
-        if self.wandb is not None and self.wandb_has.new(step):
+        if self.wandb is not None and self.wandb_has.new(step, "timing/total" in data):
             self.wandb.log(data, step=step)
             self.wandb_has.logged(step)
 
@@ -111,7 +111,9 @@ class WandbSteps:
     """Which steps the wandb run holds, so each step goes to it once: wandb drops a log to a step below
     its current one (with a warning) and merges one to its current step into that step's row. After an
     in-process rewind (Tracker.rewind), the replayed steps up to the last one logged are its already:
-    they are not logged again (their numbers are the same but for the clock readings). A resumed run's
+    they are not logged again (their numbers are the same but for the clock readings), but for what
+    only comes after the training row at the last one (wandb's current step, which takes logs merged
+    into its row): the final evaluation, when the replay ended at the last step. A resumed run's
     wandb run starts after its checkpoint's step (start_wandb rewinds it; offline too: wandb 0.31 sets
     its starting step to the rewind's step + 1), and nothing of the resumed run is logged at or below it."""
 
@@ -119,8 +121,10 @@ class WandbSteps:
         self.last = -1  # the last step logged
         self.held = -1  # steps up to this one are the wandb run's already (replayed ones are not logged)
 
-    def new(self, step: int) -> bool:
-        return step > self.held
+    def new(self, step: int, training_row: bool = False) -> bool:
+        # the last step wandb holds is its current one, which still takes logs (merged into its row): the
+        # final evaluation after a replay that ended at the last step gets there, its training row once
+        return step > self.held or (step == self.held and not training_row)
 
     def logged(self, step: int) -> None:
         self.last = max(self.last, step)

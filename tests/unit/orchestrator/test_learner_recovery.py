@@ -33,10 +33,12 @@ def test_wandb_gets_a_replayed_step_only_beyond_the_ones_it_has():
         assert steps.new(s)
         steps.logged(s)
     steps.replaying()  # rewound to step 1: steps 2 and 3 are replayed
-    assert [s for s in (2, 3, 4) if steps.new(s)] == [4]
+    assert [s for s in (2, 3, 4) if steps.new(s, training_row=True)] == [4]
+    # wandb's current step (3) still takes what comes after its training row: a final evaluation
+    assert [s for s in (2, 3, 4) if steps.new(s)] == [3, 4]
     steps.logged(4)
     steps.replaying()  # a second rewind, to step 3
-    assert not steps.new(4) and steps.new(5)
+    assert not steps.new(4, training_row=True) and steps.new(5, training_row=True)
 
 
 class DyingLearner(Learner):
@@ -214,3 +216,30 @@ def test_every_call_the_loop_makes_on_a_role_is_made_under_a_watched_phase(tmp_p
     t.run()
     assert {(role, name) for role, name, _ in seen} >= {("rollout", "busy_seconds"), ("learner", "train")}
     assert [call for call in seen if call[2] is None] == []
+
+
+class DyingInLastSave(Learner):
+    """The learner group whose rank 0 dies once, saving the run's last checkpoint (step_4)."""
+
+    def __init__(self, calls):
+        super().__init__(calls)
+        self.died = False
+
+    def save(self, path):
+        if path.parent.name == "step_4.tmp" and not self.died:
+            self.died = True
+            raise ray.exceptions.RayActorError("rank 0")
+        return super().save(path)
+
+
+def test_after_a_death_in_the_last_save_the_final_evaluation_still_reaches_wandb_and_each_row_once(
+    tmp_path, fake_wandb
+):
+    t, calls = small_trainer(tmp_path, "total_steps=4", "checkpoint.every_n_steps=2", "logging.wandb.mode=offline")
+    t.roles.learner = DyingInLastSave(calls)
+    t.run()
+    logged = fake_wandb.run.calls
+    assert [step for data, step in logged if "timing/total" in data] == [1, 2, 3, 4]
+    final = [data for data, step in logged if step == 4 and "timing/total" not in data]
+    assert any(k.startswith("eval/") for data in final for k in data)
+    assert [r["step"] for r in rows(t.run_dir / "metrics.jsonl") if "timing/total" in r] == [1, 2, 3, 4]
