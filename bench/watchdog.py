@@ -47,18 +47,6 @@ def config(path: str, run_root: str, steps: int, overrides: list[str]):
     return cfg
 
 
-def run(cfg, on_step=None) -> tuple[Trainer, list[dict]]:
-    """Run `cfg` to its end; returns the trainer (shut down) and its per-step rows."""
-    trainer = Trainer(cfg)
-    try:
-        trainer.run(on_step=on_step)
-    finally:
-        trainer.shutdown()
-        ray.shutdown()
-    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return trainer, [r for r in rows if "timing/total" in r]
-
-
 def overhead(path: str, steps: int, pairs: int, overrides: list[str], against: str = "") -> dict:
     """Median s/step of runs of `path`, in alternating order: watchdog on and off in this tree, or (against:
     another checkout, e.g. the commit before the watchdog) this tree's default against that one's."""

@@ -17,6 +17,7 @@ from learner.engine import RankAddress
 from learner.worker import Learner, node_address
 from rollout.weight_sync import encode_plan
 from runtime import watchdog
+from runtime.actors import died_among
 from runtime.device import malloc_env
 from runtime.logprobs import SamplerSettings
 
@@ -136,8 +137,7 @@ class LearnerGroup:
 
     def lost(self, error: BaseException) -> bool:
         """Whether `error` (ray.exceptions.RayActorError) reports one of this group's ranks dead or unreachable."""
-        died = getattr(error, "actor_id", None)
-        return isinstance(error, ray.exceptions.RayActorError) and died in {r._actor_id.hex() for r in self.ranks}
+        return died_among(error, self.ranks)
 
     def raise_if_lost(self, error: BaseException, timeout_s: float = 10.0) -> None:
         """Raise the RayActorError of a rank that is gone (`error`, a peer's failure, as its cause); a rank

@@ -17,7 +17,7 @@ from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import TensorMeta, encode_plan
 from rollout.worker import RolloutWorker
 from runtime import watchdog
-from runtime.actors import actor_options, busy_seconds, restart_count
+from runtime.actors import actor_options, busy_seconds, died_among, restart_count
 from runtime.device import collective_backend, malloc_env
 
 
@@ -142,8 +142,7 @@ class RolloutPool:
 
     def lost(self, error: BaseException) -> bool:
         """Whether `error` (ray.exceptions.RayActorError) reports one of this pool's engines dead or unreachable."""
-        died = getattr(error, "actor_id", None)
-        return isinstance(error, ray.exceptions.RayActorError) and died in {w._actor_id.hex() for w in self.workers}
+        return died_among(error, self.workers)
 
     def restart_counts(self) -> list[int]:
         """How often Ray has restarted each engine (a killed one shows here before its calls fail)."""

@@ -53,11 +53,22 @@ def await_ready(actors: list, timeout_s: float = 300.0) -> None:
     watchdog.restart_deadline()  # the restart took the phase's time, not the work waited for after it
 
 
+def actor_table(actor) -> dict:
+    """The cluster's actor table entry of the actor (its State, NumRestarts, Pid, Address, ...)."""
+    return ray._private.state.actors(actor._actor_id.hex()) or {}
+
+
 def ray_state(actor) -> str:
-    """Ray's state of the actor (ALIVE, RESTARTING, DEAD: gone for good), from the cluster's actor table."""
-    return (ray._private.state.actors(actor._actor_id.hex()) or {}).get("State", "")
+    """Ray's state of the actor (ALIVE, RESTARTING, DEAD: gone for good)."""
+    return actor_table(actor).get("State", "")
 
 
 def restart_count(actor) -> int:
     """How often Ray has restarted the actor so far."""
-    return int((ray._private.state.actors(actor._actor_id.hex()) or {}).get("NumRestarts", 0))
+    return int(actor_table(actor).get("NumRestarts", 0))
+
+
+def died_among(error: BaseException, actors: list) -> bool:
+    """Whether `error` (ray.exceptions.RayActorError) reports one of `actors` dead or unreachable."""
+    died = getattr(error, "actor_id", None)
+    return isinstance(error, ray.exceptions.RayActorError) and died in {a._actor_id.hex() for a in actors}
