@@ -11,17 +11,18 @@ from rollout.config import RolloutConfig, SamplingConfig
 
 log = logging.getLogger(__name__)
 
+PLAIN_LINEAR_ENV = "RELAY_CPU_PLAIN_LINEAR"
+
 
 def engine_env(cfg: RolloutConfig, threads: int, gpu: bool) -> dict[str, str]:
     """Environment a worker process needs before vLLM is imported."""
     env = {
-        # Run the engine core inside the worker's own process: the Ray actor is already a process of
-        # its own, and collective_rpc then hands tensors over without serialising them.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_space_gb),
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     }
+    if not gpu and cfg.cpu_plain_linear:
+        env[PLAIN_LINEAR_ENV] = "1"  # read where vLLM loads the model: rollout.vllm_ext, in the engine's processes
     if threads > 0:
         env["OMP_NUM_THREADS"] = str(threads)
     if cfg.tensor_parallel_size > 1 and not gpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
@@ -48,15 +49,14 @@ def make_engine(
     sleep_mode: bool = False,
     step_samples: int = 0,
 ):
-    """`device`: the worker's (runtime.device.process_device); sleep mode needs a GPU. `step_samples`:
-    this worker's share of a step's samples (RolloutPool), decoded in one wave on CPU."""
-    from vllm import LLM  # imported late: the environment above must be in place first
+    """An AsyncLLM (its engine core in a child process of the worker). `device`: the worker's
+    (runtime.device.process_device); sleep mode needs a GPU. `step_samples`: this worker's share of a
+    step's samples (RolloutPool), decoded in one wave on CPU."""
+    # imported late: the environment above must be in place first
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
 
     gpu = device.type == "cuda"
-    if not gpu and cfg.cpu_plain_linear:
-        from rollout.vllm_ext import use_plain_cpu_linear
-
-        use_plain_cpu_linear()
     if gpu:
         extra = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": sleep_mode}
     else:
@@ -64,7 +64,7 @@ def make_engine(
         # discarded, and vLLM then rewinds the request's seeded generator, which a CPU generator
         # cannot do ("CPU Generator does not use offset"). Whole prompts per step avoid it.
         extra = {"enable_chunked_prefill": False}
-    return LLM(
+    args = AsyncEngineArgs(
         model=model_path,
         dtype=cfg.dtype,
         enforce_eager=cfg.enforce_eager,
@@ -76,8 +76,10 @@ def make_engine(
         logprobs_mode="processed_logprobs",
         **engine_batch(cfg, gpu, step_samples),
         enable_prefix_caching=cfg.enable_prefix_caching,
+        disable_log_stats=True,  # relay reports its own throughput
         **extra,
     )
+    return AsyncLLM.from_engine_args(args)
 
 
 def engine_batch(cfg: RolloutConfig, gpu: bool, step_samples: int) -> dict:

@@ -8,6 +8,7 @@ the action mask, so the learner gives them no gradient and no KL.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -134,11 +135,12 @@ def start_episodes(
     return episodes, skipped
 
 
-def play(
-    llm, tokenizer, episodes: list[Episode], sampling: SamplingConfig, greedy: bool, env: EnvConfig, max_tokens: int
+async def play(
+    engine, tokenizer, episodes: list[Episode], sampling: SamplingConfig, greedy: bool, env: EnvConfig, max_tokens: int
 ) -> None:
-    """Up to env.max_turns turns of every episode: all live episodes' turns in one engine call, then
-    all their environment steps at once under the step deadline."""
+    """Up to env.max_turns turns of every episode: all live episodes' turns in one call of `engine`
+    (rollout.async_engine.AsyncEngine), then all their environment steps at once under the step
+    deadline, in a thread (the worker's event loop serves other calls meanwhile)."""
     one = dataclasses.replace(sampling, n_samples_per_prompt=1)
     for turn in range(env.max_turns):
         live = [e for e in episodes if not e.done]
@@ -153,9 +155,10 @@ def play(
             )
             for e in live
         ]
-        outputs = llm.generate([{"prompt_token_ids": e.prompt_ids + e.ids} for e in live], params, use_tqdm=False)
+        outputs = await engine.generate([e.prompt_ids + e.ids for e in live], params)
         actions = [take_turn(e, out.outputs[0], tokenizer, max_tokens) for e, out in zip(live, outputs)]
-        outcomes = call_all([(e.env.step, (a,)) for e, a in zip(live, actions)], env.step_timeout_s)
+        steps = [(e.env.step, (a,)) for e, a in zip(live, actions)]
+        outcomes = await asyncio.to_thread(call_all, steps, env.step_timeout_s)
         for e, outcome in zip(live, outcomes):
             observe(e, step_result(outcome), tokenizer, env.observation_role, max_tokens, turn == env.max_turns - 1)
 

@@ -92,9 +92,8 @@ class RolloutPool:
             )
             if options.scheduling:
                 ray_options["scheduling_strategy"] = options.scheduling[i]
-            actor = ray.remote(concurrency_groups={"stats": 1})(RolloutWorker).options(
-                **ray_options
-            )  # busy_seconds answers mid-generate
+            # an async actor (its methods are coroutines): calls share the engine, busy_seconds answers mid-generate
+            actor = ray.remote(RolloutWorker).options(**ray_options)
             share = -(-options.step_samples // num_workers)
             self.workers.append(actor.remote(cfg, model_path, seed, threads, options.sleep_mode, share, env))
         watchdog.get([w.ready.remote() for w in self.workers])

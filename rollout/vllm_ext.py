@@ -8,6 +8,7 @@ vLLM refuses extension attributes that collide with its own (e.g. `update_weight
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -118,10 +119,17 @@ def use_plain_cpu_linear() -> None:
     """On CPU, vLLM repacks linear and lm_head weights into oneDNN/SGL handles at load time; on some
     CPUs a later in-place reload then leaves the old packed weights in the matmuls, silently. Keep
     the plain F.linear path so the parameters a reload writes are the ones every matmul reads.
-    Must run before the engine loads its model (both call sites import the dispatcher lazily)."""
+    Must run before the engine loads its model (both call sites import the dispatcher lazily): at the
+    import of this module, where rollout.engine.engine_env asked for it."""
     from vllm.model_executor.layers import utils as layer_utils
 
     def plain(layer: torch.nn.Module, remove_weight: bool) -> None:
         layer.cpu_linear = torch.nn.functional.linear
 
     layer_utils.dispatch_cpu_unquantized_gemm = plain
+
+
+# vLLM imports this module in each of an engine's worker processes (worker_extension_cls) before it
+# loads the model: the engine core's child process, and every CPU tensor-parallel worker
+if os.environ.get("RELAY_CPU_PLAIN_LINEAR") == "1":
+    use_plain_cpu_linear()

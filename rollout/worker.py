@@ -1,15 +1,18 @@
-"""RolloutWorker: one vLLM engine in its own process (a Ray actor), called by method."""
+"""RolloutWorker: one vLLM engine (AsyncLLM) behind a Ray actor, called by method.
+
+The actor is asynchronous: calls run concurrently on its event loop and share the engine's batch
+(rollout/async_engine.py), and the engine's core runs in a child process of the actor."""
 
 from __future__ import annotations
 
 import logging
 import os
 
-import ray
 import torch
 
 from envs.config import EnvConfig
 from envs.registry import make_factory
+from rollout.async_engine import AsyncEngine, token_versions
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import completion_text, engine_env, make_engine, sampled_logprobs, sampling_params
 from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
@@ -42,11 +45,11 @@ class RolloutWorker(Profiled, Busy):
         self.device = process_device()
         os.environ.update(engine_env(cfg, threads, self.device.type == "cuda"))
         self.cfg, self.seed = cfg, seed  # the run seed
-        self.llm = make_engine(cfg, model_path, stream_seed(seed, "engine"), self.device, sleep_mode, step_samples)
-        self.tokenizer = self.llm.get_tokenizer()
+        self.engine = AsyncEngine(
+            make_engine(cfg, model_path, stream_seed(seed, "engine"), self.device, sleep_mode, step_samples)
+        )
+        self.tokenizer = self.engine.llm.get_tokenizer()
         self.asleep = False
-        self.prefix_stale = False
-        self.version = 0  # policy version of the weights held: weight syncs received (0 = the initial model)
         # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
         # weight_loader after loading, so those engines take vLLM's reload path.
         self.direct_load = self.device.type == "cuda" or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
@@ -58,7 +61,7 @@ class RolloutWorker(Profiled, Busy):
     def get_device(self) -> torch.device:
         return self.device
 
-    def generate(
+    async def generate(
         self,
         prompts: list[Prompt],
         step: int,
@@ -76,23 +79,15 @@ class RolloutWorker(Profiled, Busy):
         with self.working():
             key = (step, draw)
             if self.env is not None:
-                batch = self._episodes(prompts, tasks, key, first_index, greedy, sampling or self.cfg.sampling)
-            else:
-                batch = self._generate(prompts, key, first_index, greedy, sampling or self.cfg.sampling)
-        batch.version_first, batch.version_last = (
-            [self.version] * len(batch),
-            [self.version] * len(batch),
-        )  # new weights come between calls
-        return batch
+                return await self._episodes(prompts, tasks, key, first_index, greedy, sampling or self.cfg.sampling)
+            return await self._generate(prompts, key, first_index, greedy, sampling or self.cfg.sampling)
 
-    @ray.method(concurrency_group="stats")
     def busy_seconds(self) -> float:
         return Busy.busy_seconds(self)
 
-    def _generate(
+    async def _generate(
         self, prompts: list[Prompt], key: tuple[int, int], first_index: int, greedy: bool, sampling: SamplingConfig
     ) -> RolloutBatch:
-        self._reset_stale_prefix()
         requests, params, kept, skipped = [], [], [], []
         for offset, prompt in enumerate(prompts):
             index = first_index + offset
@@ -101,24 +96,32 @@ class RolloutWorker(Profiled, Busy):
                 log.warning("rollout: skipping prompt %d: %s", index, reason)
                 skipped.append((index, reason))
                 continue
-            requests.append({"prompt_token_ids": ids})
+            requests.append(ids)
             params.append(sampling_params(sampling, self._request_seed(sampling, key, index), greedy))
             kept.append(index)
-        outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []
+        outputs = await self.engine.generate(requests, params)
         batch = RolloutBatch([], [], [], [], [], [], skipped)
         for index, request, out in zip(kept, requests, outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 batch.prompt_index.append(index)
-                batch.prompt_ids.append(request["prompt_token_ids"])
+                batch.prompt_ids.append(request)
                 batch.response_ids.append(list(c.token_ids))
                 batch.logprobs.append(sampled_logprobs(c))
                 batch.response_text.append(c.text)
                 batch.finish_reason.append("length" if c.finish_reason == "length" else "stop")
+                versions = token_versions(c) or [self.version]
+                batch.version_first.append(versions[0])
+                batch.version_last.append(versions[-1])
         if not sampling.stop:  # not detokenized by vLLM (engine.sampling_params): one batch decode, as vLLM would
             batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
 
-    def _episodes(
+    @property
+    def version(self) -> int:
+        """The policy version of the weights held: weight syncs received (0 = the initial model)."""
+        return self.engine.version
+
+    async def _episodes(
         self,
         prompts: list[Prompt],
         tasks: list[dict] | None,
@@ -129,9 +132,9 @@ class RolloutWorker(Profiled, Busy):
     ) -> RolloutBatch:
         if tasks is None or len(tasks) != len(prompts):
             raise ValueError(f"env {self.env.name}: every prompt needs its task (answer, metadata) to reset an episode")
-        self._reset_stale_prefix()
         samples = 1 if greedy else sampling.n_samples_per_prompt
         step, draw = key
+        first_version = self.version
         episodes, skipped = start_episodes(
             self.env_factory,
             PromptShard(prompts, tasks, first_index),
@@ -144,8 +147,8 @@ class RolloutWorker(Profiled, Busy):
             self.cfg,
             self.env.step_timeout_s,
         )
-        play(
-            self.llm,
+        await play(
+            self.engine,
             self.tokenizer,
             episodes,
             sampling,
@@ -153,15 +156,17 @@ class RolloutWorker(Profiled, Busy):
             self.env,
             self.env.response_tokens(sampling.max_new_tokens),
         )
-        return to_batch(episodes, skipped)
+        batch = to_batch(episodes, skipped)
+        batch.version_first, batch.version_last = [first_version] * len(batch), [self.version] * len(batch)
+        return batch
 
-    def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:
+    async def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:
         """One completion per token-id prompt, each with its own sampling (the agent endpoint's calls,
         rollout/gateway.py): [(token ids, logprobs, text, finish reason)] and the policy version."""
         with self.working():
-            self._reset_stale_prefix()
+            version = self.version
             params = [sampling_params(s, s.seed) for s in sampling]
-            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+            outputs = await self.engine.generate(prompt_ids, params)
         out = [
             (
                 list(c.token_ids),
@@ -171,7 +176,7 @@ class RolloutWorker(Profiled, Busy):
             )
             for c in (o.outputs[0] for o in outputs)
         ]
-        return out, self.version
+        return out, version
 
     def _request_seed(self, sampling: SamplingConfig, key: tuple[int, int], index: int) -> int:
         """The run seed's sampling stream, or rollout.sampling.seed's where it overrides the run seed;
@@ -179,65 +184,59 @@ class RolloutWorker(Profiled, Busy):
         step, draw = key
         return request_seed(self.seed if sampling.seed is None else sampling.seed, step, index, draw)
 
-    def _reset_stale_prefix(self) -> None:
-        if self.prefix_stale:  # cached KV was computed with the old weights; reset here, off the sync's clock
-            self.llm.reset_prefix_cache()
-            self.prefix_stale = False
-
     # ---- weights: see rollout/weight_sync.py for the protocol
-    def init_weight_sync(
+    async def init_weight_sync(
         self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float = 300.0
     ) -> None:
         """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
-        self.llm.collective_rpc("relay_init_sync", args=(host, port, first_rank, world_size, backend, timeout_s))
+        await self.engine.rpc("relay_init_sync", (host, port, first_rank, world_size, backend, timeout_s))
 
-    def receive_weights(self, plan: bytes, version: int | None = None) -> int:
+    async def receive_weights(self, plan: bytes, version: int | None = None) -> int:
         """plan: weight_sync.encode_plan(buckets), as the sender's; version: the policy version these
-        weights are (None: unchanged, for tests and benchmarks)."""
-        loaded = self.llm.collective_rpc("relay_receive_weights", args=(plan, self.direct_load))[0]
-        self._loaded(version)
+        weights are (None: unchanged, for tests and benchmarks). Taken between calls: after the calls
+        already running on the engine, before the ones that come after."""
+        async with self.engine.weights_between_calls():
+            loaded = (await self.engine.rpc("relay_receive_weights", (plan, self.direct_load)))[0]
+            await self._loaded(version)
         return loaded
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int | None = None) -> int:
-        """In-process / same-node path: tensors arrive through Ray's shared-memory object store
-        (CPU), or as CUDA IPC handles rebuilt by the caller (GPU), and load without a collective."""
-        loaded = self.llm.collective_rpc("relay_load_weights", args=(named_tensors, self.direct_load))[0]
-        self._loaded(version)
+    async def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int | None = None) -> int:
+        """Same-node path: tensors arrive through Ray's shared-memory object store and go to the engine's
+        process by vLLM's RPC (CPU), or as CUDA IPC handles rebuilt by the caller (GPU)."""
+        async with self.engine.weights_between_calls():
+            loaded = (await self.engine.rpc("relay_load_weights", (named_tensors, self.direct_load)))[0]
+            await self._loaded(version)
         return loaded
 
-    def _loaded(self, version: int | None) -> None:
-        self.prefix_stale = True
+    async def _loaded(self, version: int | None) -> None:
         if version is not None:
-            self.version = version
+            await self.engine.set_version(version)
 
-    def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
+    async def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""
-        return self.llm.collective_rpc("relay_routes")[0]
+        return (await self.engine.rpc("relay_routes"))[0]
 
-    def weight_checksum(self) -> float:
-        return self.llm.collective_rpc("relay_weight_checksum")[0]
+    async def weight_checksum(self) -> float:
+        return (await self.engine.rpc("relay_weight_checksum"))[0]
 
     # ---- lifecycle
-    def sleep(self) -> int:
+    async def sleep(self) -> int:
         """Free device memory for a colocated learner (vLLM sleep level 1: weights offloaded to
         host memory, KV cache dropped); returns the bytes freed on the device (0 on CPU)."""
         if self.device.type != "cuda":
             return 0
         free_before = torch.cuda.mem_get_info()[0]
-        self.llm.sleep(level=1)
+        await self.engine.llm.sleep(level=1)
         self.asleep = True
         freed = torch.cuda.mem_get_info()[0] - free_before
         log.info("rollout: asleep, %.2f GiB freed on the GPU", freed / 2**30)
         return freed
 
-    def wake_up(self) -> None:
+    async def wake_up(self) -> None:
         if self.device.type != "cuda":
             return
-        self.llm.wake_up()
+        await self.engine.llm.wake_up()
         self.asleep = False
 
     def shutdown(self) -> None:
-        engine = getattr(self.llm, "llm_engine", None)
-        if engine is not None and hasattr(engine, "engine_core"):
-            engine.engine_core.shutdown()
-        del self.llm
+        self.engine.llm.shutdown()

@@ -68,7 +68,8 @@ class Busy:
     The trainer turns it into each role's busy and idle share of a step."""
 
     _busy_total = 0.0
-    _busy_since: float | None = None
+    _busy_since: float | None = None  # the start of the current busy span: calls may overlap (an async actor)
+    _busy_calls = 0
     _threads = 0  # torch threads the actor set up (keep_threads), for every thread it works in
 
     def keep_threads(self, threads: int = 0) -> None:
@@ -82,12 +83,16 @@ class Busy:
     def working(self):
         if self._threads:
             torch.set_num_threads(self._threads)
-        self._busy_since = time.monotonic()
+        if self._busy_calls == 0:
+            self._busy_since = time.monotonic()
+        self._busy_calls += 1
         try:
             yield
         finally:
-            self._busy_total += time.monotonic() - self._busy_since
-            self._busy_since = None
+            self._busy_calls -= 1
+            if self._busy_calls == 0:
+                self._busy_total += time.monotonic() - self._busy_since
+                self._busy_since = None
 
     def busy_seconds(self) -> float:
         since = self._busy_since

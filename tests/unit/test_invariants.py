@@ -8,6 +8,7 @@ and "episode" (the same, with observation tokens inside the responses masked out
 RolloutBatch.action_mask makes them). Masked positions hold garbage (inf, nan, huge numbers).
 """
 
+import asyncio
 import itertools
 import json
 import math
@@ -399,10 +400,16 @@ def env_reset_seeds(worker) -> list[int]:
             return None, 0.0, True, {}
 
     done = SimpleNamespace(token_ids=[5], logprobs=[{5: SimpleNamespace(logprob=-0.5)}], finish_reason="stop", text="")
-    worker.llm = SimpleNamespace(generate=lambda requests, *a, **k: [SimpleNamespace(outputs=[done]) for _ in requests])
-    worker.cfg, worker.prefix_stale, worker.tokenizer = RolloutConfig(max_prompt_tokens=16), False, char_tokenizer()
+
+    async def generate(prompt_ids, params):
+        return [SimpleNamespace(outputs=[done]) for _ in prompt_ids]
+
+    worker.engine = SimpleNamespace(generate=generate, version=0)
+    worker.cfg, worker.tokenizer = RolloutConfig(max_prompt_tokens=16), char_tokenizer()
     worker.env, worker.env_factory = EnvConfig(name="records", max_turns=1), Records
-    worker._episodes(["1+1="] * 3, [{"answer": "2"}] * 3, (1, 8), 0, False, SamplingConfig(n_samples_per_prompt=2))
+    asyncio.run(
+        worker._episodes(["1+1="] * 3, [{"answer": "2"}] * 3, (1, 8), 0, False, SamplingConfig(n_samples_per_prompt=2))
+    )
     return seen
 
 

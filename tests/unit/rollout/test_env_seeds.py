@@ -2,6 +2,7 @@
 plays other draws under another run seed, the same ones under the same seed, and its own per episode.
 Through the real RolloutWorker._episodes on a scripted engine."""
 
+import asyncio
 import random
 from types import SimpleNamespace
 
@@ -26,11 +27,15 @@ class Dice(Environment):
 
 
 class Engine:
-    def generate(self, requests, params, use_tqdm=False):
+    """Stands in for rollout.async_engine.AsyncEngine."""
+
+    version = 0
+
+    async def generate(self, prompt_ids, params):
         done = SimpleNamespace(
             token_ids=[5], logprobs=[{5: SimpleNamespace(logprob=-0.5)}], finish_reason="stop", text=""
         )
-        return [SimpleNamespace(outputs=[done]) for _ in requests]
+        return [SimpleNamespace(outputs=[done]) for _ in prompt_ids]
 
 
 def env_draws(run_seed: int, key=(0, 1)) -> list[int]:
@@ -38,12 +43,11 @@ def env_draws(run_seed: int, key=(0, 1)) -> list[int]:
 
     worker = object.__new__(RolloutWorker)
     sampling = SamplingConfig(max_new_tokens=4, n_samples_per_prompt=2)
-    worker.seed, worker.cfg, worker.llm = run_seed, RolloutConfig(max_prompt_tokens=16), Engine()
-    worker.prefix_stale = False
+    worker.seed, worker.cfg, worker.engine = run_seed, RolloutConfig(max_prompt_tokens=16), Engine()
     worker.env, worker.env_factory = EnvConfig(name="dice", max_turns=1), Dice
     worker.tokenizer = char_tokenizer(DEFAULT_ALPHABET)
     DRAWS.clear()
-    worker._episodes(["1+1=", "1+1="], [{"answer": "2"}] * 2, key, 0, False, sampling)
+    asyncio.run(worker._episodes(["1+1=", "1+1="], [{"answer": "2"}] * 2, key, 0, False, sampling))
     return list(DRAWS)
 
 

@@ -3,6 +3,7 @@
 and only a spent token budget counts as clipped (running out of turns does not). The real loop
 (rollout.episodes.play) on a scripted engine."""
 
+import asyncio
 from types import SimpleNamespace
 
 from envs.base import Environment
@@ -19,15 +20,15 @@ TURNS = {"solve": ["call 1+2", "3"], "ramble": ["hmm", "hmm"], "cut": ["abcdefgh
 
 
 class ScriptedEngine:
-    """llm.generate for play(): each episode's next scripted turn, EOS-closed unless it fills max_tokens."""
+    """AsyncEngine.generate for play(): each episode's next scripted turn, EOS-closed unless it fills max_tokens."""
 
     def __init__(self, tok):
         self.tok = tok
 
-    def generate(self, requests, params, use_tqdm=False):
+    async def generate(self, prompt_ids, params):
         outs = []
-        for request, p in zip(requests, params):
-            prompt = self.tok.decode(request["prompt_token_ids"])
+        for ids, p in zip(prompt_ids, params):
+            prompt = self.tok.decode(ids)
             name = next(n for n in TURNS if n in prompt)
             text = TURNS[name][prompt.count("<|assistant|>") - 1]  # one generation prompt per turn so far
             ids = self.tok.encode(text, add_special_tokens=False)[: p.max_tokens]
@@ -61,7 +62,7 @@ def play_batch():
         Tool, PromptShard(prompts, [{}] * 3), 1, EpisodeSeeds(lambda i: i, lambda i, k: 0), tok, cfg, 5.0
     )
     env = EnvConfig(name="tool", max_turns=2, max_episode_tokens=60, step_timeout_s=5.0, observation_role="tool")
-    play(ScriptedEngine(tok), tok, episodes, cfg.sampling, False, env, env.response_tokens(10))
+    asyncio.run(play(ScriptedEngine(tok), tok, episodes, cfg.sampling, False, env, env.response_tokens(10)))
     return to_batch(episodes, []), tok
 
 
