@@ -10,6 +10,11 @@ of two ways (`weights_between_calls` and `weights_in_flight`):
 
 A call that finds the engine idle adds all its requests while the scheduler is held, so they enter
 the batch together as `LLM.generate`'s do: a sync-mode step decodes the same batches, bit for bit.
+
+Ray runs an async actor's calls out of order, so the order the driver meant travels with them: the
+pool numbers its weight syncs (`serial`); a call says after which sync it was sent, and waits for it;
+a sync says how many calls were sent to this engine since the sync before, and (between calls) waits
+for them to arrive and finish.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import Counter
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +34,7 @@ def token_versions(completion) -> list[int]:
     engine started with: version 0, the initial model, which a restarted engine holds too)."""
     n_tokens = len(completion.token_ids)
     versions = [0] * n_tokens
-    for span in completion.weight_versions or []:
+    for span in getattr(completion, "weight_versions", None) or []:  # absent: a stand-in engine's
         v = 0 if span.version in (None, "default") else int(span.version)
         for t in range(max(span.start, 0), min(span.end, n_tokens)):
             versions[t] = v
@@ -42,10 +48,14 @@ class AsyncEngine:
     def __init__(self, llm):
         self.llm = llm
         self.version = 0
+        self.serial = 0  # the last weight sync taken, by the pool's numbering
         self._ids = itertools.count()
-        self._running = 0  # calls whose requests are in the engine
+        self._running = 0  # the worker's calls under way
+        self._arrived: Counter[int] = Counter()  # calls admitted, by the sync they were sent after
+        self._decoding = 0  # generate calls whose requests are in the engine
         self._updating = False  # an update between calls holds new calls back
         self._changed: asyncio.Condition | None = None  # made on the actor's event loop, at first use
+        self._sync_lock: asyncio.Lock | None = None
 
     @property
     def changed(self) -> asyncio.Condition:
@@ -53,14 +63,35 @@ class AsyncEngine:
             self._changed = asyncio.Condition()
         return self._changed
 
+    @property
+    def sync_lock(self) -> asyncio.Lock:
+        if self._sync_lock is None:
+            self._sync_lock = asyncio.Lock()
+        return self._sync_lock
+
+    @contextlib.asynccontextmanager
+    async def call(self, after: int | None = None):
+        """One call of the worker: admitted once the sync it was sent after (`after`; None: any) is
+        taken and no sync between calls is under way; counted as running until it ends."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: not self._updating and (after is None or self.serial >= after))
+            self._running += 1
+            if after is not None:
+                self._arrived[after] += 1
+                self.changed.notify_all()
+        try:
+            yield
+        finally:
+            async with self.changed:
+                self._running -= 1
+                self.changed.notify_all()
+
     async def generate(self, prompt_ids: list[list[int]], params: list) -> list:
         """One RequestOutput per prompt (every one of its n completions), in prompt order."""
         if not prompt_ids:
             return []
-        async with self.changed:
-            await self.changed.wait_for(lambda: not self._updating)
-            self._running += 1
-            idle = self._running == 1
+        self._decoding += 1
+        idle = self._decoding == 1
         try:
             if idle:  # nothing decoding: add the whole call at once, as LLM.generate does
                 await self._hold()
@@ -71,9 +102,7 @@ class AsyncEngine:
                     await self._release()
             return list(await asyncio.gather(*(self._final(c) for c in collectors)))
         finally:
-            async with self.changed:
-                self._running -= 1
-                self.changed.notify_all()
+            self._decoding -= 1
 
     async def _add(self, ids: list[int], params):
         from vllm.sampling_params import RequestOutputKind
@@ -102,27 +131,30 @@ class AsyncEngine:
         await self.llm.engine_core.resume_scheduler_async()
 
     @contextlib.asynccontextmanager
-    async def weights_between_calls(self):
-        """Inside: no call running; the calls already running finish first, new ones wait."""
-        async with self.changed:
-            await self.changed.wait_for(lambda: not self._updating)
-            self._updating = True
-            await self.changed.wait_for(lambda: self._running == 0)
-        try:
-            yield
-        finally:
+    async def weights(self, serial: int | None, calls: int, in_flight: bool):
+        """Inside, sync `serial` loads (None: a sync outside the pool's numbering, e.g. a test's);
+        `calls`: the calls sent to this engine since sync serial - 1. Syncs run one at a time.
+        Between calls (in_flight False): those calls arrive and finish first, and calls arriving
+        meanwhile wait. In flight: at once, the engine paused with its running requests kept (vLLM's
+        keep); they continue on resume, under the new weights."""
+        async with self.sync_lock, contextlib.AsyncExitStack() as stack:
             async with self.changed:
-                self._updating = False
-                self.changed.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def weights_in_flight(self):
-        """Inside: the engine paused with its running requests kept; they continue on resume."""
-        await self.llm.pause_generation(mode="keep", clear_cache=False)
-        try:
+                await self.changed.wait_for(lambda: in_flight or serial is None or self._arrived[serial - 1] >= calls)
+                self._updating = not in_flight
+                await self.changed.wait_for(lambda: in_flight or self._running == 0)
+            stack.push_async_callback(self._synced, serial)
+            if in_flight:
+                await self.llm.pause_generation(mode="keep", clear_cache=False)
+                stack.push_async_callback(self.llm.resume_generation)
             yield
-        finally:
-            await self.llm.resume_generation()
+
+    async def _synced(self, serial: int | None) -> None:
+        async with self.changed:
+            self._updating = False
+            if serial is not None:
+                self.serial = max(self.serial, serial)
+                self._arrived = Counter({k: n for k, n in self._arrived.items() if k >= self.serial})
+            self.changed.notify_all()
 
     async def set_version(self, version: int) -> None:
         """Tag every token sampled from now on with this policy version (vLLM's weight_versions)."""

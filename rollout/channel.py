@@ -16,8 +16,9 @@ class WeightChannel:
     wire layout, the broadcast group between the sender and the pool's engines, and the sync still
     in flight."""
 
-    def __init__(self, pool: RolloutPool, sender, bucket_mb: int, timeout_s: float = 120.0):
-        self.pool, self.sender, self.timeout_s = pool, sender, timeout_s
+    def __init__(self, pool: RolloutPool, sender, bucket_mb: int, timeout_s: float = 120.0, in_flight: bool = False):
+        """in_flight: engines take each sync mid-sequence (async_training.mode in_flight), not between calls."""
+        self.pool, self.sender, self.timeout_s, self.in_flight = pool, sender, timeout_s, in_flight
         self.buckets = sender.weight_buckets(bucket_mb)
         self.wire_planned = False
         self.receiving: list = []  # the engines' receives of a sync still in flight (send(wait=False))
@@ -38,11 +39,11 @@ class WeightChannel:
     def send(self, version: int, wait: bool = True) -> None:
         """Send the sender's weights to every engine as policy `version`. wait=False returns once the
         sender has staged a copy (it broadcasts in the background, and trains meanwhile); each engine
-        takes them after the generate calls already queued on it, never inside one. The first sync
-        is always waited for: it teaches the wire layout."""
+        takes them after the generate calls already running on it, or in flight (mid-sequence) when
+        the channel is. The first sync is always waited for: it teaches the wire layout."""
         self.wait_sent()
         background = not wait and self.wire_planned
-        receiving = self.pool.receive_weights(self.buckets, version)
+        receiving = self.pool.receive_weights(self.buckets, version, self.in_flight)
         watchdog.get(
             self.sender.send_weights(self.buckets, background) + ([] if background else receiving), "weight sync"
         )

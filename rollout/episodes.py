@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from envs.base import call_all, step_result
 from envs.config import EnvConfig
+from rollout.async_engine import token_versions
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import completion_text, sampled_logprobs, sampling_params
 from rollout.types import Prompt, RolloutBatch
@@ -37,6 +38,7 @@ class Episode:
     ids: list[int] = field(default_factory=list)  # after the prompt: model and observation tokens
     action_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = observation
     logprobs: list[float] = field(default_factory=list)  # behaviour logprob per token (0.0 on observations)
+    versions: list[int] = field(default_factory=list)  # the policy version per token (observations: their turn's)
     turns: int = 0
     clipped_turns: int = 0  # turns cut at max_new_tokens (the episode may go on: not its finish)
     ret: float = 0.0  # the sum of the environment's rewards
@@ -169,6 +171,7 @@ def take_turn(e: Episode, completion, tokenizer, max_tokens: int) -> str:
     e.ids += tokens
     e.action_mask += [1] * len(tokens)
     e.logprobs += sampled_logprobs(completion)
+    e.versions += token_versions(completion)
     e.turns += 1
     e.clipped_turns += completion.finish_reason == "length"
     e.last_text = completion_text(completion, tokenizer)
@@ -198,6 +201,7 @@ def observe(e: Episode, result, tokenizer, role: str, max_tokens: int, last_turn
     e.ids += obs
     e.action_mask += [0] * len(obs)
     e.logprobs += [0.0] * len(obs)
+    e.versions += [e.versions[-1] if e.versions else 0] * len(obs)
 
 
 def to_batch(episodes: list[Episode], skipped: list[tuple[int, str]]) -> RolloutBatch:
@@ -207,6 +211,7 @@ def to_batch(episodes: list[Episode], skipped: list[tuple[int, str]]) -> Rollout
         batch.prompt_ids.append(e.prompt_ids)
         batch.response_ids.append(e.ids)
         batch.logprobs.append(e.logprobs)
+        batch.token_versions.append(e.versions)
         batch.finish_reason.append(e.finish)
         batch.action_mask.append(e.action_mask)
         batch.env_return.append(None if e.failure else e.ret)

@@ -96,6 +96,9 @@ class RolloutPool:
             actor = ray.remote(RolloutWorker).options(**ray_options)
             share = -(-options.step_samples // num_workers)
             self.workers.append(actor.remote(cfg, model_path, seed, threads, options.sleep_mode, share, env))
+        # the order of calls against weight syncs (rollout/async_engine.py): syncs sent so far, and each
+        # engine's calls sent since the last one
+        self.serial, self.calls_since_sync = 0, [0] * num_workers
         watchdog.get([w.ready.remote() for w in self.workers])
         # the engines' own device decision (runtime.device), and the weight-sync backend it implies
         self.device = watchdog.get(self.workers[0].get_device.remote())
@@ -129,10 +132,14 @@ class RolloutPool:
         in order, so weights sent after this reach it after these samples: asynchronous training
         queues generation ahead this way. `tasks`: each prompt's answer and metadata, for episodes;
         (step, draw, prompt index) seeds each request (runtime.seeds.request_seed)."""
-        shards = [(w, s, e) for w, (s, e) in zip(self.workers, split_evenly(len(prompts), len(self.workers))) if e > s]
+        shards = [(i, s, e) for i, (s, e) in enumerate(split_evenly(len(prompts), len(self.workers))) if e > s]
+        for i, _, _ in shards:
+            self.calls_since_sync[i] += 1
         return [
-            w.generate.remote(prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None, draw)
-            for w, s, e in shards
+            self.workers[i].generate.remote(
+                prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None, draw, self.serial
+            )
+            for i, s, e in shards
         ]
 
     @staticmethod
@@ -161,15 +168,28 @@ class RolloutPool:
         the sender's store (learner rank 0's node IP and a port free there). Returns the
         futures to wait on after the sender has joined."""
         world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
+        # a new group after a restart: calls sent before it either died with their engine or are
+        # generated again, so no sync waits for them
+        self.calls_since_sync = [0] * len(self.workers)
         return [
             w.init_weight_sync.remote(host, port, r, world, self.sync_backend, timeout_s)
             for w, r in zip(self.workers, first)
         ]
 
-    def receive_weights(self, buckets: list[list[TensorMeta]], version: int | None = None) -> list:
-        """Start every worker's receive of policy `version`; the sender broadcasts while these are pending."""
+    def receive_weights(self, buckets: list[list[TensorMeta]], version: int | None = None, in_flight=False) -> list:
+        """Start every worker's receive of policy `version`, between its calls or in flight (mid-sequence);
+        the sender broadcasts while these are pending."""
         plan = encode_plan(buckets)
-        return [w.receive_weights.remote(plan, version) for w in self.workers]
+        return [
+            w.receive_weights.remote(plan, version, in_flight, order)
+            for w, order in zip(self.workers, self.sync_order())
+        ]
+
+    def sync_order(self) -> list[tuple[int, int]]:
+        """Number the next sync: (its serial, the calls sent to each engine since the one before)."""
+        self.serial += 1
+        order, self.calls_since_sync = [(self.serial, n) for n in self.calls_since_sync], [0] * len(self.workers)
+        return order
 
     def wire_plan(self, buckets: list[list[TensorMeta]]) -> list[list[TensorMeta]]:
         """`buckets` with every tensor the engines store transposed marked to travel so (GPT-2's
@@ -184,7 +204,9 @@ class RolloutPool:
 
     def load_weights(self, named_tensors) -> list[int]:
         ref = ray.put(named_tensors)  # one copy in the object store, read by every worker
-        return watchdog.get([w.load_weights.remote(ref) for w in self.workers])
+        return watchdog.get(
+            [w.load_weights.remote(ref, None, False, o) for w, o in zip(self.workers, self.sync_order())]
+        )
 
     def weight_checksums(self) -> list[float]:
         return watchdog.get([w.weight_checksum.remote() for w in self.workers])

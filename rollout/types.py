@@ -27,9 +27,12 @@ class RolloutBatch:
     finish_reason: list[str]
     skipped: list[tuple[int, str]] = field(default_factory=list)  # prompts with no samples, and why
     # the policy version (weight syncs the engine had received) at each sample's first and last
-    # token; equal while an engine takes new weights only between calls, as relay's do
+    # token; equal while an engine takes new weights only between calls (all modes but in_flight)
     version_first: list[int] = field(default_factory=list)  # (B,)
     version_last: list[int] = field(default_factory=list)  # (B,)
+    # (B, ragged) the version that sampled each response token, from vLLM's spans (an episode's
+    # observation tokens: the version of the turn before); empty where not recorded (the endpoint's)
+    token_versions: list[list[int]] = field(default_factory=list)
     # multi-turn episodes (rollout/episodes.py); empty for single-turn samples
     action_mask: list[list[int]] = field(
         default_factory=list
@@ -56,6 +59,20 @@ class RolloutBatch:
         if not self.action_mask:
             return self.response_ids
         return [[t for t, a in zip(r, m) if a] for r, m in zip(self.response_ids, self.action_mask)]
+
+    @property
+    def oldest_versions(self) -> list[int]:
+        """Each sample's oldest token's version (its first, as versions only grow): what the staleness bound holds."""
+        if not self.token_versions:
+            return self.version_first
+        return [min(v, default=f) for v, f in zip(self.token_versions, self.version_first)]
+
+    def model_token_versions(self) -> list[int]:
+        """The version of every model-sampled token of the batch (observation tokens left out)."""
+        if not self.token_versions:
+            return [v for v, n in zip(self.version_first, self.model_lengths) for _ in range(n)]
+        masks = self.action_mask or [[1] * len(v) for v in self.token_versions]
+        return [v for vs, m in zip(self.token_versions, masks) for v, a in zip(vs, m) if a]
 
     @property
     def model_lengths(self) -> list[int]:
@@ -97,6 +114,7 @@ SAMPLE_FIELDS = (
     "finish_reason",
     "version_first",
     "version_last",
+    "token_versions",
     "action_mask",
     "env_return",
     "turns",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 
 import torch
 
@@ -58,8 +59,9 @@ class WorkerExtension:
             self._relay_load(receive_weights(self._relay_group, self._relay_buckets), direct)
         return sum(len(bucket) for bucket in self._relay_buckets)
 
-    def relay_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], direct: bool) -> int:
-        """The in-process path: tensors handed over directly (same process, or CUDA IPC rebuilt)."""
+    def relay_load_weights(self, payload: bytes, direct: bool) -> int:
+        """The same-node path: the (name, tensor) list pickled by the worker (RolloutWorker.load_weights)."""
+        named_tensors = pickle.loads(payload)  # our own worker's bytes, as vLLM's RPC arguments are
         if direct:
             self._relay_find_routes(tensor_metas(named_tensors))
         self._relay_load(iter(named_tensors), direct)

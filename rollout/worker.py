@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 
 import torch
 
@@ -70,12 +71,18 @@ class RolloutWorker(Profiled, Busy):
         sampling: SamplingConfig | None = None,
         tasks: list[dict] | None = None,
         draw: int = 0,
+        after: int | None = None,
     ) -> RolloutBatch:
         """Sample for `prompts`, whose global indices start at `first_index`, with the configured
         sampling (or `sampling`, e.g. for evaluation), seeded by (step, draw, index): runtime.seeds.
         Unusable prompts are skipped and listed with their reason; the n samples of one prompt come
         back contiguous. With an environment each sample is an episode, reset on the prompt's entry of
-        `tasks` (answer and metadata)."""
+        `tasks` (answer and metadata). `after`: the pool's weight sync this call was sent after
+        (AsyncEngine.call)."""
+        async with self.engine.call(after):
+            return await self._generate_or_play(prompts, step, first_index, greedy, sampling, tasks, draw)
+
+    async def _generate_or_play(self, prompts, step, first_index, greedy, sampling, tasks, draw) -> RolloutBatch:
         with self.working():
             key = (step, draw)
             if self.env is not None:
@@ -109,9 +116,10 @@ class RolloutWorker(Profiled, Busy):
                 batch.logprobs.append(sampled_logprobs(c))
                 batch.response_text.append(c.text)
                 batch.finish_reason.append("length" if c.finish_reason == "length" else "stop")
-                versions = token_versions(c) or [self.version]
-                batch.version_first.append(versions[0])
-                batch.version_last.append(versions[-1])
+                versions = token_versions(c)
+                batch.token_versions.append(versions)
+                batch.version_first.append(versions[0] if versions else self.version)
+                batch.version_last.append(versions[-1] if versions else self.version)
         if not sampling.stop:  # not detokenized by vLLM (engine.sampling_params): one batch decode, as vLLM would
             batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
@@ -157,13 +165,14 @@ class RolloutWorker(Profiled, Busy):
             self.env.response_tokens(sampling.max_new_tokens),
         )
         batch = to_batch(episodes, skipped)
-        batch.version_first, batch.version_last = [first_version] * len(batch), [self.version] * len(batch)
+        batch.version_first = [v[0] if v else first_version for v in batch.token_versions]
+        batch.version_last = [v[-1] if v else first_version for v in batch.token_versions]
         return batch
 
     async def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:
         """One completion per token-id prompt, each with its own sampling (the agent endpoint's calls,
         rollout/gateway.py): [(token ids, logprobs, text, finish reason)] and the policy version."""
-        with self.working():
+        async with self.engine.call(), self.working():
             version = self.version
             params = [sampling_params(s, s.seed) for s in sampling]
             outputs = await self.engine.generate(prompt_ids, params)
@@ -191,20 +200,33 @@ class RolloutWorker(Profiled, Busy):
         """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
         await self.engine.rpc("relay_init_sync", (host, port, first_rank, world_size, backend, timeout_s))
 
-    async def receive_weights(self, plan: bytes, version: int | None = None) -> int:
+    async def receive_weights(
+        self, plan: bytes, version: int | None = None, in_flight: bool = False, order: tuple[int, int] | None = None
+    ) -> int:
         """plan: weight_sync.encode_plan(buckets), as the sender's; version: the policy version these
-        weights are (None: unchanged, for tests and benchmarks). Taken between calls: after the calls
-        already running on the engine, before the ones that come after."""
-        async with self.engine.weights_between_calls():
+        weights are (None: unchanged, for tests and benchmarks). Taken between calls (after the calls
+        sent before it, before the ones sent after), or in flight: at once, the running sequences
+        paused and continued under the new weights. order: (the pool's sync serial, the calls sent
+        to this engine since the sync before); see AsyncEngine.weights."""
+        async with self.engine.weights(*(order or (None, 0)), in_flight):
             loaded = (await self.engine.rpc("relay_receive_weights", (plan, self.direct_load)))[0]
             await self._loaded(version)
         return loaded
 
-    async def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int | None = None) -> int:
+    async def load_weights(
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        version: int | None = None,
+        in_flight: bool = False,
+        order: tuple[int, int] | None = None,
+    ) -> int:
         """Same-node path: tensors arrive through Ray's shared-memory object store and go to the engine's
-        process by vLLM's RPC (CPU), or as CUDA IPC handles rebuilt by the caller (GPU)."""
-        async with self.engine.weights_between_calls():
-            loaded = (await self.engine.rpc("relay_load_weights", (named_tensors, self.direct_load)))[0]
+        process by vLLM's RPC (CPU), or as CUDA IPC handles rebuilt by the caller (GPU). Taken as
+        receive_weights takes them."""
+        async with self.engine.weights(*(order or (None, 0)), in_flight):
+            # as bytes: vLLM's RPC to the engine's process turns tensors nested in arguments into lists
+            payload = pickle.dumps(named_tensors)
+            loaded = (await self.engine.rpc("relay_load_weights", (payload, self.direct_load)))[0]
             await self._loaded(version)
         return loaded
 

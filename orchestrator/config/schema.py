@@ -145,11 +145,15 @@ class EvalConfig:
 
 
 class AsyncMode(str, Enum):
-    """How far generation runs ahead of the learner: sync, one_step or full."""
+    """How far generation runs ahead of the learner, and when the engines take new weights: sync,
+    one_step or full (between the engines' calls), in_flight (mid-sequence)."""
 
     sync = "sync"  # generate -> score -> update -> sync in turn: every sample is from the current policy
     one_step = "one_step"  # the next batch generates while this one is scored and trained (staleness 1)
     full = "full"  # up to max_staleness batches generate ahead of the learner, which never waits for a sync
+    # as full, but an engine takes each sync at once, pausing its running sequences (vLLM's keep) and
+    # continuing them under the new weights: every token is tagged with the version that sampled it
+    in_flight = "in_flight"
 
 
 @dataclass
@@ -157,9 +161,9 @@ class AsyncConfig:
     """The `async_training` section: the mode and, for full, the staleness bound."""
 
     mode: AsyncMode = AsyncMode.sync
-    """sync, one_step or full ("off" is spelled sync: YAML reads off as false)"""
+    """sync, one_step, full or in_flight ("off" is spelled sync: YAML reads off as false)"""
     max_staleness: int = 2
-    """full only: a sample trains at most this many policy versions after the one that sampled it"""
+    """full and in_flight: a token trains at most this many policy versions after the one that sampled it"""
 
 
 @dataclass

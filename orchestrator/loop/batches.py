@@ -21,7 +21,7 @@ def ahead_bound(cfg: TrainConfig) -> int:
     """async_training: how many batches generation runs ahead of the learner beyond the one being
     trained, so a sample trains at most that many policy versions after its own (0: sync)."""
     a = cfg.async_training
-    return {AsyncMode.sync: 0, AsyncMode.one_step: 1, AsyncMode.full: a.max_staleness}[a.mode]
+    return {AsyncMode.sync: 0, AsyncMode.one_step: 1, AsyncMode.full: a.max_staleness}.get(a.mode, a.max_staleness)
 
 
 @dataclass
@@ -131,7 +131,7 @@ class PromptBatches:
                 self.restart_rollout(e, step)
                 self.relaunch_uncollected([job])
                 job.batch = self.rollout.collect(job.pending)
-        if any(step - v > self.staleness_bound for v in job.batch.version_first):
+        if any(step - v > self.staleness_bound for v in job.batch.oldest_versions):
             self.dropped_stale += len(job.batch)
             job.batch = None
             self._submit(job)

@@ -70,7 +70,8 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
     rollout = start_rollout(cfg, model_path, where)
     scoring = start_scoring(cfg, model_path, where)
     learner = start_learner(cfg, model_path, where)
-    channel = WeightChannel(rollout, learner, cfg.rollout.sync_bucket_mb, cfg.watchdog.collective_timeout_s)
+    in_flight = cfg.async_training.mode.value == "in_flight"
+    channel = WeightChannel(rollout, learner, cfg.rollout.sync_bucket_mb, cfg.watchdog.collective_timeout_s, in_flight)
     gateway = start_gateway(rollout.workers, model_path, cfg.rollout) if cfg.rollout.endpoint.enabled else None
     return Roles(rollout, scoring, learner, channel, gateway, placement_group, where.sleep_engines)
 

@@ -17,12 +17,17 @@ from runtime.prompts import is_chat, is_token_ids
 VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # sources whose mean is an accuracy
 
 
-def staleness_metrics(versions: list[int], step: int, lead: int) -> dict[str, float]:
-    """How many policy versions behind the learner (at `step`) each sample's policy was: mean, max
-    and the share at each staleness 0..lead (the histogram; lead is the bound)."""
+def staleness_metrics(versions: list[int], step: int, lead: int, token_versions: list[int] = ()) -> dict[str, float]:
+    """How many policy versions behind the learner (at `step`) each sample's first token was: mean,
+    max and the share at each staleness 0..lead (the histogram; lead is the bound); and the same per
+    model-sampled token (`token_versions`, one per token of the batch: in_flight mixes versions in a sample)."""
     ages = [step - v for v in versions]
     m = {"async/staleness_mean": statistics.fmean(ages), "async/staleness_max": float(max(ages))}
     m.update({f"async/staleness_{k}": sum(a == k for a in ages) / len(ages) for k in range(lead + 1)})
+    if token_versions:
+        token_ages = [step - v for v in token_versions]
+        m["async/token_staleness_mean"] = statistics.fmean(token_ages)
+        m["async/token_staleness_max"] = float(max(token_ages))
     return m
 
 

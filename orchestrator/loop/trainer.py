@@ -230,7 +230,9 @@ class Trainer:
             **t,
             "kl/coef_next": kl_coef,
             **self.all_counters(),
-            **staleness_metrics(batch.version_first, self.step, self.batches.staleness_bound),
+            **staleness_metrics(
+                batch.version_first, self.step, self.batches.staleness_bound, batch.model_token_versions()
+            ),
             **busy_metrics(t, busy_before, r.busy()),  # the bound in force
             "throughput/tokens_per_s": tokens / t["timing/total"],
             "throughput/samples_per_s": len(batch) / t["timing/total"],

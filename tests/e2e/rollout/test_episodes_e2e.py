@@ -17,19 +17,19 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
     recorded; env_classes[i] makes the environment of prompt i."""
 
     class Recorder:
-        def __init__(self, llm):
-            self.llm, self.calls = llm, []
+        def __init__(self, engine):
+            self.engine, self.calls = engine, []
 
-        def generate(self, requests, params, use_tqdm=False):
-            outs = self.llm.generate(requests, params, use_tqdm=use_tqdm)
+        async def generate(self, prompt_ids, params):
+            outs = await self.engine.generate(prompt_ids, params)
             self.calls.append(
                 [
                     (
-                        r["prompt_token_ids"],
+                        r,
                         list(o.outputs[0].token_ids),
                         [s[t].logprob for s, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)],
                     )
-                    for r, o in zip(requests, outs)
+                    for r, o in zip(prompt_ids, outs)
                 ]
             )
             return outs
@@ -37,9 +37,11 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
     @ray.remote(num_cpus=1)
     class Player:
         def play(self):
+            import asyncio
             import os
 
             from envs.config import EnvConfig
+            from rollout.async_engine import AsyncEngine
             from rollout.config import RolloutConfig, SamplingConfig
             from rollout.engine import engine_env, make_engine
             from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
@@ -51,7 +53,7 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
             )
             os.environ.update(engine_env(cfg, 1, False))
             llm = make_engine(cfg, tiny_model, 0, torch.device("cpu"))
-            tok, rec = llm.get_tokenizer(), Recorder(llm)
+            tok, rec = llm.get_tokenizer(), Recorder(AsyncEngine(llm))
             made = iter([cls() for cls in env_classes for _ in range(samples)])
             episodes, skipped = start_episodes(
                 lambda: next(made),
@@ -62,15 +64,9 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
                 cfg,
                 timeout_s,
             )
-            play(
-                rec,
-                tok,
-                episodes,
-                cfg.sampling,
-                False,
-                EnvConfig(name="test", max_turns=max_turns, step_timeout_s=timeout_s),
-                budget,
-            )
+            env = EnvConfig(name="test", max_turns=max_turns, step_timeout_s=timeout_s)
+            asyncio.run(play(rec, tok, episodes, cfg.sampling, False, env, budget))
+            llm.shutdown()
             return to_batch(episodes, skipped), rec.calls
 
     return ray.get(Player.remote().play.remote())
