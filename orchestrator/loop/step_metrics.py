@@ -17,10 +17,13 @@ from runtime.prompts import is_chat, is_token_ids
 VERIFIABLE = ("math_answer", "exact_match", "reasoning_gym", "environment")  # sources whose mean is an accuracy
 
 
-def staleness_metrics(versions: list[int], step: int, lead: int, token_versions: list[int] = ()) -> dict[str, float]:
+def staleness_metrics(
+    versions: list[int], step: int, lead: int, token_versions: list[int] = (), last: list[int] = ()
+) -> dict[str, float]:
     """How many policy versions behind the learner (at `step`) each sample's first token was: mean,
-    max and the share at each staleness 0..lead (the histogram; lead is the bound); and the same per
-    model-sampled token (`token_versions`, one per token of the batch: in_flight mixes versions in a sample)."""
+    max and the share at each staleness 0..lead (the histogram; lead is the bound); the same per
+    model-sampled token (`token_versions`, one per token of the batch: in_flight mixes versions in a
+    sample); and the share of samples whose last token (`last`) came from a later version than their first."""
     ages = [step - v for v in versions]
     m = {"async/staleness_mean": statistics.fmean(ages), "async/staleness_max": float(max(ages))}
     m.update({f"async/staleness_{k}": sum(a == k for a in ages) / len(ages) for k in range(lead + 1)})
@@ -28,6 +31,8 @@ def staleness_metrics(versions: list[int], step: int, lead: int, token_versions:
         token_ages = [step - v for v in token_versions]
         m["async/token_staleness_mean"] = statistics.fmean(token_ages)
         m["async/token_staleness_max"] = float(max(token_ages))
+    if last:
+        m["async/mixed_version_frac"] = sum(a != b for a, b in zip(versions, last)) / len(last)
     return m
 
 

@@ -231,7 +231,11 @@ class Trainer:
             "kl/coef_next": kl_coef,
             **self.all_counters(),
             **staleness_metrics(
-                batch.version_first, self.step, self.batches.staleness_bound, batch.model_token_versions()
+                batch.version_first,
+                self.step,
+                self.batches.staleness_bound,
+                batch.model_token_versions(),
+                batch.version_last,
             ),
             **busy_metrics(t, busy_before, r.busy()),  # the bound in force
             "throughput/tokens_per_s": tokens / t["timing/total"],

@@ -96,3 +96,25 @@ def test_one_step_off_with_a_rollout_worker_killed_mid_generation(ray_cluster, p
     assert trained == want
     # the regenerated batch came from the current weights; the others one version behind
     assert [r["async/staleness_max"] for r in got] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_in_flight_updates_land_mid_sequence_and_every_token_keeps_the_bound(ray_cluster, tiny_model, tmp_path):
+    """A random model rambles to its max_new_tokens, so generation outlasts the update and the weights
+    arrive while its sequences run: they are trained with mixed versions, each token within the bound."""
+    over = {
+        "async_training.mode": "in_flight",
+        "async_training.max_staleness": 1,
+        "algorithm.off_policy.correction": "tis",
+        "rollout.max_model_len": 128,
+        "rollout.sampling.max_new_tokens": 100,
+        "total_steps": 4,
+    }
+    Trainer(config(tiny_model, tmp_path, name="in_flight", **over)).run()
+    got = rows(tmp_path / "in_flight")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for r in got:
+        assert r["async/token_staleness_max"] <= 1 and r["async/staleness_max"] <= 1 and r["async/dropped_stale"] == 0
+        # tokens are newer than their sample's first: the per-token mean is at most the per-sample one
+        assert r["async/token_staleness_mean"] <= r["async/staleness_mean"]
+    assert any(r["async/mixed_version_frac"] > 0 for r in got)  # some samples took an update mid-sequence
+    assert any(r["async/token_staleness_mean"] < r["async/staleness_mean"] for r in got)

@@ -27,7 +27,7 @@ class Engine:
         self.worker.seed = run_seed
         self.calls, self.generate = [], SimpleNamespace(remote=self.remote)
 
-    def remote(self, prompts, step, first, greedy, sampling, tasks, draw):
+    def remote(self, prompts, step, first, greedy, sampling, tasks, draw, after=None):
         seeds = [self.worker._request_seed(SamplingConfig(), (step, draw), first + k) for k in range(len(prompts))]
         self.calls.append(seeds)
         keep = len(prompts) - 1 if len(self.calls) == 1 else len(prompts)
@@ -48,7 +48,7 @@ class Engine:
 def batches_for(run_seed: int, *overrides: str) -> tuple[PromptBatches, Engine]:
     """Real PromptBatches on one recording engine, behind the real RolloutPool.submit."""
     engine = Engine(run_seed)
-    pool = SimpleNamespace(workers=[engine])
+    pool = SimpleNamespace(workers=[engine], calls_since_sync=[0], serial=0)
     rollout = SimpleNamespace(
         submit=lambda *a, **k: RolloutPool.submit(pool, *a, **k), collect=lambda pending: RolloutBatch.concat(pending)
     )
