@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from learner.tiny_gpt import DEFAULT_ALPHABET, char_tokenizer
-from rollout.gateway import Recorder
+from rollout.recorder import Recorder
 from runtime.prompts import encode_chat
 
 
@@ -83,7 +83,6 @@ def test_the_http_api_refuses_what_it_cannot_record_with_the_key_named(tok):
     for body, key in [
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
         # the learner trains under the config's distribution: a call may not sample another
         ({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, "temperature"),
