@@ -23,6 +23,8 @@ class ChatParsers:
         self.parser_cls = (
             _parser_class(tokenizer, tool_parser, reasoning_parser) if tool_parser or reasoning_parser else None
         )
+        # a call without tools (or with tool_choice "none") is parsed for reasoning alone, streamed or not
+        self.no_tools_cls = _parser_class(tokenizer, "", reasoning_parser) if reasoning_parser else None
 
     def start(self, body: dict) -> ParsedCall:
         """One call's parsing state; ValueError (its 400) for a call vLLM's request type refuses."""
@@ -36,8 +38,11 @@ class ChatParsers:
             )
         except Exception as e:  # noqa: BLE001 - pydantic's validation error, whatever its type
             raise ValueError(f"messages: {' '.join(str(e).split())[:300]}") from None
-        parser = self.parser_cls(self.tokenizer, request.tools)
         auto_tools = bool(self.tool_parser) and bool(request.tools) and request.tool_choice != "none"
+        parser_cls = self.parser_cls if auto_tools else self.no_tools_cls
+        if parser_cls is None:
+            return ParsedCall(None, None, False)
+        parser = parser_cls(self.tokenizer, request.tools)
         return ParsedCall(parser, parser.adjust_request(request), auto_tools)
 
     def message(self, call: ParsedCall, text: str, tokens: list[int]) -> dict:

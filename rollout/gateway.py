@@ -138,16 +138,15 @@ def call_params(body: dict, sampling: SamplingConfig, tool_parser: str = "") -> 
     )
 
 
-def completion(model_name: str, prompt_ids: list[int], message: dict, finish: str, relay: dict) -> dict:
+def completion(model_name: str, message: dict, finish: str, usage: dict, relay: dict) -> dict:
     """The OpenAI chat.completion answer, with relay's token ids, logprobs and policy version beside it."""
-    n = len(relay["token_ids"])
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model_name,
         "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n},
+        "usage": usage,
         "relay": relay,
     }
 
@@ -165,7 +164,7 @@ def answer(
     }
     if not body.get("stream"):
         message = parsers.message(parsed, text, tokens)
-        return message, completion(model, call_ids, message, _finish_reason(message, finish), relay)
+        return message, completion(model, message, _finish_reason(message, finish), usage, relay)
     pieces = token_pieces(parsers.tokenizer, tokens, text)
     deltas = parsers.deltas(parsed, pieces, call_ids)
     message = parsers.streamed_message(deltas)

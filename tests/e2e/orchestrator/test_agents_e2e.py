@@ -141,6 +141,8 @@ def test_openai_client_calls_become_episodes_of_the_next_update(ray_cluster, pol
             "total_steps=1",
             "rollout.endpoint.tool_parser=hermes",
             f"rollout.endpoint.chat_template={template}",
+            "rollout.max_prompt_tokens=40",  # the tools the template writes before the question
+            "rollout.endpoint.wait_timeout_s=240",  # an agent that failed ends the step soon, saying so
         ],
     )
     trainer = Trainer(cfg)

@@ -255,3 +255,16 @@ def test_what_the_parsers_cannot_serve_is_refused_with_the_key_named(serve):
         serve([], tool_parser="nope")
     with pytest.raises(ValueError, match="rollout.endpoint.reasoning_parser: 'nope'"):
         serve([], reasoning_parser="nope")
+
+
+def test_without_tools_offered_a_tool_calls_markup_is_plain_content_streamed_or_not(serve):
+    """Tool calls are parsed only where the call offers tools (and tool_choice is not "none"), as
+    vLLM's server does: otherwise the markup is the answer's text."""
+    gateway, _, _ = serve([HERMES_CALL] * 4, tool_parser="hermes", chat_template=str(TEMPLATES / "hermes_tools.jinja"))
+    for k, extra in enumerate([{}, {"tools": TOOLS, "tool_choice": "none"}]):
+        c = client(gateway, f"plain{k}")
+        whole = c.chat.completions.create(model="relay-policy", messages=QUESTION, **extra)
+        assert whole.choices[0].message.content == HERMES_CALL and not whole.choices[0].message.tool_calls
+        assert whole.choices[0].finish_reason == "stop"
+        _, streamed = stream(c, messages=QUESTION, **extra)
+        assert streamed["content"] == HERMES_CALL and streamed["tool_calls"] == {}
