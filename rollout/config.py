@@ -48,6 +48,16 @@ class EndpointConfig:
     """an episode with no call and no reward for this long is dropped, counted (endpoint/abandoned_episodes)"""
     max_staleness: int = 1
     """versions a sample may train past its first call's; older: dropped (endpoint/dropped_stale)"""
+    tool_parser: str = ""
+    """vLLM's tool-call parser for the model's format ("hermes", "qwen3_xml", ...; its vllm/tool_parsers
+    registry): a call's `tools` go into the chat template, its tool calls come back as `tool_calls`;
+    "" = off (a call with `tools` is refused)"""
+    reasoning_parser: str = ""
+    """vLLM's reasoning parser ("qwen3", "deepseek_r1", ...; vllm/reasoning): the reasoning comes back
+    as `reasoning_content`, apart from the content; "" = off"""
+    chat_template: str = ""
+    """a Jinja chat template file for the endpoint's calls, e.g. one that renders `tools` where the
+    model's own does not; "" = the tokenizer's"""
 
 
 @dataclass

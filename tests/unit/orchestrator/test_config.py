@@ -310,6 +310,11 @@ ENDPOINT = [
             [*ENDPOINT, "rollout.endpoint.max_staleness=-1"],
             "rollout.endpoint.max_staleness: must be >= 0",
         ),
+        (
+            "grpo_tiny_cpu",
+            [*ENDPOINT, "rollout.endpoint.chat_template=/no/such/tools.jinja"],
+            "rollout.endpoint.chat_template: no such file: /no/such/tools.jinja",
+        ),
     ],
 )
 def test_environment_endpoint_and_overlong_settings_are_checked_by_key(preset, overrides, message):

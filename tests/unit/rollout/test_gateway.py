@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from learner.tiny_gpt import DEFAULT_ALPHABET, char_tokenizer
-from rollout.gateway import Recorder
+from rollout.recorder import Recorder
 from runtime.prompts import encode_chat
 
 
@@ -83,7 +83,6 @@ def test_the_http_api_refuses_what_it_cannot_record_with_the_key_named(tok):
     for body, key in [
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
         # the learner trains under the config's distribution: a call may not sample another
         ({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, "temperature"),
@@ -220,3 +219,26 @@ def test_a_call_cut_at_its_max_tokens_counts_as_a_clipped_turn(tok):
     rec.finish("e", 1.0)
     batch, _ = rec.take(1, timeout_s=1.0, step=0)
     assert batch.turns == [2] and batch.clipped_turns == [1] and batch.finish_reason == ["stop"]
+
+
+def test_a_call_continues_its_sample_only_when_it_sends_back_the_tool_calls_it_was_given(tok):
+    """The agent's copy of a reply with tool calls may re-serialise the arguments (spacing) and carry
+    other call ids; a changed call or other `tools` rewrite the history: a new sample."""
+    question = [{"role": "user", "content": "1+2="}]
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    given = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "3"}
+
+    def continues(sent: dict, tools_sent) -> bool:
+        rec = Recorder(tok, 64, 256)
+        call = rec.prepare("e", question, 8, tools=tools)
+        reply = {"role": "assistant", "content": None, "tool_calls": [given]}
+        rec.record("e", call, [5, tok.eos_token_id], [-1.0, -1.0], "call", "stop", 0, message=reply)
+        messages = [*question, {"role": "assistant", "tool_calls": [sent]}, result]
+        return not rec.prepare("e", messages, 8, tools=tools_sent).new
+
+    respaced = {**given, "id": "other", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}
+    assert continues(given, tools) and continues(respaced, tools)
+    assert not continues({**given, "function": {"name": "add", "arguments": '{"a": 1, "b": 3}'}}, tools)
+    assert not continues({**given, "function": {"name": "sub", "arguments": '{"a": 1, "b": 2}'}}, tools)
+    assert not continues(given, None)
