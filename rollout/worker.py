@@ -11,9 +11,17 @@ import torch
 from envs.config import EnvConfig
 from envs.registry import make_factory
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.engine import completion_text, engine_env, make_engine, sampled_logprobs, sampling_params
+from rollout.engine import (
+    completion_text,
+    engine_env,
+    make_engine,
+    sampled_logprobs,
+    sampling_params,
+    transfer_backend,
+)
 from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
 from rollout.types import Prompt, RolloutBatch
+from rollout.weight_sync import GLOO_BACKEND
 from runtime.device import process_device
 from runtime.profiling import Busy, Profiled
 from runtime.prompts import encode_prompt
@@ -47,9 +55,10 @@ class RolloutWorker(Profiled, Busy):
         self.asleep = False
         self.prefix_stale = False
         self.version = 0  # policy version of the weights held: weight syncs received (0 = the initial model)
-        # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
+        # see rollout.transfer.GlooUpdateInfo.direct. CPU tensor-parallel layers lose their
         # weight_loader after loading, so those engines take vLLM's reload path.
         self.direct_load = self.device.type == "cuda" or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
+        self.transfer_backend = transfer_backend(self.device.type == "cuda", sleep_mode)
         self.keep_threads(threads)
 
     def ready(self) -> bool:
@@ -184,31 +193,35 @@ class RolloutWorker(Profiled, Busy):
             self.llm.reset_prefix_cache()
             self.prefix_stale = False
 
-    # ---- weights: see rollout/weight_sync.py for the protocol
-    def init_weight_sync(
-        self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float = 300.0
-    ) -> None:
-        """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
-        self.llm.collective_rpc("relay_init_sync", args=(host, port, first_rank, world_size, backend, timeout_s))
+    # ---- weights: vLLM's weight-transfer API; payloads and backends in rollout/weight_sync.py
+    def init_weight_sync(self, init_info: dict) -> None:
+        """Every TP worker of this engine joins the transfer group (weight_sync.init_info: each adds
+        its own rank to the engine's first rank, see pool.sync_ranks)."""
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
 
-    def receive_weights(self, plan: bytes, version: int | None = None) -> int:
-        """plan: weight_sync.encode_plan(buckets), as the sender's; version: the policy version these
-        weights are (None: unchanged, for tests and benchmarks)."""
-        loaded = self.llm.collective_rpc("relay_receive_weights", args=(plan, self.direct_load))[0]
+    def receive_weights(self, update_info: dict, version: int | None = None) -> int:
+        """Take one full update (weight_sync.update_info, as the sender's) as policy `version`
+        (None: unchanged, for tests and benchmarks); returns the tensors loaded (0 on vLLM's own
+        engines, which do not count them)."""
+        if self.transfer_backend == GLOO_BACKEND:
+            update_info = {**update_info, "direct": self.direct_load}
+        self.llm.collective_rpc("start_weight_update")
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+        self.llm.collective_rpc("finish_weight_update")
         self._loaded(version)
-        return loaded
+        return self.llm.collective_rpc("relay_loaded")[0]
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int | None = None) -> int:
-        """In-process / same-node path: tensors arrive through Ray's shared-memory object store
-        (CPU), or as CUDA IPC handles rebuilt by the caller (GPU), and load without a collective."""
-        loaded = self.llm.collective_rpc("relay_load_weights", args=(named_tensors, self.direct_load))[0]
-        self._loaded(version)
-        return loaded
+        """The in-process path on CPU: tensors arrive through Ray's shared-memory object store and
+        go through the same update, without a collective."""
+        return self.receive_weights({"tensors": named_tensors}, version)
 
     def _loaded(self, version: int | None) -> None:
         self.prefix_stale = True
         if version is not None:
             self.version = version
+            # the engine's own tag on every completion from now on (AsyncLLM: finish_weight_update)
+            self.llm.llm_engine.set_weight_version(str(version))
 
     def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""
