@@ -47,6 +47,7 @@ from rollout.weight_sync import (
     BACKENDS,
     GLOO_BACKEND,
     IPC_BACKEND,
+    GroupAddress,
     NcclSender,
     SyncGroup,
     TensorMeta,
@@ -303,17 +304,9 @@ class Learner(Profiled):
         so its node's IP and a port free on that node."""
         return node_address()[1:]
 
-    def init_weight_sync(
-        self,
-        host: str,
-        port: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float = 300.0,
-        bucket_bytes: int = 64 << 20,
-    ) -> None:
-        """Rank 0 joins the rollout side's group as its sender, on the rollout side's `backend`
-        (rollout.weight_sync.BACKENDS; bucket_bytes: nccl's packed chunk, as the engines')."""
+    def init_weight_sync(self, address: GroupAddress, backend: str) -> None:
+        """Rank 0 joins the rollout side's group at `address` as its sender (rank 0), on the rollout
+        side's `backend` (rollout.weight_sync.BACKENDS)."""
         self._sending = None  # a background sync of the old group died with it (an engine restarted)
         self.sync_backend, self._ipc_kept = backend, []
         if self.rank == 0:
@@ -323,9 +316,10 @@ class Learner(Profiled):
                     f"{self.device}; give the learner GPUs too (cluster.gpus_per_learner) or neither"
                 )
             if backend == GLOO_BACKEND:
-                self.sync_group = SyncGroup(host, port, 0, world_size, "gloo", timeout_s)
+                a = address
+                self.sync_group = SyncGroup(a.host, a.port, 0, a.world_size, "gloo", a.timeout_s)
             elif backend != IPC_BACKEND:  # vLLM's NCCL engine: its trainer side
-                self.sync_group = NcclSender(host, port, world_size, bucket_bytes)
+                self.sync_group = NcclSender(address.host, address.port, address.world_size, address.bucket_bytes)
 
     def send_weights(self, plan: bytes, background: bool = False) -> int | dict:
         """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 sends the buckets of

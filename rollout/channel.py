@@ -1,15 +1,15 @@
 """WeightChannel: the rollout side's end of weight sync. It owns the bucket plan, the wire layout the
 engines taught it, the transfer backend (the engines' device and placement decide,
 RolloutPool.sync_backend) and the policy version each sync carries. The learner is only the sender
-it calls, by these methods: weight_buckets(bucket_mb), sync_address(), init_weight_sync(host, port,
-world_size, backend, timeout_s, bucket_bytes) -> pending calls, send_weights(buckets, background) ->
-pending calls (on IPC, each rank's update_info).
+it calls, by these methods: weight_buckets(bucket_mb), sync_address(), init_weight_sync(address,
+backend) -> pending calls (address: weight_sync.GroupAddress, as rank 0), send_weights(buckets,
+background) -> pending calls (on IPC, each rank's update_info).
 """
 
 from __future__ import annotations
 
 from rollout.pool import RolloutPool
-from rollout.weight_sync import IPC_BACKEND, merge_ipc_update_infos
+from rollout.weight_sync import IPC_BACKEND, GroupAddress, merge_ipc_update_infos
 from runtime import watchdog
 
 
@@ -33,10 +33,8 @@ class WeightChannel:
         self.receiving = []
         host, port = self.sender.sync_address()
         engines = self.pool.init_weight_sync(host, port, self.timeout_s, self.bucket_bytes)
-        sender = self.sender.init_weight_sync(
-            host, port, self.pool.sync_world_size, self.pool.sync_backend, self.timeout_s, self.bucket_bytes
-        )
-        watchdog.get(sender + engines)
+        address = GroupAddress(host, port, 0, self.pool.sync_world_size, self.timeout_s, self.bucket_bytes)
+        watchdog.get(self.sender.init_weight_sync(address, self.pool.sync_backend) + engines)
 
     def send(self, version: int, wait: bool = True) -> None:
         """Send the sender's weights to every engine as policy `version`. wait=False returns once the

@@ -260,8 +260,8 @@ def _split(bucket: list[TensorMeta], flat: torch.Tensor) -> Iterator[tuple[str, 
 
 @dataclass(frozen=True)
 class GroupAddress:
-    """Where one engine joins the sync group: the sender's store, the engine's first rank (each of
-    its TP workers adds its own rank), the group's size, and how the group moves the tensors."""
+    """Where one member joins the sync group: the sender's store, its first rank (the sender 0; an
+    engine's TP workers each add their own rank), the group's size, and how it moves the tensors."""
 
     host: str
     port: int

@@ -68,8 +68,10 @@ def gloo_engine(port: int, timeout_s: float):
     return engine
 
 
-def join_and_send_or_fail(port: int, how: str, joined) -> None:
+def join_and_send_or_fail(port: int, how: str, joined, starting=None) -> None:
     """The sender's end: sends two syncs; or joins and then stays silent / waits to be killed."""
+    if starting is not None:
+        starting.set()  # torch is imported: the store comes up at once
     group = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
     joined.set()
     if how == "send":
@@ -106,10 +108,11 @@ def test_an_engine_whose_sender_stalls_or_dies_raises_sync_failed_naming_group_r
     from rollout.weight_sync import GLOO_BACKEND, update_info
 
     port, ctx = free_port(), mp.get_context("spawn")
-    joined = ctx.Event()
-    sender = ctx.Process(target=join_and_send_or_fail, args=(port, how, joined), daemon=True)
+    joined, starting = ctx.Event(), ctx.Event()
+    sender = ctx.Process(target=join_and_send_or_fail, args=(port, how, joined, starting), daemon=True)
     sender.start()
     try:
+        assert starting.wait(60)  # the 2 s timeout covers joining too: not the child's start-up
         engine = gloo_engine(port, 2)
         assert joined.wait(60)
         if how == "killed":
