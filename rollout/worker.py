@@ -208,6 +208,8 @@ class RolloutWorker(Profiled, Busy):
         self.llm.collective_rpc("start_weight_update")
         self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
         self.llm.collective_rpc("finish_weight_update")
+        if version is not None:  # the engine's tag on every completion from now on (AsyncLLM: finish's weight_version)
+            self.llm.llm_engine.set_weight_version(str(version))
         self._loaded(version)
         return self.llm.collective_rpc("relay_loaded")[0]
 
@@ -220,8 +222,6 @@ class RolloutWorker(Profiled, Busy):
         self.prefix_stale = True
         if version is not None:
             self.version = version
-            # the engine's own tag on every completion from now on (AsyncLLM: finish_weight_update)
-            self.llm.llm_engine.set_weight_version(str(version))
 
     def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""
