@@ -15,7 +15,7 @@ from learner.checkpoint import publish
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.engine import RankAddress
 from learner.worker import Learner, node_address
-from rollout.weight_sync import encode_plan
+from rollout.weight_sync import GroupAddress, encode_plan
 from runtime import watchdog
 from runtime.actors import died_among
 from runtime.device import malloc_env
@@ -191,10 +191,10 @@ class LearnerGroup:
         """(IP, port) for the weight-sync store, on rank 0's node: rank 0 serves it."""
         return watchdog.get(self.ranks[0].sync_address.remote())
 
-    def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> list:
-        """Rank 0 joins the rollout sync group as its rank 0, on the rollout side's `backend`;
-        returns the pending calls."""
-        return [r.init_weight_sync.remote(host, port, world_size, backend, timeout_s) for r in self.ranks]
+    def init_weight_sync(self, address: GroupAddress, backend: str) -> list:
+        """Rank 0 joins the rollout sync group at `address` as its rank 0, on the rollout side's
+        `backend`; returns the pending calls."""
+        return [r.init_weight_sync.remote(address, backend) for r in self.ranks]
 
     def send_weights(self, buckets, background: bool = False) -> list:
         plan = encode_plan(buckets)

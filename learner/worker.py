@@ -9,6 +9,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,14 +44,22 @@ from learner.models import build_critic, build_policy, merged_lora, rollout_weig
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from rollout.weight_sync import (
+    BACKENDS,
+    GLOO_BACKEND,
+    IPC_BACKEND,
+    GroupAddress,
+    NcclSender,
     SyncGroup,
     TensorMeta,
     broadcast_staged,
     decode_plan,
     free_port,
+    ipc_update_info,
     plan_buckets,
     send_weights,
     stage_buckets,
+    staged_tensors,
+    wire_tensors,
 )
 from runtime.device import collective_backend, process_device, to_device
 from runtime.logprobs import (
@@ -120,7 +129,9 @@ class Learner(Profiled):
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.sync_group: SyncGroup | None = None
+        self.sync_group: SyncGroup | NcclSender | None = None  # rank 0: relay_gloo's group, or vLLM's NCCL
+        self.sync_backend = GLOO_BACKEND
+        self._ipc_kept: list[torch.Tensor] = []  # what the engines' IPC handles point into, until the next sync
         self._sending: _Sending | None = None  # a background weight broadcast (send_weights)
         self._staged: list[torch.Tensor] = []  # its copy of the weights, reused from sync to sync
         self.updates = 0
@@ -293,42 +304,84 @@ class Learner(Profiled):
         so its node's IP and a port free on that node."""
         return node_address()[1:]
 
-    def init_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
-        """Rank 0 joins the rollout side's group as its sender, on the rollout side's `backend`."""
+    def init_weight_sync(self, address: GroupAddress, backend: str) -> None:
+        """Rank 0 joins the rollout side's group at `address` as its sender (rank 0), on the rollout
+        side's `backend` (rollout.weight_sync.BACKENDS)."""
         self._sending = None  # a background sync of the old group died with it (an engine restarted)
+        self.sync_backend, self._ipc_kept = backend, []
         if self.rank == 0:
-            if backend != collective_backend(self.device):
+            if BACKENDS.get(backend) != self.device.type:
                 raise ValueError(
                     f"weight sync: the rollout engines use {backend}, but learner rank 0 is on "
                     f"{self.device}; give the learner GPUs too (cluster.gpus_per_learner) or neither"
                 )
-            self.sync_group = SyncGroup(host, port, 0, world_size, backend, timeout_s)
+            if backend == GLOO_BACKEND:
+                a = address
+                self.sync_group = SyncGroup(a.host, a.port, 0, a.world_size, "gloo", a.timeout_s)
+            elif backend != IPC_BACKEND:  # vLLM's NCCL engine: its trainer side
+                self.sync_group = NcclSender(address.host, address.port, address.world_size, address.bucket_bytes)
 
-    def send_weights(self, plan: bytes, background: bool = False) -> int:
-        """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 broadcasts the buckets
-        of `plan` (weight_sync.encode_plan). background (asynchronous training, ZeRO 0-2): rank 0
+    def send_weights(self, plan: bytes, background: bool = False) -> int | dict:
+        """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 sends the buckets of
+        `plan` (weight_sync.encode_plan). background (asynchronous training, ZeRO 0-2): rank 0
         returns once it has staged a copy, and a thread broadcasts it while the next update runs;
-        the next call (or a reconnect) waits for it first."""
+        the next call (or a reconnect) waits for it first. Returns the bytes sent; on IPC, each
+        rank's update_info with handles to its own GPU's copy (the channel merges them)."""
         self._await_sent()
         buckets = decode_plan(plan)
         params = dict(rollout_weights(self.policy))
-        sent = 0
         with merged_lora(self.policy):
+            if self.sync_backend == IPC_BACKEND:
+                info, self._ipc_kept = ipc_update_info(self._gathered(buckets, params))
+                return info
             if background and self.cfg.zero_stage != 3:
-                if self.rank == 0:
-                    self._staged = stage_buckets(buckets, params.__getitem__, self._staged)
-                    self._sending = _Sending(self.sync_group, self._staged)
-                    sent = sum(t.numel() * t.element_size() for t in self._staged)
-            elif self.cfg.zero_stage == 3:
+                return self._send_in_background(buckets, params)
+            if self.sync_backend != GLOO_BACKEND:
+                return self._send_nccl(buckets, params)
+            if self.cfg.zero_stage == 3:
                 import deepspeed
 
+                sent = 0
                 for bucket in buckets:
                     with deepspeed.zero.GatheredParameters([params[m.name] for m in bucket]):
                         if self.rank == 0:
                             sent += send_weights(self.sync_group, [bucket], params.__getitem__)
-            elif self.rank == 0:
-                sent = send_weights(self.sync_group, buckets, params.__getitem__)
-        return sent
+                return sent
+            return send_weights(self.sync_group, buckets, params.__getitem__) if self.rank == 0 else 0
+
+    def _send_in_background(self, buckets: list[list[TensorMeta]], params: dict) -> int:
+        """Rank 0 stages a copy and a thread sends it (relay_gloo: bucket by bucket; nccl: packed)."""
+        if self.rank != 0:
+            return 0
+        self._staged = stage_buckets(buckets, params.__getitem__, self._staged)
+        group, staged = self.sync_group, self._staged
+        if self.sync_backend == GLOO_BACKEND:
+            self._sending = _Sending(lambda: broadcast_staged(group, staged))
+        else:
+            self._sending = _Sending(lambda: group.send(staged_tensors(buckets, staged)))
+        return sum(t.numel() * t.element_size() for t in self._staged)
+
+    def _send_nccl(self, buckets: list[list[TensorMeta]], params: dict) -> int:
+        """vLLM's NCCL engine takes one packed stream of every tensor; every rank walks it (ZeRO-3's
+        gathers), rank 0 sends."""
+        tensors = self._gathered(buckets, params)
+        if self.rank == 0:
+            return self.sync_group.send(tensors)
+        for _ in tensors:
+            pass
+        return 0
+
+    def _gathered(self, buckets: list[list[TensorMeta]], params: dict):
+        """wire_tensors of `buckets`; under ZeRO-3 each bucket gathered in turn and copied out (the
+        gathered parameters are freed when the next bucket is gathered)."""
+        if self.cfg.zero_stage != 3:
+            yield from wire_tensors(buckets, params.__getitem__)
+            return
+        import deepspeed
+
+        for bucket in buckets:
+            with deepspeed.zero.GatheredParameters([params[m.name] for m in bucket]):
+                yield from ((n, t.clone()) for n, t in wire_tensors([bucket], params.__getitem__))
 
     def _await_sent(self) -> None:
         sending, self._sending = self._sending, None
@@ -396,14 +449,14 @@ class PendingUpdate:
 class _Sending:
     """A weight broadcast on a thread of its own; wait() joins it and raises what it raised."""
 
-    def __init__(self, group: SyncGroup, staged: list[torch.Tensor]):
+    def __init__(self, send: Callable[[], object]):
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(group, staged), daemon=True, name="relay-weight-sync")
+        self.thread = threading.Thread(target=self._run, args=(send,), daemon=True, name="relay-weight-sync")
         self.thread.start()
 
-    def _run(self, group: SyncGroup, staged: list[torch.Tensor]) -> None:
+    def _run(self, send: Callable[[], object]) -> None:
         try:
-            broadcast_staged(group, staged)
+            send()
         except BaseException as e:  # noqa: BLE001 - re-raised by wait(), in the caller's thread
             self.error = e
 

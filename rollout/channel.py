@@ -1,47 +1,53 @@
 """WeightChannel: the rollout side's end of weight sync. It owns the bucket plan, the wire layout the
-engines taught it, the group's backend (the engines' device decides, RolloutPool.sync_backend) and
-the policy version each sync carries. The learner is only the sender it calls, by these methods:
-weight_buckets(bucket_mb), sync_address(), init_weight_sync(host, port, world_size, backend,
-timeout_s) -> pending calls, send_weights(buckets, background) -> pending calls.
+engines taught it, the transfer backend (the engines' device and placement decide,
+RolloutPool.sync_backend) and the policy version each sync carries. The learner is only the sender
+it calls, by these methods: weight_buckets(bucket_mb), sync_address(), init_weight_sync(address,
+backend) -> pending calls (address: weight_sync.GroupAddress, as rank 0), send_weights(buckets,
+background) -> pending calls (on IPC, each rank's update_info).
 """
 
 from __future__ import annotations
 
 from rollout.pool import RolloutPool
+from rollout.weight_sync import IPC_BACKEND, GroupAddress, merge_ipc_update_infos
 from runtime import watchdog
 
 
 class WeightChannel:
     """The rollout side's end of weight sync (see the module docstring): it owns the bucket plan and
-    wire layout, the broadcast group between the sender and the pool's engines, and the sync still
+    wire layout, the transfer group between the sender and the pool's engines, and the sync still
     in flight."""
 
     def __init__(self, pool: RolloutPool, sender, bucket_mb: int, timeout_s: float = 120.0, in_flight: bool = False):
         """in_flight: engines take each sync mid-sequence (async_training.mode in_flight), not between calls."""
         self.pool, self.sender, self.timeout_s, self.in_flight = pool, sender, timeout_s, in_flight
+        self.bucket_bytes = bucket_mb << 20
         self.buckets = sender.weight_buckets(bucket_mb)
         self.wire_planned = False
         self.receiving: list = []  # the engines' receives of a sync still in flight (send(wait=False))
         self.connect()
 
     def connect(self) -> None:
-        """(Re)build the broadcast group: the sender's rank 0 plus every engine, at a fresh port on
+        """(Re)build the transfer group: the sender's rank 0 plus every engine, at a fresh port on
         the sender's node (it serves the group's store; the engines may be on other nodes). After an
         engine restarted, a sync in flight died with the old group."""
         self.receiving = []
         host, port = self.sender.sync_address()
-        engines = self.pool.init_weight_sync(host, port, self.timeout_s)
-        watchdog.get(
-            self.sender.init_weight_sync(host, port, self.pool.sync_world_size, self.pool.sync_backend, self.timeout_s)
-            + engines
-        )
+        engines = self.pool.init_weight_sync(host, port, self.timeout_s, self.bucket_bytes)
+        address = GroupAddress(host, port, 0, self.pool.sync_world_size, self.timeout_s, self.bucket_bytes)
+        watchdog.get(self.sender.init_weight_sync(address, self.pool.sync_backend) + engines)
 
     def send(self, version: int, wait: bool = True) -> None:
         """Send the sender's weights to every engine as policy `version`. wait=False returns once the
         sender has staged a copy (it broadcasts in the background, and trains meanwhile); each engine
         takes them after the generate calls already running on it, or in flight (mid-sequence) when
-        the channel is. The first sync is always waited for: it teaches the wire layout."""
+        the channel is. The first sync is always waited for: it teaches the wire layout. On IPC the
+        engines read the sender's memory: always waited for."""
         self.wait_sent()
+        if self.pool.sync_backend == IPC_BACKEND:
+            infos = watchdog.get(self.sender.send_weights(self.buckets), "weight sync (IPC handles)")
+            watchdog.get(self.pool.take_update(merge_ipc_update_infos(infos), version, self.in_flight), "weight sync")
+            return
         background = not wait and self.wire_planned
         receiving = self.pool.receive_weights(self.buckets, version, self.in_flight)
         watchdog.get(

@@ -8,6 +8,7 @@ import os
 import torch
 
 from rollout.config import RolloutConfig, SamplingConfig
+from rollout.weight_sync import GLOO_BACKEND, IPC_BACKEND, NCCL_BACKEND
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,15 @@ def cpu_bind(tp: int) -> str:
     return "|".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else str(p[0]) for p in parts)
 
 
+def transfer_backend(gpu: bool, colocated: bool) -> str:
+    """The weight-transfer backend of an engine (vLLM's `weight_transfer_config`): vLLM's NCCL engine
+    on GPU, its CUDA IPC engine when the learner shares the engine's GPUs (colocated: the engines
+    sleep while it updates), relay's gloo engine on CPU (rollout/transfer.py)."""
+    if not gpu:
+        return GLOO_BACKEND
+    return IPC_BACKEND if colocated else NCCL_BACKEND
+
+
 def make_engine(
     cfg: RolloutConfig,
     model_path: str,
@@ -53,6 +63,7 @@ def make_engine(
     (runtime.device.process_device); sleep mode needs a GPU. `step_samples`: this worker's share of a
     step's samples (RolloutPool), decoded in one wave on CPU."""
     # imported late: the environment above must be in place first
+    from vllm.config import WeightTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -71,7 +82,9 @@ def make_engine(
         max_model_len=cfg.max_model_len,
         tensor_parallel_size=cfg.tensor_parallel_size,
         seed=seed,
-        worker_extension_cls="rollout.vllm_ext.WorkerExtension",
+        worker_extension_cls="rollout.vllm_ext.WorkerExtension",  # importing it registers relay_gloo
+        # sleep mode: the learner shares the engine's GPUs (RolloutPool: colocated)
+        weight_transfer_config=WeightTransferConfig(backend=transfer_backend(gpu, sleep_mode)),
         # logprobs of the distribution actually sampled from (after temperature), not the raw one
         logprobs_mode="processed_logprobs",
         **engine_batch(cfg, gpu, step_samples),

@@ -12,13 +12,13 @@ import ray
 
 from envs.config import EnvConfig
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.engine import engine_env
+from rollout.engine import engine_env, transfer_backend
 from rollout.types import Prompt, RolloutBatch
-from rollout.weight_sync import TensorMeta, encode_plan
+from rollout.weight_sync import GLOO_BACKEND, GroupAddress, TensorMeta, init_info, update_info
 from rollout.worker import RolloutWorker
 from runtime import watchdog
 from runtime.actors import actor_options, busy_seconds, died_among, restart_count
-from runtime.device import collective_backend, malloc_env
+from runtime.device import malloc_env
 
 
 def sync_ranks(num_workers: int, tensor_parallel_size: int) -> tuple[int, list[int]]:
@@ -100,9 +100,9 @@ class RolloutPool:
         # engine's calls sent since the last one
         self.serial, self.calls_since_sync = 0, [0] * num_workers
         watchdog.get([w.ready.remote() for w in self.workers])
-        # the engines' own device decision (runtime.device), and the weight-sync backend it implies
+        # the engines' own device decision (runtime.device), and the weight-transfer backend it implies
         self.device = watchdog.get(self.workers[0].get_device.remote())
-        self.sync_backend = collective_backend(self.device)
+        self.sync_backend = transfer_backend(self.device.type == "cuda", options.sleep_mode)
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -162,26 +162,32 @@ class RolloutPool:
     def sync_world_size(self) -> int:
         return sync_ranks(len(self.workers), self.tensor_parallel_size)[0]
 
-    def init_weight_sync(self, host: str, port: int, timeout_s: float = 300.0) -> list:
-        """Start every engine's side of the group (ranks 1..sync_world_size-1) on `sync_backend`;
-        the sender must join as rank 0, on the same backend, while these are pending. host:port is
-        the sender's store (learner rank 0's node IP and a port free there). Returns the
-        futures to wait on after the sender has joined."""
+    def init_weight_sync(self, host: str, port: int, timeout_s: float = 300.0, bucket_bytes: int = 64 << 20) -> list:
+        """Start every engine's side of the transfer (ranks 1..sync_world_size-1 of the group, on
+        `sync_backend`); the sender must join as rank 0 while these are pending. host:port is the
+        sender's store (learner rank 0's node IP and a port free there); bucket_bytes: nccl's
+        packed chunk, as the sender's. Returns the futures to wait on after the sender has joined."""
         world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
         # a new group after a restart: calls sent before it either died with their engine or are
         # generated again, so no sync waits for them
         self.calls_since_sync = [0] * len(self.workers)
         return [
-            w.init_weight_sync.remote(host, port, r, world, self.sync_backend, timeout_s)
+            w.init_weight_sync.remote(
+                init_info(self.sync_backend, GroupAddress(host, port, r, world, timeout_s, bucket_bytes))
+            )
             for w, r in zip(self.workers, first)
         ]
 
     def receive_weights(self, buckets: list[list[TensorMeta]], version: int | None = None, in_flight=False) -> list:
         """Start every worker's receive of policy `version`, between its calls or in flight (mid-sequence);
         the sender broadcasts while these are pending."""
-        plan = encode_plan(buckets)
+        return self.take_update(update_info(self.sync_backend, buckets), version, in_flight)
+
+    def take_update(self, info: dict, version: int | None = None, in_flight: bool = False) -> list:
+        """Start every worker's update from `info` (an update_info of `sync_backend`; IPC's comes
+        from the sender) as policy `version`."""
         return [
-            w.receive_weights.remote(plan, version, in_flight, order)
+            w.receive_weights.remote(info, version, in_flight, order)
             for w, order in zip(self.workers, self.sync_order())
         ]
 
@@ -195,7 +201,10 @@ class RolloutPool:
         """`buckets` with every tensor the engines store transposed marked to travel so (GPT-2's
         Conv1D weights: a transposed copy runs at ~1/8 the speed of a plain one on CPU, and the
         sender then does it once, in the time it waits for the engines anyway). The engines learn
-        their layout on the first sync, so call this after one; all hold the same model."""
+        their layout on the first sync, so call this after one; all hold the same model. Only relay's
+        gloo engine copies directly: vLLM's own take the tensors in Hugging Face layout."""
+        if self.sync_backend != GLOO_BACKEND:
+            return buckets
         routes = watchdog.get(self.workers[0].weight_routes.remote())
         return [
             [dataclasses.replace(m, transposed=m.name in routes and routes[m.name][2]) for m in bucket]

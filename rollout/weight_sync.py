@@ -1,11 +1,19 @@
 """The weight-sync protocol. rollout/ receives, so it defines it; the learner calls `send_weights`.
 
-A `SyncGroup` is a torch.distributed process group of its own (not the default group, which vLLM
-uses inside each engine): rank 0 is the sender (learner rank 0), ranks 1..N the rollout engines.
-Tensors travel in buckets: each bucket is one flat buffer of one dtype, broadcast once, so a sync of
-a model costs a few large collectives instead of one per parameter. NCCL on GPU, gloo on CPU. The
-bucket plan (a list of TensorMeta lists) is fixed by the sender; after the first sync a tensor the
-engines store transposed travels transposed (TensorMeta.transposed, RolloutPool.wire_plan).
+Engines receive through vLLM's weight-transfer API, on one of three backends (`BACKENDS`): relay's
+gloo engine on CPU (rollout/transfer.py), vLLM's NCCL engine on GPU, vLLM's CUDA IPC engine when the
+learner shares the engines' GPUs. `init_info` and `update_info` build the payloads each backend's
+engine parses; the sender's side of each is here too.
+
+relay_gloo: a `SyncGroup` is a torch.distributed process group of its own (not the default group,
+which vLLM uses inside each engine): rank 0 is the sender (learner rank 0), ranks 1..N the rollout
+engines. Tensors travel in buckets: each bucket is one flat buffer of one dtype, broadcast once, so a
+sync of a model costs a few large collectives instead of one per parameter. The bucket plan (a list
+of TensorMeta lists) is fixed by the sender; after the first sync a tensor the engines store
+transposed travels transposed (TensorMeta.transposed, RolloutPool.wire_plan).
+
+nccl: vLLM's group (a PyNccl communicator over a StatelessProcessGroup), the sender as vLLM's trainer
+side (`NcclSender`); the tensors travel packed in chunks of the bucket size, in Hugging Face layout.
 """
 
 from __future__ import annotations
@@ -19,6 +27,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+GLOO_BACKEND = "relay_gloo"  # relay's engine (rollout/transfer.py), registered with vLLM's factory
+NCCL_BACKEND = "nccl"  # vLLM's NCCLWeightTransferEngine
+IPC_BACKEND = "ipc"  # vLLM's IPCWeightTransferEngine: CUDA IPC handles, no group
+BACKENDS = {GLOO_BACKEND: "cpu", NCCL_BACKEND: "cuda", IPC_BACKEND: "cuda"}  # the device each moves
+NCCL_BUFFERS = 2  # vLLM's packed broadcast: chunks in flight (both ends must agree)
 
 
 @dataclass(frozen=True)
@@ -239,3 +253,136 @@ def _split(bucket: list[TensorMeta], flat: torch.Tensor) -> Iterator[tuple[str, 
         t = flat[offset : offset + m.numel].view(m.wire_shape)
         yield m.name, t.t() if m.transposed else t  # in Hugging Face layout, as loaders expect
         offset += m.numel
+
+
+# ---- the payloads of vLLM's weight-transfer API, per backend
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where one member joins the sync group: the sender's store, its first rank (the sender 0; an
+    engine's TP workers each add their own rank), the group's size, and how it moves the tensors."""
+
+    host: str
+    port: int
+    rank_offset: int
+    world_size: int
+    timeout_s: float = 300.0
+    bucket_bytes: int = 64 << 20  # nccl: the packed chunk size, the same on both ends
+
+
+def init_info(backend: str, address: GroupAddress) -> dict:
+    """The `init_info` of `init_weight_transfer_engine` for an engine on `backend`."""
+    if backend == GLOO_BACKEND:  # rollout.transfer.GlooInitInfo
+        return {
+            "host": address.host,
+            "port": address.port,
+            "rank_offset": address.rank_offset,
+            "world_size": address.world_size,
+            "timeout_s": address.timeout_s,
+        }
+    if backend == NCCL_BACKEND:  # vLLM's NCCLWeightTransferInitInfo
+        return {
+            "master_address": address.host,
+            "master_port": address.port,
+            "rank_offset": address.rank_offset,
+            "world_size": address.world_size,
+            "packed": True,
+            "packed_buffer_size_bytes": address.bucket_bytes,
+            "packed_num_buffers": NCCL_BUFFERS,
+        }
+    if backend == IPC_BACKEND:  # vLLM's IPCWeightTransferInitInfo: no rendezvous
+        return {"packed": False}
+    raise ValueError(f"unknown weight-transfer backend {backend!r}; expected one of {sorted(BACKENDS)}")
+
+
+def update_info(backend: str, buckets: list[list[TensorMeta]]) -> dict:
+    """The `update_info` of `update_weights` for one full sync of `buckets` over a group (IPC's
+    comes from the sender: ipc_update_info)."""
+    if backend == GLOO_BACKEND:  # rollout.transfer.GlooUpdateInfo
+        return {"plan": encode_plan(buckets)}
+    if backend == NCCL_BACKEND:  # vLLM's NCCLWeightTransferUpdateInfo: in Hugging Face layout
+        metas = [m for bucket in buckets for m in bucket]
+        return {
+            "names": [m.name for m in metas],
+            "dtype_names": [m.dtype for m in metas],
+            "shapes": [list(m.shape) for m in metas],
+        }
+    raise ValueError(f"weight-transfer backend {backend!r} takes no broadcast plan")
+
+
+def wire_tensors(buckets: list[list[TensorMeta]], get: Callable[[str], torch.Tensor]):
+    """(name, tensor) in the order and wire dtype of `buckets`, Hugging Face layout: what vLLM's
+    NCCL and IPC engines receive for update_info(buckets)."""
+    for bucket in buckets:
+        for m in bucket:
+            yield m.name, get(m.name).detach().to(m.torch_dtype)
+
+
+def staged_tensors(buckets: list[list[TensorMeta]], staged: list[torch.Tensor]):
+    """The tensors of stage_buckets' copies, by name (views of them)."""
+    for bucket, flat in zip(buckets, staged):
+        yield from _split(bucket, flat)
+
+
+class NcclSender:
+    """Rank 0 of vLLM's NCCL weight-transfer group, sending as vLLM's trainer side does
+    (nccl_common.trainer_init, packed_tensor.packed_nccl_broadcast_producer): packed chunks of
+    bucket_bytes, which the engines' NCCLWeightTransferEngine cuts alike from update_info."""
+
+    device = "cuda"
+
+    def __init__(self, host: str, port: int, world_size: int, bucket_bytes: int):
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+        self.address, self.bucket_bytes = f"{host}:{port}", bucket_bytes
+        self.comm = trainer_init({"master_address": host, "master_port": port, "world_size": world_size})
+
+    def send(self, tensors) -> int:
+        """Broadcast (name, tensor) pairs (wire_tensors); returns the bytes sent."""
+        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+
+        sent = [0]
+
+        def payload(item: tuple[str, torch.Tensor]) -> torch.Tensor:
+            sent[0] += item[1].numel() * item[1].element_size()
+            return item[1]
+
+        packed_nccl_broadcast_producer(
+            iterator=iter(tensors),
+            group=self.comm,
+            src=0,
+            post_iter_func=payload,
+            buffer_size_bytes=self.bucket_bytes,
+            num_buffers=NCCL_BUFFERS,
+        )
+        return sent[0]
+
+
+def ipc_update_info(tensors) -> tuple[dict, list[torch.Tensor]]:
+    """vLLM's IPCWeightTransferUpdateInfo (unpacked) for (name, CUDA tensor) pairs: one handle per
+    tensor, keyed by this GPU's UUID; and the tensors the handles point into, which the sender must
+    keep alive until the engines have finished the update."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    info: dict = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
+    kept = []
+    for name, tensor in tensors:
+        weight = tensor.detach().contiguous()
+        kept.append(weight)
+        info["names"].append(name)
+        info["dtype_names"].append(str(weight.dtype).removeprefix("torch."))
+        info["shapes"].append(list(weight.shape))
+        info["ipc_handles"].append({uuid: reduce_tensor(weight)[1]})
+    return info, kept
+
+
+def merge_ipc_update_infos(infos: list[dict]) -> dict:
+    """One update_info from each learner rank's (each on its own GPU): every tensor's handles for
+    every GPU, so each engine finds the copy on its own."""
+    merged = dict(infos[0], ipc_handles=[dict(h) for h in infos[0]["ipc_handles"]])
+    for info in infos[1:]:
+        for handles, more in zip(merged["ipc_handles"], info["ipc_handles"]):
+            handles.update(more)
+    return merged

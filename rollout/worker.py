@@ -15,9 +15,17 @@ from envs.config import EnvConfig
 from envs.registry import make_factory
 from rollout.async_engine import AsyncEngine, token_versions
 from rollout.config import RolloutConfig, SamplingConfig
-from rollout.engine import completion_text, engine_env, make_engine, sampled_logprobs, sampling_params
+from rollout.engine import (
+    completion_text,
+    engine_env,
+    make_engine,
+    sampled_logprobs,
+    sampling_params,
+    transfer_backend,
+)
 from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
 from rollout.types import Prompt, RolloutBatch
+from rollout.weight_sync import GLOO_BACKEND
 from runtime.device import process_device
 from runtime.profiling import Busy, Profiled
 from runtime.prompts import encode_prompt
@@ -51,9 +59,10 @@ class RolloutWorker(Profiled, Busy):
         )
         self.tokenizer = self.engine.llm.get_tokenizer()
         self.asleep = False
-        # see WorkerExtension.relay_receive_weights. CPU tensor-parallel layers lose their
+        # see rollout.transfer.GlooUpdateInfo.direct. CPU tensor-parallel layers lose their
         # weight_loader after loading, so those engines take vLLM's reload path.
         self.direct_load = self.device.type == "cuda" or (cfg.cpu_plain_linear and cfg.tensor_parallel_size == 1)
+        self.transfer_backend = transfer_backend(self.device.type == "cuda", sleep_mode)
         self.keep_threads(threads)
 
     def ready(self) -> bool:
@@ -193,25 +202,35 @@ class RolloutWorker(Profiled, Busy):
         step, draw = key
         return request_seed(self.seed if sampling.seed is None else sampling.seed, step, index, draw)
 
-    # ---- weights: see rollout/weight_sync.py for the protocol
-    async def init_weight_sync(
-        self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float = 300.0
-    ) -> None:
-        """Every TP worker of this engine joins, as first_rank + its TP rank (see pool.sync_ranks)."""
-        await self.engine.rpc("relay_init_sync", (host, port, first_rank, world_size, backend, timeout_s))
+    # ---- weights: vLLM's weight-transfer API; payloads and backends in rollout/weight_sync.py
+    async def init_weight_sync(self, init_info: dict) -> None:
+        """Every TP worker of this engine joins the transfer group (weight_sync.init_info: each adds
+        its own rank to the engine's first rank, see pool.sync_ranks)."""
+        await self.engine.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
 
     async def receive_weights(
-        self, plan: bytes, version: int | None = None, in_flight: bool = False, order: tuple[int, int] | None = None
+        self,
+        update_info: dict,
+        version: int | None = None,
+        in_flight: bool = False,
+        order: tuple[int, int] | None = None,
     ) -> int:
-        """plan: weight_sync.encode_plan(buckets), as the sender's; version: the policy version these
-        weights are (None: unchanged, for tests and benchmarks). Taken between calls (after the calls
-        sent before it, before the ones sent after), or in flight: at once, the running sequences
-        paused and continued under the new weights. order: (the pool's sync serial, the calls sent
-        to this engine since the sync before); see AsyncEngine.weights."""
+        """Take one full update (weight_sync.update_info, as the sender's) as policy `version` (None:
+        unchanged, for tests and benchmarks); returns the tensors loaded (0 on vLLM's own engines,
+        which do not count them). Taken between calls (after the calls sent before it, before the
+        ones sent after), or in flight: at once, the running sequences paused and continued under
+        the new weights. order: (the pool's sync serial, the calls sent to this engine since the
+        sync before); see AsyncEngine.weights."""
+        if self.transfer_backend == GLOO_BACKEND:
+            update_info = {**update_info, "direct": self.direct_load}
+        llm = self.engine.llm
         async with self.engine.weights(*(order or (None, 0)), in_flight):
-            loaded = (await self.engine.rpc("relay_receive_weights", (plan, self.direct_load)))[0]
-            await self._loaded(version)
-        return loaded
+            await llm.collective_rpc("start_weight_update")
+            await llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+            await llm.collective_rpc("finish_weight_update")
+            if version is not None:
+                await self.engine.set_version(version)  # vLLM's tag on every token sampled from now on
+        return (await llm.collective_rpc("relay_loaded"))[0]
 
     async def load_weights(
         self,
@@ -220,19 +239,10 @@ class RolloutWorker(Profiled, Busy):
         in_flight: bool = False,
         order: tuple[int, int] | None = None,
     ) -> int:
-        """Same-node path: tensors arrive through Ray's shared-memory object store and go to the engine's
-        process by vLLM's RPC (CPU), or as CUDA IPC handles rebuilt by the caller (GPU). Taken as
-        receive_weights takes them."""
-        async with self.engine.weights(*(order or (None, 0)), in_flight):
-            # as bytes: vLLM's RPC to the engine's process turns tensors nested in arguments into lists
-            payload = pickle.dumps(named_tensors)
-            loaded = (await self.engine.rpc("relay_load_weights", (payload, self.direct_load)))[0]
-            await self._loaded(version)
-        return loaded
-
-    async def _loaded(self, version: int | None) -> None:
-        if version is not None:
-            await self.engine.set_version(version)
+        """The same-node path on CPU: tensors arrive through Ray's shared-memory object store and go
+        through the same update, pickled (vLLM's RPC to the engine's process turns tensors nested in
+        its arguments into lists)."""
+        return await self.receive_weights({"payload": pickle.dumps(named_tensors)}, version, in_flight, order)
 
     async def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""

@@ -1,5 +1,6 @@
 """The sending side of weight sync: learner ranks (ZeRO 0 and ZeRO-3 over 2 ranks) to real vLLM
-engines; and a learner checkpoint served by vLLM as is."""
+engines through the WeightChannel and vLLM's weight-transfer API; and a learner checkpoint served by
+vLLM as is."""
 
 import pytest
 import ray
@@ -7,6 +8,7 @@ import torch
 
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.group import LearnerGroup, RankPlacement
+from rollout.channel import WeightChannel
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.pool import PoolOptions, RolloutPool
 from runtime.logprobs import SamplerSettings
@@ -44,15 +46,21 @@ def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero):
             group.update(*make_scored_batch(tiny_model, seed=10 + step + 100 * zero), step=step)
         before = pool.generate(PROMPTS, step=0, greedy=True)
         assert not close_logprobs(before.logprobs, group.policy_logprobs(before))
-        buckets = group.weight_buckets(1)  # 1 MiB buckets: several per sync
-        assert len(buckets) > 1
-        host, port = group.sync_address()  # rank 0's node and a port free there: it serves the store
-        joining = pool.init_weight_sync(host, port, timeout_s=60)
-        ray.get(group.init_weight_sync(host, port, pool.sync_world_size, pool.sync_backend, 60) + joining)
-        receiving = pool.receive_weights(buckets)
-        ray.get(group.send_weights(buckets) + receiving)
+        # the trainer's path: the channel joins rank 0 and the engines through vLLM's weight-transfer
+        # API (relay's gloo engine on CPU) and sends in 1 MiB buckets, several per sync
+        channel = WeightChannel(pool, group, bucket_mb=1, timeout_s=60)
+        assert len(channel.buckets) > 1 and pool.sync_backend == "relay_gloo"
+        channel.send(version=7)
         after = pool.generate(PROMPTS, step=0, greedy=True)
         assert close_logprobs(after.logprobs, group.policy_logprobs(after))
+        assert after.version_first == [7] * len(after)
+        # vLLM's own tag on each completion (what AsyncLLM's finish_weight_update(weight_version) sets)
+        tags = ray.get(
+            [w.__ray_call__.remote(lambda self: self.llm.llm_engine.get_weight_version()) for w in pool.workers]
+        )
+        assert tags == ["7"] * len(pool)
+        channel.send(version=8)  # the second sync travels in the wire layout the first taught
+        assert pool.generate(PROMPTS, step=0, greedy=True).response_ids == after.response_ids
         for w in pool.workers:  # every engine, not only the shards that generated above
             alone = ray.get(w.generate.remote(PROMPTS, 0, 0, True))
             assert alone.response_ids == after.response_ids

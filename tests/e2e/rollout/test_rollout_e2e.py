@@ -170,6 +170,10 @@ def assert_engines_follow(pool, model, checksum=True):
 
 
 def test_sentinel_weight_sync_over_a_process_group(pool, hf):
+    """relay's gloo engine, through vLLM's weight-transfer API (init_weight_transfer_engine,
+    start_weight_update, update_weights, finish_weight_update): new weights change greedy output and
+    logprobs to what the sender's model computes."""
+    assert pool.sync_backend == "relay_gloo"
     changed = perturbed(hf, seed=1)
     before = pool.generate(PROMPTS, step=0, greedy=True)
     assert before.response_ids != [hf_greedy(changed, p, 8) for p in before.prompt_ids]
