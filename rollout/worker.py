@@ -246,7 +246,8 @@ class RolloutWorker(Profiled, Busy):
 
     async def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""
-        return (await self.engine.rpc("relay_routes"))[0]
+        routes = (await self.engine.rpc("relay_routes"))[0]
+        return {name: tuple(route) for name, route in routes.items()}  # vLLM's RPC returns tuples as lists
 
     async def weight_checksum(self) -> float:
         return (await self.engine.rpc("relay_weight_checksum"))[0]
