@@ -18,6 +18,11 @@ PLAIN_LINEAR_ENV = "RELAY_CPU_PLAIN_LINEAR"
 def engine_env(cfg: RolloutConfig, threads: int, gpu: bool) -> dict[str, str]:
     """Environment a worker process needs before vLLM is imported."""
     env = {
+        # AsyncLLM runs its engine core in a process of its own whatever this says; "0" keeps the model
+        # in that process on CPU (vLLM's uni executor) rather than in one more worker process, whose
+        # shared-memory queue busy-polls a third of a core while the engine idles (measured): the
+        # learner's core in sync mode
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_space_gb),
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
