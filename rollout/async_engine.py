@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 from collections import Counter
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class AsyncEngine:
         self.llm = llm
         self.version = 0
         self.serial = 0  # the last weight sync taken, by the pool's numbering
+        self.loads = 0  # weight loads taken (whatever their version): the prefix cache's salt
+        self._pauses = 0  # holders of the scheduler's pause: a call adding its requests, a sync in flight
+        self._pause_lock: asyncio.Lock | None = None
         self._ids = itertools.count()
         self._running = 0  # the worker's calls under way
         self._arrived: Counter[int] = Counter()  # calls admitted, by the sync they were sent after
@@ -68,6 +72,12 @@ class AsyncEngine:
         if self._sync_lock is None:
             self._sync_lock = asyncio.Lock()
         return self._sync_lock
+
+    @property
+    def pause_lock(self) -> asyncio.Lock:
+        if self._pause_lock is None:
+            self._pause_lock = asyncio.Lock()
+        return self._pause_lock
 
     @contextlib.asynccontextmanager
     async def call(self, after: int | None = None):
@@ -91,25 +101,39 @@ class AsyncEngine:
         if not prompt_ids:
             return []
         self._decoding += 1
-        idle = self._decoding == 1
+        idle, collectors = self._decoding == 1, []
         try:
             if idle:  # nothing decoding: add the whole call at once, as LLM.generate does
-                await self._hold()
+                await self._pause()
             try:
-                collectors = [await self._add(ids, p) for ids, p in zip(prompt_ids, params)]
+                for ids, p in zip(prompt_ids, params):
+                    collectors.append(await self._add(ids, p))
             finally:
                 if idle:
-                    await self._release()
+                    await self._resume()
             return list(await asyncio.gather(*(self._final(c) for c in collectors)))
+        except BaseException:
+            self._engine_dead_exits()
+            for c in collectors:  # none may decode on after its call failed (a sync counts on that)
+                await self.llm.abort(c.request_id, internal=True)
+            raise
         finally:
             self._decoding -= 1
+
+    def _engine_dead_exits(self) -> None:
+        """vLLM's engine core (a child process) died: end this worker's process too, so that Ray
+        restarts it and the driver's restart paths see a dead actor, not one that fails every call."""
+        if self.llm.errored:
+            log.error("rollout: vLLM's engine core died; exiting so that Ray restarts this worker")
+            os._exit(1)
 
     async def _add(self, ids: list[int], params):
         from vllm.sampling_params import RequestOutputKind
 
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, all n completions in it
-        # the salt keeps the prefix cache to KV that the current weights computed: no reset after an update
-        request = {"prompt_token_ids": ids, "cache_salt": f"v{self.version}"}
+        # the salt keeps the prefix cache to KV computed by the weights of this load or, in flight, a
+        # later one (a request added before an in-flight sync may prefill after it): no reset needed
+        request = {"prompt_token_ids": ids, "cache_salt": f"w{self.loads}"}
         return await self.llm.add_request(f"relay-{next(self._ids)}", request, params)
 
     async def _final(self, collector):
@@ -122,13 +146,21 @@ class AsyncEngine:
             await self.llm.abort(collector.request_id, internal=True)
             raise
 
-    async def _hold(self) -> None:
-        # the engine core's own pause (what pause_generation calls): pause_generation adds a 20 ms
-        # sleep so outputs of running requests arrive first, and nothing runs here
-        await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
+    async def _pause(self) -> None:
+        """Hold the scheduler (vLLM's keep: running requests stay, frozen); counted, as a call adding
+        its requests and an in-flight sync may hold it at once, and only the last release resumes.
+        The engine core's own call, which AsyncLLM.pause_generation makes after a 20 ms sleep for the
+        outputs of running requests to arrive first: nothing here waits for them."""
+        async with self.pause_lock:
+            self._pauses += 1
+            if self._pauses == 1:
+                await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
 
-    async def _release(self) -> None:
-        await self.llm.engine_core.resume_scheduler_async()
+    async def _resume(self) -> None:
+        async with self.pause_lock:
+            self._pauses -= 1
+            if self._pauses == 0:
+                await self.llm.engine_core.resume_scheduler_async()
 
     @contextlib.asynccontextmanager
     async def weights(self, serial: int | None, calls: int, in_flight: bool):
@@ -137,20 +169,35 @@ class AsyncEngine:
         Between calls (in_flight False): those calls arrive and finish first, and calls arriving
         meanwhile wait. In flight: at once, the engine paused with its running requests kept (vLLM's
         keep); they continue on resume, under the new weights."""
-        async with self.sync_lock, contextlib.AsyncExitStack() as stack:
+        async with self.sync_lock:
             async with self.changed:
-                await self.changed.wait_for(lambda: in_flight or serial is None or self._arrived[serial - 1] >= calls)
+                # an engine behind by more than one sync was restarted: the calls sent to it before died
+                await self.changed.wait_for(
+                    lambda: (
+                        in_flight or serial is None or self.serial < serial - 1 or self._arrived[serial - 1] >= calls
+                    )
+                )
                 self._updating = not in_flight
                 await self.changed.wait_for(lambda: in_flight or self._running == 0)
-            stack.push_async_callback(self._synced, serial)
-            if in_flight:
-                await self.llm.pause_generation(mode="keep", clear_cache=False)
-                stack.push_async_callback(self.llm.resume_generation)
-            yield
+            ok = False
+            try:
+                if in_flight:
+                    await self._pause()
+                try:
+                    yield
+                finally:
+                    if in_flight:
+                        await self._resume()
+                ok = True
+            finally:
+                await self._synced(serial if ok else None)
 
     async def _synced(self, serial: int | None) -> None:
+        """After a sync: calls may go on; a sync that failed (serial None) leaves the engine's serial
+        where it was, so no call sent after it is admitted on weights it did not finish loading."""
         async with self.changed:
             self._updating = False
+            self.loads += 1
             if serial is not None:
                 self.serial = max(self.serial, serial)
                 self._arrived = Counter({k: n for k, n in self._arrived.items() if k >= self.serial})

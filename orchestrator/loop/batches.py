@@ -21,7 +21,12 @@ def ahead_bound(cfg: TrainConfig) -> int:
     """async_training: how many batches generation runs ahead of the learner beyond the one being
     trained, so a sample trains at most that many policy versions after its own (0: sync)."""
     a = cfg.async_training
-    return {AsyncMode.sync: 0, AsyncMode.one_step: 1, AsyncMode.full: a.max_staleness}.get(a.mode, a.max_staleness)
+    return {
+        AsyncMode.sync: 0,
+        AsyncMode.one_step: 1,
+        AsyncMode.full: a.max_staleness,
+        AsyncMode.in_flight: a.max_staleness,
+    }[a.mode]
 
 
 @dataclass
@@ -42,6 +47,8 @@ class LaunchedBatch:
     def from_state(state: dict) -> LaunchedBatch:
         batch = RolloutBatch(**state["batch"])
         batch.skipped = [tuple(s) for s in batch.skipped]
+        if not batch.token_versions:  # a checkpoint from before per-token versions: each sample had one
+            batch.token_versions = [[v] * len(r) for v, r in zip(batch.version_first, batch.response_ids)]
         return LaunchedBatch(state["step"], state["indices"], None, batch, draw=state["draw"])
 
 

@@ -21,27 +21,30 @@ class Collector:
 
 
 class StandIn:
-    """add_request's requests finish when `release` is set; pause/resume/version calls are recorded."""
+    """add_request's requests finish when `release` is set; the scheduler's pause is one flag, as
+    vLLM's is (a resume clears it whoever paused); pause, resume and version calls are recorded."""
 
     def __init__(self):
-        self.release, self.log = asyncio.Event(), []
-        self.engine_core = SimpleNamespace(pause_scheduler_async=self._noop, resume_scheduler_async=self._noop)
+        self.release, self.log, self.paused, self.errored = asyncio.Event(), [], False, False
+        self.engine_core = SimpleNamespace(pause_scheduler_async=self._pause, resume_scheduler_async=self._resume)
 
-    async def _noop(self, **kw):
-        return None
+    async def _pause(self, mode, clear_cache):
+        self.paused = True
+        self.log.append(("pause", mode))
+
+    async def _resume(self):
+        self.paused = False
+        self.log.append(("resume",))
+
+    async def abort(self, rid, internal=False):
+        self.log.append(("abort", rid))
 
     async def add_request(self, rid, request, params):
         self.log.append(("add", request["cache_salt"]))
         return Collector(rid, self.release)
 
-    async def pause_generation(self, **kw):
-        self.log.append(("pause", kw["mode"]))
-
-    async def resume_generation(self):
-        self.log.append(("resume",))
-
     async def update_weight_version(self, v):
-        self.log.append(("version", v))
+        self.log.append(("version", v, self.paused))
 
 
 async def call(engine, after, name, out):
@@ -51,9 +54,11 @@ async def call(engine, after, name, out):
         out.append(("end", name))
 
 
-async def sync(engine, serial, calls, in_flight, out):
+async def sync(engine, serial, calls, in_flight, out, during=None):
     async with engine.weights(serial, calls, in_flight):
         out.append(("sync", serial))
+        if during is not None:
+            await during()
         await engine.set_version(serial)
 
 
@@ -75,7 +80,7 @@ def test_a_sync_that_arrives_first_waits_for_the_calls_sent_before_it_and_holds_
     out, log = asyncio.run(run())
     assert [e for e in out if e[0] != "end"] == [("start", "b", 0), ("start", "a", 0), ("sync", 1), ("start", "c", 1)]
     assert out.index(("end", "a")) < out.index(("sync", 1)) and out.index(("end", "b")) < out.index(("sync", 1))
-    assert [e for e in log if e[0] == "add"] == [("add", "v0"), ("add", "v0"), ("add", "v1")]  # the salt: the version
+    assert [e for e in log if e[0] == "add"] == [("add", "w0"), ("add", "w0"), ("add", "w1")]  # salt: the load
 
 
 def test_a_sync_in_flight_does_not_wait_for_running_calls_and_pauses_with_keep():
@@ -90,7 +95,54 @@ def test_a_sync_in_flight_does_not_wait_for_running_calls_and_pauses_with_keep()
 
     out, log = asyncio.run(run())
     assert out == [("start", "a", 0), ("sync", 1), ("end", "a")]
-    assert [e for e in log if e[0] != "add"] == [("pause", "keep"), ("version", "1"), ("resume",)]
+    # a's own hold while adding, then the sync's: the version is set while the engine is paused
+    assert [e for e in log if e[0] != "add"] == [
+        ("pause", "keep"),
+        ("resume",),
+        ("pause", "keep"),
+        ("version", "1", True),
+        ("resume",),
+    ]
+
+
+def test_a_call_arriving_during_an_in_flight_sync_does_not_resume_the_engine_before_the_sync_ends():
+    async def run():
+        engine, out, late = AsyncEngine(StandIn()), [], []
+
+        async def a_call_arrives():  # sent before the sync, arrives while it loads, finds the engine idle
+            late.append(asyncio.create_task(call(engine, 0, "late", out)))
+            await asyncio.sleep(0.01)
+            assert engine.llm.paused  # its own hold and release left the sync's pause in place
+
+        await sync(engine, 1, 1, True, out, during=a_call_arrives)
+        engine.llm.release.set()
+        await asyncio.gather(*late)
+        return engine.llm.log
+
+    log = asyncio.run(run())
+    version = next(i for i, e in enumerate(log) if e[0] == "version")
+    assert log[version] == ("version", "1", True) and log[-1] == ("resume",)
+    assert sum(e == ("resume",) for e in log[:version]) == 0  # nothing resumed it mid-sync
+
+
+def test_a_failed_sync_leaves_the_serial_so_later_calls_wait_and_a_restarted_engine_skips_lost_calls():
+    async def run():
+        engine, out = AsyncEngine(StandIn()), []
+
+        async def failing():
+            async with engine.weights(1, 0, False):
+                raise RuntimeError("lost a rank")
+
+        try:
+            await failing()
+        except RuntimeError:
+            pass
+        assert engine.serial == 0 and not engine._updating
+        # a restarted engine (serial 0) gets sync 5 after 2 calls sent to its dead predecessor: no wait
+        await asyncio.wait_for(sync(engine, 5, 2, False, out), timeout=1.0)
+        return engine.serial
+
+    assert asyncio.run(run()) == 5
 
 
 def test_token_versions_follow_the_spans_and_default_is_the_initial_model():
