@@ -181,10 +181,11 @@ class RolloutWorker(Profiled, Busy):
     async def complete(self, prompt_ids: list[list[int]], sampling: list[SamplingConfig]) -> tuple[list[tuple], int]:
         """One completion per token-id prompt, each with its own sampling (the agent endpoint's calls,
         rollout/gateway.py): [(token ids, logprobs, text, finish reason)] and the policy version."""
-        async with self.engine.call(), self.working():
-            version = self.version
-            params = [sampling_params(s, s.seed) for s in sampling]
-            outputs = await self.engine.generate(prompt_ids, params)
+        async with self.engine.call():
+            with self.working():
+                version = self.version
+                params = [sampling_params(s, s.seed) for s in sampling]
+                outputs = await self.engine.generate(prompt_ids, params)
         out = [
             (
                 list(c.token_ids),

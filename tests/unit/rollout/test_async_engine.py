@@ -150,3 +150,29 @@ def test_token_versions_follow_the_spans_and_default_is_the_initial_model():
     c = SimpleNamespace(token_ids=[5] * 6, weight_versions=[span("default", 0, 2), span("3", 2, 5), span("4", 5, 6)])
     assert token_versions(c) == [0, 0, 3, 3, 3, 4]
     assert token_versions(SimpleNamespace(token_ids=[1, 2], weight_versions=None)) == [0, 0]
+
+
+def test_the_endpoints_complete_runs_through_the_async_engine():
+    """RolloutWorker.complete (the agent endpoint's engine call) on the stand-in engine: its context
+    managers nest as they must (an async one and the sync busy clock)."""
+    from rollout.config import SamplingConfig
+    from rollout.worker import RolloutWorker  # imports vLLM: only here
+
+    done = SimpleNamespace(
+        token_ids=[5, 6],
+        logprobs=[{5: SimpleNamespace(logprob=-0.5)}, {6: SimpleNamespace(logprob=-1.0)}],
+        finish_reason="stop",
+        text="hi",
+    )
+
+    class Finished(StandIn):
+        async def add_request(self, rid, request, params):
+            collector = await super().add_request(rid, request, params)
+            collector.get = lambda: asyncio.sleep(0, SimpleNamespace(finished=True, outputs=[done]))
+            return collector
+
+    worker = object.__new__(RolloutWorker)
+    worker.engine, worker.tokenizer = AsyncEngine(Finished()), None  # the text is the engine's
+    out, version = asyncio.run(worker.complete([[1, 2, 3]], [SamplingConfig(seed=3)]))
+    assert out == [([5, 6], [-0.5, -1.0], "hi", "stop")] and version == 0
+    assert worker.busy_seconds() > 0 and worker.engine._running == 0
