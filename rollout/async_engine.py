@@ -137,14 +137,11 @@ class AsyncEngine:
         return await self.llm.add_request(f"relay-{next(self._ids)}", request, params)
 
     async def _final(self, collector):
-        try:
-            while True:
-                out = collector.get_nowait() or await collector.get()
-                if out.finished:
-                    return out
-        except asyncio.CancelledError:
-            await self.llm.abort(collector.request_id, internal=True)
-            raise
+        # a cancelled or failed call's requests are aborted once, by generate
+        while True:
+            out = collector.get_nowait() or await collector.get()
+            if out.finished:
+                return out
 
     async def _pause(self) -> None:
         """Hold the scheduler (vLLM's keep: running requests stay, frozen); counted, as a call adding
