@@ -68,9 +68,19 @@ def make_engine(
     (runtime.device.process_device); sleep mode needs a GPU. `step_samples`: this worker's share of a
     step's samples (RolloutPool), decoded in one wave on CPU."""
     # imported late: the environment above must be in place first
-    from vllm.config import WeightTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(
+        AsyncEngineArgs(**engine_args(cfg, model_path, seed, device, sleep_mode, step_samples))
+    )
+
+
+def engine_args(
+    cfg: RolloutConfig, model_path: str, seed: int, device: torch.device, sleep_mode: bool, step_samples: int
+) -> dict:
+    """make_engine's vLLM engine arguments (also vllm.LLM's: tests compare the two engines)."""
+    from vllm.config import WeightTransferConfig
 
     gpu = device.type == "cuda"
     if gpu:
@@ -80,7 +90,7 @@ def make_engine(
         # discarded, and vLLM then rewinds the request's seeded generator, which a CPU generator
         # cannot do ("CPU Generator does not use offset"). Whole prompts per step avoid it.
         extra = {"enable_chunked_prefill": False}
-    args = AsyncEngineArgs(
+    return dict(
         model=model_path,
         dtype=cfg.dtype,
         enforce_eager=cfg.enforce_eager,
@@ -97,7 +107,6 @@ def make_engine(
         disable_log_stats=True,  # relay reports its own throughput
         **extra,
     )
-    return AsyncLLM.from_engine_args(args)
 
 
 def engine_batch(cfg: RolloutConfig, gpu: bool, step_samples: int) -> dict:

@@ -329,3 +329,46 @@ def test_a_bf16_engine_samples_with_the_learners_bf16_logprobs(ray_cluster, tiny
     gap = torch.cat(gaps)
     print(f"bf16 engine vs learner: mean {gap.mean():.2e}, max {gap.max():.2e}")
     assert gap.max() < BF16_GAP_TOL
+
+
+@ray.remote(num_cpus=1)
+def llm_generate(cfg: RolloutConfig, model_path: str, run_seed: int, prompts: list[str], step: int):
+    """The path before AsyncLLM (issue 28): vllm.LLM.generate on make_engine's arguments, with the
+    request seeds a worker uses; (token ids, logprobs) per sample, in the pool's order."""
+    from vllm import LLM
+
+    from rollout.engine import engine_args, sampled_logprobs, sampling_params
+    from runtime.prompts import encode_prompt
+    from runtime.seeds import request_seed, stream_seed
+
+    args = engine_args(cfg, model_path, stream_seed(run_seed, "engine"), torch.device("cpu"), False, 0)
+    llm = LLM(**args)
+    tokenizer = llm.get_tokenizer()
+    ids = [encode_prompt(tokenizer, p, cfg.max_prompt_tokens, cfg.prompt_overflow)[0] for p in prompts]
+    params = [sampling_params(cfg.sampling, request_seed(run_seed, step, i, 0)) for i in range(len(prompts))]
+    outs = llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+    samples = [c for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
+    return [list(c.token_ids) for c in samples], [sampled_logprobs(c) for c in samples]
+
+
+def test_sync_mode_samples_exactly_what_llm_generate_sampled(ray_cluster, policy):
+    # Sync mode on AsyncLLM must be the batch LLM.generate decoded, bit for bit: same tokens, same
+    # logprobs, for the run seed's request seeds (the trained policy, so samples differ in length)
+    from rollout.engine import engine_env
+
+    cfg = RolloutConfig(
+        max_model_len=64,
+        max_prompt_tokens=16,
+        sampling=SamplingConfig(max_new_tokens=8, n_samples_per_prompt=8, temperature=1.0),
+    )
+    prompts = [f"{a}+{b}=" for a, b in zip(range(10, 90, 5), range(80, 10, -5))]
+    env = {"env_vars": engine_env(cfg, 0, False)}
+    before = ray.get(llm_generate.options(runtime_env=env).remote(cfg, policy, 3, prompts, 2), timeout=300)
+    pool = RolloutPool(cfg, policy, num_workers=1, seed=3)
+    try:
+        after = pool.generate(prompts, step=2)
+    finally:
+        pool.shutdown()
+    assert len(set(map(len, before[0]))) > 1  # responses of several lengths: finished samples leave the batch
+    assert after.response_ids == before[0]
+    assert after.logprobs == before[1]
