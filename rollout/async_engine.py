@@ -54,6 +54,7 @@ class AsyncEngine:
         self._pauses = 0  # holders of the scheduler's pause: a call adding its requests, a sync in flight
         self._pause_lock: asyncio.Lock | None = None
         self._ids = itertools.count()
+        self._live: set[str] = set()  # requests added and not yet finished (preempt)
         self._running = 0  # the worker's calls under way
         self._arrived: Counter[int] = Counter()  # calls admitted, by the sync they were sent after
         self._decoding = 0  # generate calls whose requests are in the engine
@@ -119,6 +120,16 @@ class AsyncEngine:
             raise
         finally:
             self._decoding -= 1
+            self._live.difference_update(c.request_id for c in collectors)
+
+    async def preempt(self) -> int:
+        """End every request now with what it has sampled so far (vLLM's abort: its final output, finish
+        reason "abort"), so each call returns at once with its samples cut (partial rollouts: a
+        checkpoint keeps them, and they are continued later). Returns the requests cut."""
+        cut = list(self._live)
+        if cut:
+            await self.llm.abort(cut, internal=True)
+        return len(cut)
 
     def _engine_dead_exits(self) -> None:
         """vLLM's engine core (a child process) died: end this worker's process too, so that Ray
@@ -134,7 +145,9 @@ class AsyncEngine:
         # the salt keeps the prefix cache to KV computed by the weights of this load or, in flight, a
         # later one (a request added before an in-flight sync may prefill after it): no reset needed
         request = {"prompt_token_ids": ids, "cache_salt": f"w{self.loads}"}
-        return await self.llm.add_request(f"relay-{next(self._ids)}", request, params)
+        collector = await self.llm.add_request(f"relay-{next(self._ids)}", request, params)
+        self._live.add(collector.request_id)
+        return collector
 
     async def _final(self, collector):
         # a cancelled or failed call's requests are aborted once, by generate

@@ -142,6 +142,20 @@ class RolloutPool:
             for i, s, e in shards
         ]
 
+    def preempt(self) -> int:
+        """Cut every engine's running samples where they are (RolloutWorker.preempt): the calls in flight
+        return at once, their unfinished samples "partial". Returns the requests cut."""
+        return sum(watchdog.get([w.preempt.remote() for w in self.workers], "RolloutWorker.preempt"))
+
+    def submit_resume(self, batch: RolloutBatch, rows: list[int], step: int, draw: int) -> list:
+        """Launch the continuation of the batch's cut samples `rows` (RolloutWorker.resume), spread
+        over the engines; collect() gives one continuation per row, in order."""
+        cut = [(batch.prompt_index[i], batch.prompt_ids[i], batch.response_ids[i]) for i in rows]
+        shards = [(i, s, e) for i, (s, e) in enumerate(split_evenly(len(cut), len(self.workers))) if e > s]
+        for i, _, _ in shards:
+            self.calls_since_sync[i] += 1
+        return [self.workers[i].resume.remote(cut[s:e], step, draw, self.serial) for i, s, e in shards]
+
     @staticmethod
     def collect(pending: list) -> RolloutBatch:
         return RolloutBatch.concat(watchdog.get(pending, "RolloutWorker.generate"))

@@ -22,8 +22,9 @@ class RolloutBatch:
     # (or an endpoint sample's) is its last model turn, never an observation's or a message's words
     response_text: list[str]
     # (B,) "stop" (EOS, stop string, or the environment ended it), "length" (the token budget ran
-    # out: the model was cut, or no room was left for the next observation) or "turns" (an episode
-    # used its env.max_turns); only "length" counts as clipped
+    # out: the model was cut, or no room was left for the next observation), "turns" (an episode
+    # used its env.max_turns) or, until it is continued, "partial" (cut mid-sequence by a checkpoint:
+    # partial_rows); only "length" counts as clipped
     finish_reason: list[str]
     skipped: list[tuple[int, str]] = field(default_factory=list)  # prompts with no samples, and why
     # the policy version (weight syncs the engine had received) at each sample's first and last
@@ -91,6 +92,27 @@ class RolloutBatch:
         """The samples at `rows`, in that order (the skipped-prompt list is not carried over)."""
         fields = {name: getattr(self, name) for name in SAMPLE_FIELDS}  # versions may be absent (built by hand)
         return RolloutBatch(**{name: [xs[i] for i in rows] if xs else [] for name, xs in fields.items()})
+
+    def partial_rows(self) -> list[int]:
+        """Samples cut mid-sequence (finish reason "partial": in_flight's checkpoints keep them), to continue."""
+        return [i for i, f in enumerate(self.finish_reason) if f == "partial"]
+
+    def continued(self, rows: list[int], more: RolloutBatch) -> RolloutBatch:
+        """This batch with sample rows[k] continued by more's sample k: its tokens, logprobs and versions
+        appended, its text, finish reason and last version replaced by the continuation's (whose text
+        is the whole response's); a sample cut before its first token takes the continuation's first
+        version too. Returns self."""
+        if len(rows) != len(more):
+            raise ValueError(f"{len(more)} continuations for {len(rows)} cut samples")
+        for k, i in enumerate(rows):
+            if not self.response_ids[i]:  # cut before its first token: the continuation is all of it
+                self.version_first[i] = more.version_first[k]
+            self.response_ids[i] = self.response_ids[i] + more.response_ids[k]
+            self.logprobs[i] = self.logprobs[i] + more.logprobs[k]
+            self.token_versions[i] = self.token_versions[i] + more.token_versions[k]
+            self.response_text[i], self.finish_reason[i] = more.response_text[k], more.finish_reason[k]
+            self.version_last[i] = more.version_last[k]
+        return self
 
     def padded(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Right-padded (response_ids (B, T) long, logprobs (B, T) float, mask (B, T) float)."""

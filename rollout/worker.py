@@ -5,9 +5,11 @@ The actor is asynchronous: calls run concurrently on its event loop and share th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
+from collections import Counter
 
 import torch
 
@@ -32,6 +34,13 @@ from runtime.prompts import encode_prompt
 from runtime.seeds import env_seed, request_seed, stream_seed
 
 log = logging.getLogger(__name__)
+
+
+def finish_reason(completion) -> str:
+    """A completion's finish reason as RolloutBatch keeps it; vLLM's "abort" is a preempted sample's."""
+    if completion.finish_reason == "abort":
+        return "partial"
+    return "length" if completion.finish_reason == "length" else "stop"
 
 
 class RolloutWorker(Profiled, Busy):
@@ -124,7 +133,7 @@ class RolloutWorker(Profiled, Busy):
                 batch.response_ids.append(list(c.token_ids))
                 batch.logprobs.append(sampled_logprobs(c))
                 batch.response_text.append(c.text)
-                batch.finish_reason.append("length" if c.finish_reason == "length" else "stop")
+                batch.finish_reason.append(finish_reason(c))
                 versions = token_versions(c)
                 batch.token_versions.append(versions)
                 batch.version_first.append(versions[0] if versions else self.version)
@@ -132,6 +141,44 @@ class RolloutWorker(Profiled, Busy):
         if not sampling.stop:  # not detokenized by vLLM (engine.sampling_params): one batch decode, as vLLM would
             batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
+
+    async def preempt(self) -> int:
+        """Cut every running sample where it is (AsyncEngine.preempt): the calls return with them
+        "partial", to be continued by `resume`. Episodes are not cut (0): they run to their end."""
+        return 0 if self.env is not None else await self.engine.preempt()
+
+    async def resume(
+        self, cut: list[tuple[int, list[int], list[int]]], step: int, draw: int, after: int
+    ) -> RolloutBatch:
+        """Continue cut samples [(prompt index, prompt ids, the response so far)] of the batch of
+        (step, draw), each one sample up to the configured max_new_tokens in all, seeded by its prompt,
+        its place in its group (the k-th cut of that prompt) and its length; one continuation each, in
+        order (RolloutBatch.continued joins them), with the whole response's text."""
+        sampling = dataclasses.replace(self.cfg.sampling, n_samples_per_prompt=1)
+        requests, params, kth = [], [], Counter()
+        for index, prompt, response in cut:
+            seed = stream_seed(self._request_seed(sampling, (step, draw), index), "resume", kth[index], len(response))
+            kth[index] += 1
+            left = max(sampling.max_new_tokens - len(response), 1)
+            requests.append(prompt + response)
+            params.append(sampling_params(sampling, seed, max_tokens=left))
+        async with self.engine.call(after):
+            with self.working():
+                outputs = await self.engine.generate(requests, params)
+        more = RolloutBatch([], [], [], [], [], [], [])
+        for (index, prompt, response), out in zip(cut, outputs):
+            c = out.outputs[0]
+            versions = token_versions(c)
+            more.prompt_index.append(index)
+            more.prompt_ids.append(prompt)
+            more.response_ids.append(list(c.token_ids))
+            more.logprobs.append(sampled_logprobs(c))
+            more.response_text.append(self.tokenizer.decode(response + list(c.token_ids), skip_special_tokens=True))
+            more.finish_reason.append(finish_reason(c))
+            more.token_versions.append(versions)
+            more.version_first.append(versions[0] if versions else self.version)
+            more.version_last.append(versions[-1] if versions else self.version)
+        return more
 
     @property
     def version(self) -> int:

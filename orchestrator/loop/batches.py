@@ -35,10 +35,11 @@ class LaunchedBatch:
 
     step: int  # the step it trains at, which also seeds its requests
     indices: list[int]  # its prompts, as indices into the training prompts
-    pending: list | None  # its generate calls in flight
-    batch: RolloutBatch | None = None  # once collected
+    pending: list | None  # its generate (or resume) calls in flight
+    batch: RolloutBatch | None = None  # once collected (with samples "partial" where a checkpoint cut them)
     scoring: ScoringAhead | None = None  # its scoring launched behind its generation (ScoringPool.judge_ahead)
     draw: int = 0  # with step, seeds its requests (runtime.seeds.request_seed): unique per batch launched
+    continuing: list[int] | None = None  # the batch's cut samples its pending calls continue
 
     def state_dict(self) -> dict:
         return {"step": self.step, "indices": self.indices, "batch": dataclasses.asdict(self.batch), "draw": self.draw}
@@ -83,6 +84,11 @@ class PromptBatches:
         self.staleness_bound = ahead_bound(cfg)  # also how many batches run ahead
         self.launched: deque[LaunchedBatch] = deque()  # in the order they train
         self.dropped_stale = 0  # samples generated again for being staler than the bound
+        # in_flight (single-turn): a checkpoint cuts the batches ahead mid-sequence and keeps what they
+        # sampled (partial rollouts), continued after; between-calls modes finish them, which keeps
+        # their resumed runs exact
+        self.cuts_at_checkpoint = cfg.async_training.mode is AsyncMode.in_flight and not cfg.env.name
+        self.continued = 0  # cut samples continued
 
     def metadata(self, example: dict) -> dict:
         return reward_metadata(example, self.cfg.data.apply_chat_template)
@@ -97,6 +103,9 @@ class PromptBatches:
         older than that (only possible if the pipeline was disturbed) is dropped, counted and
         generated again from the same prompts."""
         size = self.cfg.data.rollout_batch_size
+        for job in self.launched:  # cut by a checkpoint, or restored from one: continue them first
+            if job.pending is None and job.batch.partial_rows():
+                self._submit(job)
         while len(self.launched) <= self.staleness_bound and step + len(self.launched) < self.cfg.total_steps:
             self.launched.append(self._launch(step + len(self.launched), size))
         this = self.launched.popleft()
@@ -127,38 +136,56 @@ class PromptBatches:
         """Launch the next n prompts, seeded by (step, draw): a top-up or dynamic-sampling round has its own."""
         return self._submit(LaunchedBatch(step, self.sampler.next(n), None, draw=self.sampler.drawn))
 
-    def _collect(self, job: LaunchedBatch, step: int) -> RolloutBatch:
-        """The job's samples. If an engine died, wait for Ray to restart it, give it the current weights
-        and generate every uncollected batch again from its prompts: nothing collected is lost or
-        repeated. A batch beyond the staleness bound is generated again likewise."""
-        if job.batch is None:
-            try:
-                job.batch = self.rollout.collect(job.pending)
-            except ray.exceptions.RayActorError as e:
-                self.restart_rollout(e, step)
-                self.relaunch_uncollected([job])
-                job.batch = self.rollout.collect(job.pending)
+    def _collect(self, job: LaunchedBatch, step: int, finish: bool = True) -> RolloutBatch:
+        """The job's samples, its cut ones continued (unless not `finish`: a checkpoint keeps them cut).
+        If an engine died, wait for Ray to restart it, give it the current weights and launch every
+        uncollected batch (or continuation) again: nothing collected is lost or repeated. A batch
+        beyond the staleness bound is generated again from its prompts."""
+        if job.pending is not None:
+            self._gather(job, step)
+        if finish and job.batch.partial_rows():
+            self._submit(job)
+            return self._collect(job, step)
         if any(step - v > self.staleness_bound for v in job.batch.oldest_versions):
             self.dropped_stale += len(job.batch)
             job.batch = None
             self._submit(job)
-            return self._collect(job, step)
+            return self._collect(job, step, finish)
         return job.batch
 
+    def _gather(self, job: LaunchedBatch, step: int) -> None:
+        """Collect the job's pending calls into its batch (a continuation joins the samples it continues)."""
+        try:
+            got = self.rollout.collect(job.pending)
+        except ray.exceptions.RayActorError as e:
+            self.restart_rollout(e, step)
+            self.relaunch_uncollected([job])
+            got = self.rollout.collect(job.pending)
+        if job.continuing is not None:
+            self.continued += len(job.continuing)
+            got = job.batch.continued(job.continuing, got)
+        job.batch, job.pending, job.continuing = got, None, None
+
     def relaunch_uncollected(self, also: list[LaunchedBatch] = ()) -> None:
-        """After an engine restart: launch again every batch (`also`, then the queue) not collected yet."""
-        for job in [*also, *self.launched]:
-            if job.batch is None:
+        """After an engine restart: launch again every batch or continuation (`also`, then the queue)
+        not collected yet."""
+        jobs = {id(job): job for job in [*also, *self.launched]}  # once each
+        for job in jobs.values():
+            if job.pending is not None or job.batch is None:
                 self._submit(job)
 
     def _submit(self, job: LaunchedBatch) -> LaunchedBatch:
-        """(Re)launch the job's generation from its prompts and tasks (what an environment resets on);
-        a scoring launched ahead for an earlier generation no longer applies."""
+        """(Re)launch the job's generation from its prompts and tasks (what an environment resets on),
+        or, where a checkpoint cut samples, their continuation; a scoring launched ahead for an earlier
+        generation no longer applies."""
+        job.scoring, cut = None, job.batch.partial_rows() if job.batch is not None else []
+        if cut:
+            job.continuing, job.pending = cut, self.rollout.submit_resume(job.batch, cut, job.step, job.draw)
+            return job
         examples = [self.train[i] for i in job.indices]
         job.pending = self.rollout.submit(
             [self._prompt(e) for e in examples], job.step, draw=job.draw, tasks=[self.metadata(e) for e in examples]
         )
-        job.scoring = None
         return job
 
     def score_next_ahead(self) -> None:
@@ -167,19 +194,24 @@ class PromptBatches:
         this one. Only the next batch, and only after this step's scoring calls: the service runs its
         calls in order, so none may queue behind a generation further ahead."""
         job = self.launched[0] if self.launched else None
-        if job is not None and job.scoring is None:
+        if job is None or job.scoring is not None or job.continuing is not None:
+            return  # a continuation's pieces are not the batch: score it whole
+        if job.batch is None or not job.batch.partial_rows():  # generating, or collected whole
             parts = job.pending if job.batch is None else [job.batch]
             examples = [self.train[i] for i in job.indices]
             temperature = self.cfg.rollout.sampling.temperature
             job.scoring = self.scoring.judge_ahead(parts, [self.metadata(e) for e in examples], temperature)
 
     def collect_launched(self, step: int) -> None:
-        """Collect every batch launched ahead (a checkpoint keeps them as they are generated)."""
+        """Collect every batch launched ahead, for a checkpoint to keep; in_flight cuts them where they
+        are first (cuts_at_checkpoint), and next() continues them."""
+        if self.cuts_at_checkpoint and any(job.pending is not None for job in self.launched):
+            self.rollout.preempt()
         for job in self.launched:
-            self._collect(job, step)
+            self._collect(job, step, finish=not self.cuts_at_checkpoint)
 
     def counts(self) -> dict[str, float]:
-        return {"async/dropped_stale": self.dropped_stale}
+        return {"async/dropped_stale": self.dropped_stale, "async/continued_samples": self.continued}
 
     def state_dict(self) -> dict:
         """The sampler and the collected batches launched ahead (collect_launched first)."""
@@ -189,6 +221,7 @@ class PromptBatches:
         self.sampler.load_state_dict(state["sampler"])
         self.launched = deque(LaunchedBatch.from_state(a) for a in state["ahead"])
         self.dropped_stale = counts["async/dropped_stale"]
+        self.continued = counts.get("async/continued_samples", 0)
 
 
 class EndpointBatches:

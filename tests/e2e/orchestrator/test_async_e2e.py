@@ -119,3 +119,83 @@ def test_in_flight_updates_land_mid_sequence_and_every_token_keeps_the_bound(ray
         assert 0.0 <= r["async/mixed_version_frac"] <= 1.0
     # whether an update lands mid-sequence here depends on timing (a batch launched ahead decodes beside
     # the one before it): tests/e2e/rollout/test_in_flight_e2e.py shows it, token by token, at set times
+
+
+def trained_batches(trainer) -> list:
+    """Record the samples of every batch the learner trains on (PromptBatches.next), in order."""
+    got, next_batch = [], trainer.batches.next
+
+    def recording(step):
+        this = next_batch(step)
+        b = this.rollouts
+        got.append(list(zip(b.prompt_index, b.prompt_ids, b.response_ids, b.logprobs, b.finish_reason)))
+        return this
+
+    trainer.batches.next = recording
+    return got
+
+
+def continues(saved: dict, trained: list) -> int:
+    """Check that a trained batch is the checkpoint's batch ahead with its cut samples continued: the
+    same prompts, each finished sample as saved, each cut one extended from what it had sampled.
+    Returns the samples cut with tokens already sampled."""
+    assert len(trained) == len(saved["response_ids"])
+    extended = 0
+    for i, (index, prompt, response, logprobs, finish) in enumerate(trained):
+        assert (index, prompt) == (saved["prompt_index"][i], saved["prompt_ids"][i]) and finish != "partial"
+        cut, before = saved["finish_reason"][i] == "partial", saved["response_ids"][i]
+        if not cut:
+            assert (response, logprobs, finish) == (before, saved["logprobs"][i], saved["finish_reason"][i])
+        else:
+            assert response[: len(before)] == before and logprobs[: len(before)] == saved["logprobs"][i]
+            assert len(response) > len(before)
+            extended += len(before) > 0
+    return extended
+
+
+def test_in_flight_checkpoints_keep_cut_samples_which_the_run_and_a_resumed_run_continue(
+    ray_cluster, tiny_model, tmp_path
+):
+    """Partial rollouts: an in_flight checkpoint cuts the batch ahead mid-sequence and keeps what it
+    sampled; the run, and a run resumed from that checkpoint by a new driver, train on exactly those
+    samples continued: none lost, repeated or sampled again. A random model rambles to its budget and
+    the engine decodes 4 samples at a time, so the batch ahead is still decoding at each checkpoint."""
+    over = {
+        "async_training.mode": "in_flight",
+        "async_training.max_staleness": 1,
+        "rollout.max_model_len": 96,
+        "rollout.sampling.max_new_tokens": 60,
+        "rollout.max_num_seqs": 4,
+        "total_steps": 3,
+        "checkpoint.every_n_steps": 1,
+        "checkpoint.keep_last": 5,
+    }
+    trainer = Trainer(config(tiny_model, tmp_path, name="cut", **over))
+    whole = trained_batches(trainer)
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+    saved = [
+        json.loads((tmp_path / "cut" / "checkpoints" / f"step_{s}" / "orchestrator.json").read_text()) for s in (1, 2)
+    ]
+    for s, state in zip((1, 2), saved):
+        assert [a["step"] for a in state["ahead"]] == [s]
+    assert all("partial" in state["ahead"][0]["batch"]["finish_reason"] for state in saved)
+    assert continues(saved[0]["ahead"][0]["batch"], whole[1]) + continues(saved[1]["ahead"][0]["batch"], whole[2]) > 0
+    got = rows(tmp_path / "cut")
+    assert got[-1]["async/continued_samples"] > 0 and all(r["async/dropped_stale"] == 0 for r in got)
+
+    resumed = tmp_path / "resumed"  # a new driver, from the checkpoint after step 1
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "cut" / "checkpoints" / "step_1", resumed / "checkpoints" / "step_1")
+    for name in ("eval_before.json", "eval_reference_samples.json"):
+        shutil.copy(tmp_path / "cut" / name, resumed)
+    trainer = Trainer(config(tiny_model, tmp_path, name="resumed", **over, **{"checkpoint.resume": "auto"}))
+    again = trained_batches(trainer)
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+    continues(saved[0]["ahead"][0]["batch"], again[0])
+    assert [[s[:2] for s in b] for b in again] == [[s[:2] for s in b] for b in whole[1:]]  # the same prompts, in order

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import ray
 
 from learner.checkpoint import publish, recover
 from orchestrator.config.load import ConfigError, load_config
@@ -20,7 +21,7 @@ from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from runtime.seeds import EVALUATION
 from tests.helpers import REPO
-from tests.small_loop import small_trainer
+from tests.small_loop import samples, small_trainer
 
 DEFAULT = REPO / "configs" / "grpo_tiny_cpu.yaml"
 nan = float("nan")
@@ -370,9 +371,9 @@ def test_only_the_next_batch_is_judged_ahead_once_from_its_pending_generation_or
     assert calls == [("judge_ahead", ["gen1"], ["1", "3"])] and nxt.scoring == 1 and after.scoring is None
     batches.relaunch_uncollected()  # an engine restarted: both generated again
     assert nxt.pending == [(2, 1)] and nxt.scoring is None and after.pending == [(1, 2)]
-    nxt.batch = "collected"  # e.g. restored from a checkpoint: judged from its samples
+    nxt.batch, nxt.pending = samples(2, 2, 1), None  # e.g. restored from a checkpoint: judged from its samples
     batches.score_next_ahead()
-    assert calls[-1] == ("judge_ahead", ["collected"], ["1", "3"]) and nxt.scoring == len(calls)
+    assert calls[-1] == ("judge_ahead", [nxt.batch], ["1", "3"]) and nxt.scoring == len(calls)
     batches.launched = deque()
     batches.score_next_ahead()  # sync mode: nothing ahead
     assert sum(c[0] == "judge_ahead" for c in calls) == 2
@@ -452,3 +453,72 @@ def test_checkpoints_keep_the_last_ones_with_the_batches_generated_ahead_and_res
     assert resumed.roles.scoring.loaded == {"running": "state"}
     assert [job.step for job in resumed.batches.launched] == [2] and resumed.batches.launched[0].batch is not None
     assert resumed.batches.sampler.state_dict() == trainer.batches.sampler.state_dict()
+
+
+class CuttingEngines:
+    """A rollout pool whose samples run until cut (preempt): a cut call's samples have sampled one token
+    (2) and are "partial"; a continuation (submit_resume) samples one more (3) and stops. `die` raises
+    an engine's death at the next collect of a continuation, once."""
+
+    def __init__(self, calls: list):
+        self.calls, self.cut, self.die = calls, False, False
+
+    def submit(self, prompts, step, tasks=None, draw=0) -> list:
+        self.calls.append(("submit", step, draw))
+        self.cut = False
+        return [("generate", len(prompts), step)]
+
+    def submit_resume(self, batch, rows, step, draw) -> list:
+        self.calls.append(("resume", rows, step, draw))
+        return [("resume", len(rows), step)]
+
+    def preempt(self) -> int:
+        self.calls.append("preempt")
+        self.cut = True
+        return 1
+
+    def collect(self, pending: list) -> RolloutBatch:
+        kind, n, step = pending[0]
+        if kind == "resume" and self.die:
+            self.die = False
+            raise ray.exceptions.RayActorError()
+        if kind == "resume":
+            more = samples(n, 1, step + 10)
+            more.response_ids, more.logprobs, more.token_versions = [[3]] * n, [[-0.3]] * n, [[step + 10]] * n
+            return more
+        batch = samples(n, 2, step)
+        batch.token_versions = [[step, step]] * len(batch)
+        if self.cut:
+            batch.finish_reason = ["partial", "stop"] * n
+        return batch
+
+
+@pytest.mark.parametrize("engine_dies", [False, True])
+def test_in_flight_checkpoints_cut_the_batches_ahead_and_continue_them_after_a_restore(tmp_path, engine_dies):
+    """Partial rollouts: an in_flight checkpoint cuts the batch ahead (preempt) and keeps its samples
+    as sampled; a restored PromptBatches continues exactly the cut ones, once each (also when an engine
+    dies during the continuation: it is launched again), and trains on them joined token for token."""
+    trainer, _ = small_trainer(tmp_path, "async_training.mode=in_flight", "async_training.max_staleness=1")
+    calls, restarts = [], []
+    batches = trainer.batches
+    batches.rollout = CuttingEngines(calls)
+    batches.restart_rollout = lambda error, step: restarts.append(step)
+    first = batches.next(0)  # step 0's batch, and step 1's launched ahead
+    assert [s[-1] for s in first.rollouts.token_versions] == [0] * 4
+    batches.collect_launched(1)  # the checkpoint after step 1: cut where it is, not continued
+    assert calls == [("submit", 0, 2), ("submit", 1, 4), "preempt"]
+    state = json.loads(json.dumps(batches.state_dict()))  # as orchestrator.json keeps it
+    assert state["ahead"][0]["batch"]["finish_reason"] == ["partial", "stop"] * 2
+
+    restored, _ = small_trainer(tmp_path, "async_training.mode=in_flight", "async_training.max_staleness=1")
+    again = restored.batches
+    again.rollout, again.restart_rollout = batches.rollout, batches.restart_rollout
+    batches.rollout.die = engine_dies
+    again.load_state_dict(state, {"async/dropped_stale": 0, "async/continued_samples": 0})
+    got = again.next(1).rollouts
+    resumes = [c for c in calls if c[0] == "resume"]
+    assert resumes == [("resume", [0, 2], 1, 4)] * (2 if engine_dies else 1) and restarts == [1] * engine_dies
+    assert got.response_ids == [[2, 3, 3], [2, 3], [2, 3, 3], [2, 3]] and got.finish_reason == ["stop"] * 4
+    assert got.logprobs[0] == [-0.5, -0.5, -0.3] and got.logprobs[1] == [-0.5, -0.5]
+    assert got.token_versions == [[1, 1, 11], [1, 1], [1, 1, 11], [1, 1]]
+    assert again.counts()["async/continued_samples"] == 2  # the cut samples, counted once

@@ -242,3 +242,41 @@ def test_pack_unpad_and_ragged_to_dense_by_hand():
     assert torch.equal(ragged_to_dense([[0.5], [0.25, 1.5, 2.5]], response), values * response)
     with pytest.raises(ValueError, match="row lengths"):
         ragged_to_dense([[0.5, 1.0], [0.25]], response)
+
+
+def test_cut_samples_are_continued_in_place_and_keep_what_they_had_sampled():
+    """Partial rollouts (RolloutBatch.continued): a checkpoint's cut samples ("partial") are joined to
+    their continuations token for token; finished samples are untouched; a sample cut before its
+    first token is all continuation, its first version included."""
+    batch = RolloutBatch(
+        [0, 0, 1],
+        [[1], [1], [2]],
+        [[5, 6], [7], []],
+        [[-0.1, -0.2], [-0.3], []],
+        ["ab", "c", ""],
+        ["partial", "stop", "partial"],
+        version_first=[3, 3, 4],
+        version_last=[3, 3, 4],
+        token_versions=[[3, 3], [3], []],
+    )
+    assert batch.partial_rows() == [0, 2]
+    more = RolloutBatch(
+        [0, 1],
+        [[1, 5, 6], [2]],
+        [[8], [9, 10]],
+        [[-0.8], [-0.9, -1.0]],
+        ["ab8", "9a"],
+        ["stop", "length"],
+        version_first=[5, 5],
+        version_last=[5, 6],
+        token_versions=[[5], [5, 6]],
+    )
+    assert batch.continued([0, 2], more) is batch and batch.partial_rows() == []
+    assert batch.response_ids == [[5, 6, 8], [7], [9, 10]]
+    assert batch.logprobs == [[-0.1, -0.2, -0.8], [-0.3], [-0.9, -1.0]]
+    assert batch.token_versions == [[3, 3, 5], [3], [5, 6]]
+    assert batch.version_first == [3, 3, 5] and batch.version_last == [5, 3, 6]
+    assert batch.response_text == ["ab8", "c", "9a"] and batch.finish_reason == ["stop", "stop", "length"]
+    assert batch.oldest_versions == [3, 3, 5]
+    with pytest.raises(ValueError, match="1 continuations for 2 cut samples"):
+        batch.continued([0, 1], more.select([0]))
