@@ -42,12 +42,24 @@ def token_versions(completion) -> list[int]:
     return versions
 
 
+class EngineRestarted(RuntimeError):
+    """A call reached an engine that Ray restarted: it was sent after a weight sync that went to the
+    engine's dead predecessor, so it would wait for that sync forever (or sample with the initial
+    model). The driver takes it as the engine's death (RolloutPool.collect), restarts its weights and
+    sends the call again."""
+
+    def __init__(self, actor_id: str, after: int):
+        super().__init__(f"rollout engine {actor_id} was restarted: it never took weight sync {after}")
+        self.actor_id, self.after = actor_id, after
+
+
 class AsyncEngine:
     """Owns the AsyncLLM, its request ids, the calls running on it, how weights may change under them
     and the policy version it holds (weight syncs received; 0 = the initial model)."""
 
-    def __init__(self, llm):
-        self.llm = llm
+    def __init__(self, llm, restarted_actor: str | None = None):
+        """restarted_actor: this actor's id when Ray restarted it (EngineRestarted), else None."""
+        self.llm, self.restarted_actor = llm, restarted_actor
         self.version = 0
         self.serial = 0  # the last weight sync taken, by the pool's numbering
         self.loads = 0  # weight loads taken (whatever their version): the prefix cache's salt
@@ -83,7 +95,10 @@ class AsyncEngine:
     @contextlib.asynccontextmanager
     async def call(self, after: int | None = None):
         """One call of the worker: admitted once the sync it was sent after (`after`; None: any) is
-        taken and no sync between calls is under way; counted as running until it ends."""
+        taken and no sync between calls is under way; counted as running until it ends. On an engine
+        Ray restarted, a call sent after a sync it never took raises EngineRestarted at once."""
+        if self.restarted_actor is not None and self.loads == 0 and after:
+            raise EngineRestarted(self.restarted_actor, after)
         async with self.changed:
             await self.changed.wait_for(lambda: not self._updating and (after is None or self.serial >= after))
             self._running += 1
@@ -130,6 +145,20 @@ class AsyncEngine:
         if cut:
             await self.llm.abort(cut, internal=True)
         return len(cut)
+
+    async def hold(self) -> None:
+        """Freeze the running sequences where they are (the scheduler paused with vLLM's keep) until
+        release(): a test's way to cut or update them at a set point, whatever the machine's speed."""
+        await self._pause()
+
+    async def release(self) -> None:
+        await self._resume()
+
+    def sampled_so_far(self) -> list[int]:
+        """How many tokens each unfinished sequence has sampled (vLLM's output processor keeps them even
+        for final-only outputs): lets a test land an update at a set point of its sequences."""
+        states = self.llm.output_processor.request_states.values()
+        return [s.detokenizer.num_output_tokens() for s in states if s.detokenizer is not None]
 
     def _engine_dead_exits(self) -> None:
         """vLLM's engine core (a child process) died: end this worker's process too, so that Ray

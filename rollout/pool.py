@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import ray
 
 from envs.config import EnvConfig
+from rollout.async_engine import EngineRestarted
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env, transfer_backend
 from rollout.types import Prompt, RolloutBatch
@@ -158,7 +159,13 @@ class RolloutPool:
 
     @staticmethod
     def collect(pending: list) -> RolloutBatch:
-        return RolloutBatch.concat(watchdog.get(pending, "RolloutWorker.generate"))
+        """The batch of submit's (or submit_resume's) pending calls, in order. A call that reached an
+        engine Ray restarted fails as that engine's death (RayActorError), which the callers' restart
+        paths handle."""
+        try:
+            return RolloutBatch.concat(watchdog.get(pending, "RolloutWorker.generate"))
+        except EngineRestarted as e:
+            raise ray.exceptions.RayActorError(e.actor_id, str(e)) from e
 
     def lost(self, error: BaseException) -> bool:
         """Whether `error` (ray.exceptions.RayActorError) reports one of this pool's engines dead or unreachable."""

@@ -11,6 +11,7 @@ import os
 import pickle
 from collections import Counter
 
+import ray
 import torch
 
 from envs.config import EnvConfig
@@ -63,8 +64,10 @@ class RolloutWorker(Profiled, Busy):
         self.device = process_device()
         os.environ.update(engine_env(cfg, threads, self.device.type == "cuda"))
         self.cfg, self.seed = cfg, seed  # the run seed
+        context = ray.get_runtime_context() if ray.is_initialized() else None  # None: built outside Ray (tests)
+        restarted = context.get_actor_id() if context and context.was_current_actor_reconstructed else None
         self.engine = AsyncEngine(
-            make_engine(cfg, model_path, stream_seed(seed, "engine"), self.device, sleep_mode, step_samples)
+            make_engine(cfg, model_path, stream_seed(seed, "engine"), self.device, sleep_mode, step_samples), restarted
         )
         self.tokenizer = self.engine.llm.get_tokenizer()
         self.asleep = False
@@ -146,6 +149,14 @@ class RolloutWorker(Profiled, Busy):
         """Cut every running sample where it is (AsyncEngine.preempt): the calls return with them
         "partial", to be continued by `resume`. Episodes are not cut (0): they run to their end."""
         return 0 if self.env is not None else await self.engine.preempt()
+
+    async def hold(self, on: bool) -> None:
+        """Freeze the running sequences where they are (on), or let them go on (AsyncEngine.hold)."""
+        await (self.engine.hold() if on else self.engine.release())
+
+    async def sampled_so_far(self) -> list[int]:
+        """Tokens sampled so far by each unfinished sequence (AsyncEngine.sampled_so_far)."""
+        return self.engine.sampled_so_far()
 
     async def resume(
         self, cut: list[tuple[int, list[int], list[int]]], step: int, draw: int, after: int

@@ -5,7 +5,7 @@ follows) must restore the order the driver sent them in. And token_versions read
 import asyncio
 from types import SimpleNamespace
 
-from rollout.async_engine import AsyncEngine, token_versions
+from rollout.async_engine import AsyncEngine, EngineRestarted, token_versions
 
 
 class Collector:
@@ -176,3 +176,51 @@ def test_the_endpoints_complete_runs_through_the_async_engine():
     out, version = asyncio.run(worker.complete([[1, 2, 3]], [SamplingConfig(seed=3)]))
     assert out == [([5, 6], [-0.5, -1.0], "hi", "stop")] and version == 0
     assert worker.busy_seconds() > 0 and worker.engine._running == 0
+
+
+def test_a_restarted_engine_refuses_calls_sent_after_syncs_it_never_took_and_takes_them_after_its_own():
+    """Ray restarted the engine: a call sent after sync 3 (which went to its dead predecessor) fails at
+    once, naming the actor, instead of waiting for that sync forever; once the driver's restart path
+    has given it weights (any sync), calls are admitted as usual. A fresh engine's calls wait as ever."""
+
+    async def run():
+        engine, out = AsyncEngine(StandIn(), restarted_actor="abc123"), []
+        engine.llm.release.set()  # requests finish at once
+        try:
+            await call(engine, 3, "stale", out)
+        except EngineRestarted as e:
+            refused = (e.actor_id, e.after, str(e))
+        await asyncio.wait_for(
+            call(engine, None, "unordered", out), timeout=1.0
+        )  # e.g. an evaluation's, outside the numbering: no wait
+        await sync(engine, 4, 0, False, out)
+        await asyncio.wait_for(call(engine, 4, "after its own sync", out), timeout=1.0)
+        fresh = AsyncEngine(StandIn())
+        waiting = asyncio.ensure_future(call(fresh, 3, "fresh", out))
+        await asyncio.sleep(0.01)
+        pending = not waiting.done()
+        waiting.cancel()
+        return refused, out, pending
+
+    refused, out, pending = asyncio.run(run())
+    assert refused == ("abc123", 3, "rollout engine abc123 was restarted: it never took weight sync 3")
+    assert [o for o in out if o[0] == "start"] == [("start", "unordered", 0), ("start", "after its own sync", 4)]
+    assert pending  # a fresh engine waits for sync 3, which is on its way
+
+
+def test_the_pool_reports_a_call_refused_by_a_restarted_engine_as_that_engines_death(monkeypatch):
+    import ray
+
+    from rollout import pool
+
+    def refuse(refs, what=""):
+        raise EngineRestarted("abc123", 3)
+
+    monkeypatch.setattr(pool.watchdog, "get", refuse)
+    try:
+        pool.RolloutPool.collect(["ref"])
+    except ray.exceptions.RayActorError as e:
+        died = e
+    assert died.actor_id == "abc123" and "never took weight sync 3" in str(died)
+    worker = SimpleNamespace(_actor_id=SimpleNamespace(hex=lambda: "abc123"))
+    assert pool.died_among(died, [worker])
