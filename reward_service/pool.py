@@ -48,10 +48,14 @@ class ScoringPool:
 
     def judge_ahead(self, pending: list, metadata: list[dict], temperature: float) -> ScoringAhead:
         """Judge the batch that the pending generate calls will make, and take its reference logprobs,
-        as soon as they finish (ScoringService.judge, .reference_logprobs); for score and reference."""
+        as soon as they finish (ScoringService.judge, .reference_logprobs); for score and reference.
+        The calls travel in a list, which Ray does not resolve: the service waits for them itself, as
+        Ray would hold every later call of this driver to the service (it runs them in order) until
+        their arguments are ready, busy_seconds too, so each step would end only once the next
+        batch is generated, and a checkpoint would never find a batch ahead to cut."""
         return ScoringAhead(
-            self.actor.judge.remote(*pending, metadata=metadata, temperature=temperature),
-            self.actor.reference_logprobs.remote(*pending, temperature=temperature),
+            self.actor.judge.remote(list(pending), metadata=metadata, temperature=temperature),
+            self.actor.reference_logprobs.remote(list(pending), temperature=temperature),
             self.instance,
         )
 

@@ -74,9 +74,14 @@ class Judged:
     overlong: list[float]
 
 
-def joined(parts: tuple[RolloutBatch, ...]) -> RolloutBatch:
-    """The batch the parts make together, in order (one part: itself)."""
-    return parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
+def joined(parts: tuple) -> RolloutBatch:
+    """The batch the parts make together, in order (one part: itself). A part may be a list of pending
+    generate calls (ScoringPool.judge_ahead): waited for here, in the call's own thread, so that
+    Ray need not hold this caller's later calls (busy_seconds) until the generation ends."""
+    batches = [
+        ray.get(b) if isinstance(b, ray.ObjectRef) else b for p in parts for b in (p if isinstance(p, list) else [p])
+    ]
+    return batches[0] if len(batches) == 1 else RolloutBatch.concat(batches)
 
 
 class ScoringService(Profiled, Busy):
