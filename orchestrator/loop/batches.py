@@ -83,7 +83,7 @@ class PromptBatches:
         self.sampler = PromptSampler(len(train), cfg.seed, cfg.data.shuffle)
         self.staleness_bound = ahead_bound(cfg)  # also how many batches run ahead
         self.launched: deque[LaunchedBatch] = deque()  # in the order they train
-        self.dropped_stale = 0  # samples generated again for being staler than the bound
+        self.dropped_stale = 0  # samples dropped (with their groups) for being staler than the bound
         # in_flight (single-turn): a checkpoint cuts the batches ahead mid-sequence and keeps what they
         # sampled (partial rollouts), continued after; between-calls modes finish them, which keeps
         # their resumed runs exact
@@ -99,9 +99,9 @@ class PromptBatches:
     def next(self, step: int) -> StepBatch:
         """This step's batch, and its scoring if launched ahead. Generation is launched
         staleness_bound steps ahead first (the engines take each weight sync after the batches queued
-        before it), so the batch of step s comes from policy version s - bound at the oldest; a batch
-        older than that (only possible if the pipeline was disturbed) is dropped, counted and
-        generated again from the same prompts."""
+        before it), so the batch of step s comes from policy version s - bound at the oldest; groups
+        older than that (only possible if the pipeline was disturbed) are dropped, counted and
+        replaced by fresh prompts (_drop_stale)."""
         size = self.cfg.data.rollout_batch_size
         for job in self.launched:  # cut by a checkpoint, or restored from one: continue them first
             if job.pending is None and job.batch.partial_rows():
@@ -139,19 +139,27 @@ class PromptBatches:
     def _collect(self, job: LaunchedBatch, step: int, finish: bool = True) -> RolloutBatch:
         """The job's samples, its cut ones continued (unless not `finish`: a checkpoint keeps them cut).
         If an engine died, wait for Ray to restart it, give it the current weights and launch every
-        uncollected batch (or continuation) again: nothing collected is lost or repeated. A batch
-        beyond the staleness bound is generated again from its prompts."""
+        uncollected batch (or continuation) again: nothing collected is lost or repeated. Groups beyond
+        the staleness bound are dropped (_drop_stale)."""
         if job.pending is not None:
             self._gather(job, step)
         if finish and job.batch.partial_rows():
             self._submit(job)
             return self._collect(job, step)
-        if any(step - v > self.staleness_bound for v in job.batch.oldest_versions):
-            self.dropped_stale += len(job.batch)
-            job.batch = None
-            self._submit(job)
-            return self._collect(job, step, finish)
+        self._drop_stale(job, step)
         return job.batch
+
+    def _drop_stale(self, job: LaunchedBatch, step: int) -> None:
+        """Drop, and count, the groups of the job's prompts that hold a sample whose oldest token is
+        beyond the bound at `step` (only possible if the pipeline was disturbed); the rest of the batch
+        trains as it is, and generate() tops the batch up with fresh prompts. A whole group goes, as a
+        group baseline needs all of its samples."""
+        b, bound = job.batch, self.staleness_bound
+        stale = {i for i, v in zip(b.prompt_index, b.oldest_versions) if step - v > bound}
+        if stale:
+            kept = [r for r, i in enumerate(b.prompt_index) if i not in stale]
+            self.dropped_stale += len(b) - len(kept)
+            job.batch = dataclasses.replace(b.select(kept), skipped=b.skipped)
 
     def _gather(self, job: LaunchedBatch, step: int) -> None:
         """Collect the job's pending calls into its batch (a continuation joins the samples it continues)."""

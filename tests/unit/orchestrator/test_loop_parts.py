@@ -522,3 +522,24 @@ def test_in_flight_checkpoints_cut_the_batches_ahead_and_continue_them_after_a_r
     assert got.logprobs[0] == [-0.5, -0.5, -0.3] and got.logprobs[1] == [-0.5, -0.5]
     assert got.token_versions == [[1, 1, 11], [1, 1], [1, 1, 11], [1, 1]]
     assert again.counts()["async/continued_samples"] == 2  # the cut samples, counted once
+
+
+def test_only_the_groups_beyond_the_staleness_bound_are_dropped_and_fresh_prompts_take_their_place(tmp_path):
+    """A batch ahead whose first prompt's samples are 2 versions old at step 2 (bound 1: a disturbed
+    pipeline): that group is dropped and counted, the other trains as sampled, with its own versions,
+    and the batch is topped up with a fresh prompt generated now."""
+    from collections import deque
+
+    trainer, calls = small_trainer(tmp_path, "async_training.mode=full", "async_training.max_staleness=1")
+    batches = trainer.batches
+    ahead = samples(2, 2, 1)
+    ahead.version_first = ahead.version_last = [0, 0, 1, 1]
+    ahead.token_versions = [[0, 0], [0, 1], [1, 1], [1, 1]]
+    ahead.skipped = [(7, "too long")]
+    batches.launched = deque([LaunchedBatch(2, [5, 6], None, ahead)])
+    got = batches.next(2)
+    b = got.rollouts
+    assert batches.counts()["async/dropped_stale"] == 2 and calls[-2:] == [("submit", 2, 1), "generate"]
+    assert b.prompt_index == [1, 1, 2, 2] and b.version_first == [1, 1, 2, 2]  # the kept group, then the top-up's
+    assert b.token_versions[:2] == [[1, 1], [1, 1]] and b.skipped == [(7, "too long")]
+    assert [e["answer"] for e in got.examples] == ["6", "7", "1"] and got.scoring_ahead is None
