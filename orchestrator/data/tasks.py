@@ -16,6 +16,7 @@ TINY_TASKS = {
     # the same sums asked in words, for instruction-tuned models (SmolLM2-135M: ~12% greedy)
     "chat_addition_2digit": (10, 99),
 }
+RELAY_TASKS = [*TINY_TASKS, "repeat_longtail", "guess_number"]  # relay's own, besides reasoning-gym's
 
 
 def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
@@ -26,6 +27,22 @@ def tiny_arithmetic(name: str, n: int, seed: int) -> list[dict]:
         a, b = rng.randint(low, high), rng.randint(low, high)
         prompt = f"What is {a} + {b}? Answer with just the number." if name.startswith("chat_") else f"{a}+{b}="
         out.append({"prompt": prompt, "answer": str(a + b), "metadata": {}})
+    return out
+
+
+def repeat_longtail(n: int, seed: int, long_share: float = 0.2) -> list[dict]:
+    """Repeat a number k times ("3x47=" -> "474747"): most prompts repeat a 2- or 3-digit number 1-3
+    times, a `long_share` of them a 2-digit one 12-20 times, so answers run from 2 to 40 tokens and a
+    batch's longest samples outlast the rest many times over (the long tail that continuous batching
+    and in-flight updates are for)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        if rng.random() < long_share:
+            number, k = rng.randint(10, 99), rng.randint(12, 20)
+        else:
+            number, k = rng.randint(10, 999), rng.randint(1, 3)
+        out.append({"prompt": f"{k}x{number}=", "answer": str(number) * k, "metadata": {}})
     return out
 
 
@@ -45,7 +62,7 @@ def reasoning_gym_task(name: str, n: int, seed: int) -> list[dict]:
         data = reasoning_gym.create_dataset(name, size=n, seed=seed)
     except (KeyError, ValueError) as e:
         raise ValueError(
-            f"data.task: unknown task {name!r} (relay: {', '.join(TINY_TASKS)}; or a reasoning-gym task): {e}"
+            f"data.task: unknown task {name!r} (relay: {', '.join(RELAY_TASKS)}; or a reasoning-gym task): {e}"
         ) from None
     system = {"role": "system", "content": SYSTEM_PROMPTS["default"]}
     return [
@@ -66,6 +83,8 @@ ONE_PROMPT_TASKS = {"guess_number"}
 def make_task(name: str, n: int, seed: int) -> list[dict]:
     if name == "guess_number":
         return guess_number(n, seed)
+    if name == "repeat_longtail":
+        return repeat_longtail(n, seed)
     return tiny_arithmetic(name, n, seed) if name in TINY_TASKS else reasoning_gym_task(name, n, seed)
 
 

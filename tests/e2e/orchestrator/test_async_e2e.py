@@ -5,12 +5,14 @@ loses and repeats no sample."""
 
 import json
 import shutil
+import time
 
 import pytest
 import ray
 
 from orchestrator.data.prompts import PromptSampler
 from orchestrator.loop.trainer import Trainer
+from runtime.actors import restart_count
 from tests.e2e.orchestrator.test_train_e2e import config, metrics
 
 pytestmark = pytest.mark.e2e
@@ -121,18 +123,42 @@ def test_in_flight_updates_land_mid_sequence_and_every_token_keeps_the_bound(ray
     # the one before it): tests/e2e/rollout/test_in_flight_e2e.py shows it, token by token, at set times
 
 
-def trained_batches(trainer) -> list:
-    """Record the samples of every batch the learner trains on (PromptBatches.next), in order."""
-    got, next_batch = [], trainer.batches.next
+def trained_batches(trainer, hold: bool = False) -> list:
+    """Record the samples of every batch the learner trains on (PromptBatches.next), in order. `hold`:
+    once a step's batch is collected, let the batch launched ahead sample a few tokens, then freeze it
+    (RolloutWorker.hold) until the step's checkpoint has cut it: the cut lands mid-sequence at a set
+    point, not at whatever point the machine's speed puts it."""
+    got, next_batch, save = [], trainer.batches.next, trainer.save
+    worker = trainer.roles.rollout.workers[0]
 
     def recording(step):
         this = next_batch(step)
         b = this.rollouts
         got.append(list(zip(b.prompt_index, b.prompt_ids, b.response_ids, b.logprobs, b.finish_reason)))
+        ahead = [job.pending for job in trainer.batches.launched if job.pending is not None]
+        if hold and ahead and reached(worker, ahead[0], 3):
+            ray.get(worker.hold.remote(True))
         return this
 
-    trainer.batches.next = recording
+    def saving():
+        try:
+            return save()
+        finally:
+            if hold:
+                ray.get(worker.hold.remote(False))
+
+    trainer.batches.next, trainer.save = recording, saving
     return got
+
+
+def reached(worker, pending: list, tokens: int) -> bool:
+    """Wait until some unfinished sequence on the worker has sampled `tokens`; False if the call
+    `pending` returned first. Bounded by the call."""
+    while not all(ray.wait([ref], timeout=0)[0] for ref in pending):
+        if max(ray.get(worker.sampled_so_far.remote()), default=0) >= tokens:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def continues(saved: dict, trained: list) -> int:
@@ -158,8 +184,10 @@ def test_in_flight_checkpoints_keep_cut_samples_which_the_run_and_a_resumed_run_
 ):
     """Partial rollouts: an in_flight checkpoint cuts the batch ahead mid-sequence and keeps what it
     sampled; the run, and a run resumed from that checkpoint by a new driver, train on exactly those
-    samples continued: none lost, repeated or sampled again. A random model rambles to its budget and
-    the engine decodes 4 samples at a time, so the batch ahead is still decoding at each checkpoint."""
+    samples continued: none lost, repeated or sampled again. The engine is killed after the first
+    checkpoint, so the run's continuation meets a dead engine: restarted, it continues the same cuts.
+    A random model rambles to its budget, 4 samples decoding at a time; the batch ahead is held
+    mid-sequence until each checkpoint cuts it (trained_batches)."""
     over = {
         "async_training.mode": "in_flight",
         "async_training.max_staleness": 1,
@@ -167,13 +195,24 @@ def test_in_flight_checkpoints_keep_cut_samples_which_the_run_and_a_resumed_run_
         "rollout.sampling.max_new_tokens": 60,
         "rollout.max_num_seqs": 4,
         "total_steps": 3,
+        "eval.every_n_steps": 0,  # an evaluation would wait on the held engine
         "checkpoint.every_n_steps": 1,
         "checkpoint.keep_last": 5,
     }
     trainer = Trainer(config(tiny_model, tmp_path, name="cut", **over))
-    whole = trained_batches(trainer)
+    whole = trained_batches(trainer, hold=True)
+
+    def kill_engine(step, metrics):
+        if step == 1:  # and wait until Ray has taken it down: the continuation then meets the restarted engine
+            worker = trainer.roles.rollout.workers[0]
+            ray.kill(worker, no_restart=False)
+            for _ in range(3000):  # a hang guard only: Ray takes the actor down in well under a second
+                if restart_count(worker) == 1:
+                    break
+                time.sleep(0.1)
+
     try:
-        trainer.run()
+        trainer.run(on_step=kill_engine)
     finally:
         trainer.shutdown()
     saved = [
@@ -181,9 +220,13 @@ def test_in_flight_checkpoints_keep_cut_samples_which_the_run_and_a_resumed_run_
     ]
     for s, state in zip((1, 2), saved):
         assert [a["step"] for a in state["ahead"]] == [s]
-    assert all("partial" in state["ahead"][0]["batch"]["finish_reason"] for state in saved)
-    assert continues(saved[0]["ahead"][0]["batch"], whole[1]) + continues(saved[1]["ahead"][0]["batch"], whole[2]) > 0
+    # both cuts landed mid-sequence: some samples had sampled tokens, and the continuation extended them
+    assert (
+        continues(saved[0]["ahead"][0]["batch"], whole[1]) > 0
+        and continues(saved[1]["ahead"][0]["batch"], whole[2]) > 0
+    )
     got = rows(tmp_path / "cut")
+    assert [r["step"] for r in got] == [1, 2, 3] and got[-1]["restarts/rollout"] == 1
     assert got[-1]["async/continued_samples"] > 0 and all(r["async/dropped_stale"] == 0 for r in got)
 
     resumed = tmp_path / "resumed"  # a new driver, from the checkpoint after step 1
@@ -197,5 +240,5 @@ def test_in_flight_checkpoints_keep_cut_samples_which_the_run_and_a_resumed_run_
         trainer.run()
     finally:
         trainer.shutdown()
-    continues(saved[0]["ahead"][0]["batch"], again[0])
+    assert continues(saved[0]["ahead"][0]["batch"], again[0]) > 0
     assert [[s[:2] for s in b] for b in again] == [[s[:2] for s in b] for b in whole[1:]]  # the same prompts, in order

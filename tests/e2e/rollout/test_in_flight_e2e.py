@@ -35,17 +35,28 @@ def engine(ray_cluster, tiny_model):
     pool.shutdown()
 
 
+def reached(worker, pending: list, tokens: int) -> int:
+    """Wait until the call `pending` has its sequences in the worker's engine and each unfinished one
+    has sampled `tokens`; returns the most any has sampled. Bounded by the call: once it has returned
+    there is nothing to wait for (the test's assertions then tell)."""
+    while not all(ray.wait([ref], timeout=0)[0] for ref in pending):
+        counts = ray.get(worker.sampled_so_far.remote())
+        if counts and min(counts) >= tokens:
+            return max(counts)
+        time.sleep(0.01)
+    return 0
+
+
 def test_running_sequences_take_new_weights_and_tag_each_token(engine):
+    """The updates land at set points of the sequences (after each has sampled 4 tokens, then 4 more
+    than any had at the first update), not at set times, so the test does not depend on the load."""
     pool, original, flat, vocab = engine
     worker = pool.workers[0]
     pool.generate(PROMPTS, step=0)  # warm
-    start = time.monotonic()
-    pool.generate(PROMPTS, step=0)  # the phase: one whole call of this size
-    phase = time.monotonic() - start
     pending = pool.submit(PROMPTS, step=1)
-    time.sleep(phase / 5)
+    first = reached(worker, pending, 4)
     assert ray.get(worker.load_weights.remote(flat, 1, True, pool.sync_order()[0])) > 0
-    time.sleep(phase / 5)
+    reached(worker, pending, first + 4)
     ray.get(worker.load_weights.remote(original, 2, True, pool.sync_order()[0]))
     batch = pool.collect(pending)
     uniform = -math.log(vocab)

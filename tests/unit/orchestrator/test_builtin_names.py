@@ -8,7 +8,8 @@ from tests.helpers import REPO
 
 
 def test_unknown_builtin_is_named(tmp_path):
-    with pytest.raises(ValueError, match="unknown built-in model 'nope'; known: tiny-addition-gpt, smollm2"):
+    known = "known: tiny-addition-gpt, tiny-longtail-gpt, smollm2"
+    with pytest.raises(ValueError, match=f"unknown built-in model 'nope'; {known}"):
         resolve_model_path("builtin://nope", str(tmp_path))
 
 

@@ -427,12 +427,12 @@ def test_every_shipped_configs_task_split_fits(path):
     # 1 in 8 prompts of a generated task is reserved for held-out sets: the presets' sizes still fit
     from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
     from orchestrator.data.prompts import task_split
-    from orchestrator.data.tasks import TINY_TASKS
+    from orchestrator.data.tasks import RELAY_TASKS
 
     root = {"sft": StageConfig, "rm": StageConfig, "pipeline": PipelineConfig}.get(path.stem.split("_")[0], TrainConfig)
     cfg = load_config(path, root=root)
     for d in [cfg.sft.data, cfg.rm.data, cfg.ppo.data] if root is PipelineConfig else [cfg.data]:
-        if d.task and d.task not in TINY_TASKS and d.task != "guess_number":
+        if d.task and d.task not in RELAY_TASKS:
             pytest.importorskip("reasoning_gym")
         if d.task:
             seed = cfg.ppo.seed if root is PipelineConfig else cfg.seed

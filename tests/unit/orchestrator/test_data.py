@@ -128,7 +128,9 @@ def prompts(rows, key="prompt"):
 
 
 BUILTIN_SIZES = [
-    t for t in config_task_sizes() if t[0] in {"addition_2digit", "addition_3digit", "chat_addition_2digit"}
+    t
+    for t in config_task_sizes()
+    if t[0] in {"addition_2digit", "addition_3digit", "chat_addition_2digit", "repeat_longtail"}
 ]
 
 
@@ -137,7 +139,7 @@ BUILTIN_SIZES = [
     "task, task_size, eval_size", [*BUILTIN_SIZES, ("basic_arithmetic", 2000, 128), ("gsm_symbolic", 100, 20)]
 )
 def test_held_out_prompts_of_a_task_are_never_training_prompts(task, task_size, eval_size, seed):
-    if task not in TINY_TASKS:
+    if task not in TINY_TASKS and task != "repeat_longtail":
         pytest.importorskip("reasoning_gym")
     train, held_out, _ = load_split(DataConfig(task=task, task_size=task_size, eval_size=eval_size), seed=seed)
     assert len(train) == task_size and len(held_out) == len(prompts(held_out)) == eval_size  # distinct held-out prompts
@@ -234,3 +236,20 @@ def test_held_out_prompts_are_reserved_and_training_prompts_never_are(task):
     for seed in (0, 1, 2):
         train, held_out = load_split(DataConfig(task=task, task_size=3000, eval_size=200), seed=seed)[:2]
         assert all(reserved(e["prompt"]) for e in held_out) and not any(reserved(e["prompt"]) for e in train)
+
+
+def test_the_long_tail_task_has_mostly_short_answers_and_a_fifth_long_ones_each_the_number_repeated():
+    """tasks.repeat_longtail, the long-tail preset's task: "kxN=" -> N written k times; a fifth of the
+    answers are 24-40 tokens, the rest 2-9, so a wave of samples waits for its longest ones."""
+    from orchestrator.data.tasks import repeat_longtail
+
+    examples = repeat_longtail(4000, seed=3)
+    for e in examples[:200]:
+        k, number = e["prompt"].removesuffix("=").split("x")
+        assert e["answer"] == number * int(k) and e["metadata"] == {}
+    lengths = [len(e["answer"]) for e in examples]
+    long = [n for n in lengths if n >= 24]
+    assert all(2 <= n <= 9 or 24 <= n <= 40 for n in lengths) and max(lengths) == 40
+    assert 0.17 < len(long) / len(lengths) < 0.23
+    assert make_task("repeat_longtail", 50, seed=3) == examples[:50]  # the same draw, by name
+    assert repeat_longtail(50, seed=4) != examples[:50]  # the seed changes it
