@@ -65,6 +65,7 @@ class AsyncEngine:
         self.loads = 0  # weight loads taken (whatever their version): the prefix cache's salt
         self._pauses = 0  # holders of the scheduler's pause: a call adding its requests, a sync in flight
         self._pause_lock: asyncio.Lock | None = None
+        self._adding: asyncio.Lock | None = None  # held by the call adding its requests
         self._ids = itertools.count()
         self._live: set[str] = set()  # requests added and not yet finished (preempt)
         self._running = 0  # the worker's calls under way
@@ -85,6 +86,12 @@ class AsyncEngine:
         if self._sync_lock is None:
             self._sync_lock = asyncio.Lock()
         return self._sync_lock
+
+    @property
+    def adding(self) -> asyncio.Lock:
+        if self._adding is None:
+            self._adding = asyncio.Lock()
+        return self._adding
 
     @property
     def pause_lock(self) -> asyncio.Lock:
@@ -119,14 +126,18 @@ class AsyncEngine:
         self._decoding += 1
         idle, collectors = self._decoding == 1, []
         try:
-            if idle:  # nothing decoding: add the whole call at once, as LLM.generate does
-                await self._pause()
-            try:
-                for ids, p in zip(prompt_ids, params):
-                    collectors.append(await self._add(ids, p))
-            finally:
-                if idle:
-                    await self._resume()
+            # calls add their requests one call after another, in the order they came: a call that found
+            # the engine idle pauses it first, and one arriving meanwhile must not slip its requests
+            # ahead (the batch launched ahead would then decode before the batch the learner waits for)
+            async with self.adding:
+                if idle:  # nothing decoding: add the whole call at once, as LLM.generate does
+                    await self._pause()
+                try:
+                    for ids, p in zip(prompt_ids, params):
+                        collectors.append(await self._add(ids, p))
+                finally:
+                    if idle:
+                        await self._resume()
             return list(await asyncio.gather(*(self._final(c) for c in collectors)))
         except BaseException:
             self._engine_dead_exits()

@@ -11,7 +11,7 @@ start=$SECONDS
 tier() {
   local name=$1 began=$SECONDS rc=0
   shift
-  "$py" -m pytest -q "tests/$name" "$@" || rc=$?
+  "$py" -m pytest -q --durations=15 "tests/$name" "$@" || rc=$?
   echo "tests/$name: $((SECONDS - began)) s"
   return $rc
 }

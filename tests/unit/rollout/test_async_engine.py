@@ -224,3 +224,34 @@ def test_the_pool_reports_a_call_refused_by_a_restarted_engine_as_that_engines_d
     assert died.actor_id == "abc123" and "never took weight sync 3" in str(died)
     worker = SimpleNamespace(_actor_id=SimpleNamespace(hex=lambda: "abc123"))
     assert pool.died_among(died, [worker])
+
+
+def test_calls_add_their_requests_one_whole_call_after_another_in_the_order_they_came():
+    """The first call finds the engine idle and pauses it before adding; a second call arriving
+    meanwhile waits for it to finish adding instead of slipping its requests ahead (its batch, launched
+    ahead, would decode before the one the learner waits for)."""
+
+    async def run():
+        engine = AsyncEngine(StandIn())
+        engine.llm.release.set()
+        added, add = [], engine.llm.add_request
+
+        async def recording(rid, request, params):
+            added.append(request["prompt_token_ids"][0])
+            return await add(rid, request, params)
+
+        engine.llm.add_request = recording
+        pause = engine.llm.engine_core.pause_scheduler_async
+
+        async def slow_pause(mode, clear_cache):  # vLLM's is a round trip to the engine core
+            await asyncio.sleep(0.01)
+            await pause(mode, clear_cache)
+
+        engine.llm.engine_core.pause_scheduler_async = slow_pause
+        p = SimpleNamespace(output_kind=None)
+        await asyncio.gather(engine.generate([[1], [2], [3]], [p, p, p]), engine.generate([[4], [5]], [p, p]))
+        return added, engine.llm.log
+
+    added, log = asyncio.run(run())
+    assert added == [1, 2, 3, 4, 5]
+    assert [e[0] for e in log if e[0] in ("pause", "resume")] == ["pause", "resume"]  # the idle call's hold only
