@@ -1,6 +1,6 @@
 """What asynchronous training buys on a 64-GPU cluster, by simulation (no GPU needed; issue 17).
 
-    .venv/bin/python -m bench.async_sim [--generate 3.61 --score 2.33 --update 9.95 --sync 0.18] [--tail 0.3]
+    .venv/bin/python -m bench.async_sim [--generate 3.61 --score 2.33 --update 9.95 --sync 0.18] [--tail 0.3] [--label L]
 
 The inputs are one synchronous step's phases, in seconds, as bench/e2e.py measures them (defaults:
 relay on the SmolLM2 bf16 preset, docs/benchmarks.md). The model, stated so it can be argued with:
@@ -17,9 +17,10 @@ relay on the SmolLM2 bf16 preset, docs/benchmarks.md). The model, stated so it c
   learner's side of an async sync is a staged copy, counted as 5% of it.
 - The engines start batch k only once they hold policy version >= k - N (N = 0 sync, 1 one_step,
   max_staleness for full): AReaL's and relay's admission rule. The learner trains batches in order.
-- relay's engines run one generate call (one batch) at a time, so each batch pays its own tail. The
-  last row is what engines that start the next batch's requests in the slots the tail frees would
-  reach (continuous batching across batches: AReaL, PipelineRL); relay does not do this yet.
+- Engines that run one generate call (one batch) at a time make each batch pay its own tail (relay
+  before its AsyncLLM engines, issue 28). The last rows are engines that start the next batch's
+  requests in the slots the tail frees (continuous batching across batches: relay's AsyncLLM engines
+  in full and in_flight, AReaL, PipelineRL); in_flight also takes each sync without draining them.
 The same discrete-event loop runs every mode for 400 batches, 5 seeds; it prints seconds per step and
 the speed-up over sync for this input and for a long-reasoning workload where generation dominates.
 """
@@ -38,7 +39,8 @@ MODES = [
     ("full, staleness 1", 1, False),
     ("full, staleness 2", 2, False),
     ("full, staleness 4", 4, False),
-    ("full, staleness 2, batches overlap in the engines (not relay yet)", 2, True),
+    ("full, staleness 1, batches overlap in the engines", 1, True),
+    ("full or in_flight, staleness 2, batches overlap in the engines", 2, True),
 ]
 
 
@@ -120,8 +122,9 @@ def main() -> None:
         "--tail", type=float, default=0.3, help="share of generate time spent on the longest responses alone"
     )
     p.add_argument("--spread", type=float, default=0.3, help="lognormal sigma of a batch's generate time")
+    p.add_argument("--label", default="measured phases (relay, SmolLM2 bf16 on CPU)", help="the input's name")
     a = p.parse_args()
-    table("measured phases (relay, SmolLM2 bf16 on CPU)", a.generate, a.score, a.update, a.sync, a.spread, a.tail)
+    table(a.label, a.generate, a.score, a.update, a.sync, a.spread, a.tail)
     # long chain-of-thought RL on GPUs: generation most of the step and much of it the tail (as
     # verl's, AReaL's and slime's reports describe it); assumed shares, not a measurement
     table("long reasoning (assumed shares)", 70.0, 5.0, 22.0, 3.0, 0.5, 0.5)

@@ -52,6 +52,9 @@ class EngineRestarted(RuntimeError):
         super().__init__(f"rollout engine {actor_id} was restarted: it never took weight sync {after}")
         self.actor_id, self.after = actor_id, after
 
+    def __reduce__(self):  # Ray sends it to the driver pickled: rebuilt from its own arguments
+        return EngineRestarted, (self.actor_id, self.after)
+
 
 class AsyncEngine:
     """Owns the AsyncLLM, its request ids, the calls running on it, how weights may change under them

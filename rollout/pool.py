@@ -151,7 +151,10 @@ class RolloutPool:
     def submit_resume(self, batch: RolloutBatch, rows: list[int], step: int, draw: int) -> list:
         """Launch the continuation of the batch's cut samples `rows` (RolloutWorker.resume), spread
         over the engines; collect() gives one continuation per row, in order."""
-        cut = [(batch.prompt_index[i], batch.prompt_ids[i], batch.response_ids[i]) for i in rows]
+        # each row's place in its prompt's group of the batch: with the prompt, it seeds the continuation,
+        # whichever engine takes it and however many there are
+        place = [batch.prompt_index[:i].count(batch.prompt_index[i]) for i in rows]
+        cut = [(batch.prompt_index[i], k, batch.prompt_ids[i], batch.response_ids[i]) for i, k in zip(rows, place)]
         shards = [(i, s, e) for i, (s, e) in enumerate(split_evenly(len(cut), len(self.workers))) if e > s]
         for i, _, _ in shards:
             self.calls_since_sync[i] += 1
@@ -164,8 +167,10 @@ class RolloutPool:
         paths handle."""
         try:
             return RolloutBatch.concat(watchdog.get(pending, "RolloutWorker.generate"))
-        except EngineRestarted as e:
-            raise ray.exceptions.RayActorError(e.actor_id, str(e)) from e
+        except ray.exceptions.RayTaskError as e:
+            if not isinstance(e.cause, EngineRestarted):
+                raise
+            raise ray.exceptions.RayActorError(e.cause.actor_id, str(e.cause)) from e
 
     def lost(self, error: BaseException) -> bool:
         """Whether `error` (ray.exceptions.RayActorError) reports one of this pool's engines dead or unreachable."""

@@ -9,7 +9,6 @@ import dataclasses
 import logging
 import os
 import pickle
-from collections import Counter
 
 import ray
 import torch
@@ -159,33 +158,37 @@ class RolloutWorker(Profiled, Busy):
         return self.engine.sampled_so_far()
 
     async def resume(
-        self, cut: list[tuple[int, list[int], list[int]]], step: int, draw: int, after: int
+        self, cut: list[tuple[int, int, list[int], list[int]]], step: int, draw: int, after: int
     ) -> RolloutBatch:
-        """Continue cut samples [(prompt index, prompt ids, the response so far)] of the batch of
-        (step, draw), each one sample up to the configured max_new_tokens in all, seeded by its prompt,
-        its place in its group (the k-th cut of that prompt) and its length; one continuation each, in
-        order (RolloutBatch.continued joins them), with the whole response's text."""
+        """Continue cut samples [(prompt index, place in its group, prompt ids, the response so far)] of
+        the batch of (step, draw), each one sample up to the configured max_new_tokens in all, seeded by
+        its prompt, its place in the group and its length; one continuation each, in order
+        (RolloutBatch.continued joins them), with the whole response's text. A sample whose budget is
+        spent already (a run resumed with a smaller max_new_tokens) ends "length" with no new token."""
         sampling = dataclasses.replace(self.cfg.sampling, n_samples_per_prompt=1)
-        requests, params, kth = [], [], Counter()
-        for index, prompt, response in cut:
-            seed = stream_seed(self._request_seed(sampling, (step, draw), index), "resume", kth[index], len(response))
-            kth[index] += 1
-            left = max(sampling.max_new_tokens - len(response), 1)
+        live = [c for c in cut if len(c[3]) < sampling.max_new_tokens]
+        requests, params = [], []
+        for index, place, prompt, response in live:
+            seed = stream_seed(self._request_seed(sampling, (step, draw), index), "resume", place, len(response))
             requests.append(prompt + response)
-            params.append(sampling_params(sampling, seed, max_tokens=left))
+            params.append(sampling_params(sampling, seed, max_tokens=sampling.max_new_tokens - len(response)))
         async with self.engine.call(after):
             with self.working():
-                outputs = await self.engine.generate(requests, params)
+                outputs = iter(await self.engine.generate(requests, params))
         more = RolloutBatch([], [], [], [], [], [], [])
-        for (index, prompt, response), out in zip(cut, outputs):
-            c = out.outputs[0]
-            versions = token_versions(c)
+        for index, _, prompt, response in cut:
+            c = next(outputs).outputs[0] if len(response) < sampling.max_new_tokens else None
+            ids, versions = (list(c.token_ids), token_versions(c)) if c else ([], [])
             more.prompt_index.append(index)
             more.prompt_ids.append(prompt)
-            more.response_ids.append(list(c.token_ids))
-            more.logprobs.append(sampled_logprobs(c))
-            more.response_text.append(self.tokenizer.decode(response + list(c.token_ids), skip_special_tokens=True))
-            more.finish_reason.append(finish_reason(c))
+            more.response_ids.append(ids)
+            more.logprobs.append(sampled_logprobs(c) if c else [])
+            if sampling.stop:  # as an uncut sample's: vLLM's text of the new tokens, stop strings left out
+                text = self.tokenizer.decode(response, skip_special_tokens=True) + (c.text if c else "")
+            else:  # one decode of the whole response, as uncut samples get (rollout.engine.sampling_params)
+                text = self.tokenizer.decode(response + ids, skip_special_tokens=True)
+            more.response_text.append(text)
+            more.finish_reason.append(finish_reason(c) if c else "length")
             more.token_versions.append(versions)
             more.version_first.append(versions[0] if versions else self.version)
             more.version_last.append(versions[-1] if versions else self.version)

@@ -16,6 +16,8 @@ from orchestrator.loop.endpoint import endpoint_batch
 from reward_service.pool import ScoringAhead
 from rollout.types import RolloutBatch
 
+MAX_CONTINUATIONS = 3  # rounds that continue a batch's cut samples at its step (after the first) before it gives up
+
 
 def ahead_bound(cfg: TrainConfig) -> int:
     """async_training: how many batches generation runs ahead of the learner beyond the one being
@@ -88,7 +90,7 @@ class PromptBatches:
         # sampled (partial rollouts), continued after; between-calls modes finish them, which keeps
         # their resumed runs exact
         self.cuts_at_checkpoint = cfg.async_training.mode is AsyncMode.in_flight and not cfg.env.name
-        self.continued = 0  # cut samples continued
+        self.continued = 0  # continuations collected (a sample cut by two checkpoints counts twice)
 
     def metadata(self, example: dict) -> dict:
         return reward_metadata(example, self.cfg.data.apply_chat_template)
@@ -143,9 +145,16 @@ class PromptBatches:
         the staleness bound are dropped (_drop_stale)."""
         if job.pending is not None:
             self._gather(job, step)
-        if finish and job.batch.partial_rows():
+        for _ in range(MAX_CONTINUATIONS if finish else 0):
+            if not job.batch.partial_rows():
+                break
             self._submit(job)
-            return self._collect(job, step)
+            self._gather(job, step)
+        if finish and job.batch.partial_rows():  # only a checkpoint cuts samples, and not while this runs
+            raise RuntimeError(
+                f"step {step}: the engine aborted {len(job.batch.partial_rows())} samples again and again "
+                f"(continued {MAX_CONTINUATIONS} more times); see the rollout workers' log"
+            )
         self._drop_stale(job, step)
         return job.batch
 
@@ -214,7 +223,11 @@ class PromptBatches:
         """Collect every batch launched ahead, for a checkpoint to keep; in_flight cuts them where they
         are first (cuts_at_checkpoint), and next() continues them."""
         if self.cuts_at_checkpoint and any(job.pending is not None for job in self.launched):
-            self.rollout.preempt()
+            try:
+                self.rollout.preempt()
+            except ray.exceptions.RayActorError as e:  # an engine died: launched again, and not cut
+                self.restart_rollout(e, step)
+                self.relaunch_uncollected()
         for job in self.launched:
             self._collect(job, step, finish=not self.cuts_at_checkpoint)
 

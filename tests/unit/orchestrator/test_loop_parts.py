@@ -461,7 +461,7 @@ class CuttingEngines:
     an engine's death at the next collect of a continuation, once."""
 
     def __init__(self, calls: list):
-        self.calls, self.cut, self.die = calls, False, False
+        self.calls, self.cut, self.die, self.preempt_dies, self.abort_all = calls, False, False, False, False
 
     def submit(self, prompts, step, tasks=None, draw=0) -> list:
         self.calls.append(("submit", step, draw))
@@ -474,6 +474,8 @@ class CuttingEngines:
 
     def preempt(self) -> int:
         self.calls.append("preempt")
+        if self.preempt_dies:
+            raise ray.exceptions.RayActorError()
         self.cut = True
         return 1
 
@@ -485,6 +487,8 @@ class CuttingEngines:
         if kind == "resume":
             more = samples(n, 1, step + 10)
             more.response_ids, more.logprobs, more.token_versions = [[3]] * n, [[-0.3]] * n, [[step + 10]] * n
+            if self.abort_all:  # an engine that aborts every continuation too
+                more.finish_reason = ["partial"] * n
             return more
         batch = samples(n, 2, step)
         batch.token_versions = [[step, step]] * len(batch)
@@ -543,3 +547,30 @@ def test_only_the_groups_beyond_the_staleness_bound_are_dropped_and_fresh_prompt
     assert b.prompt_index == [1, 1, 2, 2] and b.version_first == [1, 1, 2, 2]  # the kept group, then the top-up's
     assert b.token_versions[:2] == [[1, 1], [1, 1]] and b.skipped == [(7, "too long")]
     assert [e["answer"] for e in got.examples] == ["6", "7", "1"] and got.scoring_ahead is None
+
+
+def test_a_checkpoint_whose_preempt_meets_a_dead_engine_restarts_it_and_keeps_the_batch_ahead_whole(tmp_path):
+    trainer, _ = small_trainer(tmp_path, "async_training.mode=in_flight", "async_training.max_staleness=1")
+    calls, restarts = [], []
+    batches = trainer.batches
+    batches.rollout, batches.restart_rollout = CuttingEngines(calls), lambda error, step: restarts.append(step)
+    batches.next(0)
+    batches.rollout.preempt_dies = True
+    batches.collect_launched(1)
+    assert restarts == [1] and calls[-2:] == ["preempt", ("submit", 1, 4)]  # launched again, not cut
+    assert batches.launched[0].batch.partial_rows() == [] and batches.launched[0].pending is None
+
+
+def test_samples_the_engine_aborts_again_and_again_stop_the_step_naming_it(tmp_path):
+    trainer, _ = small_trainer(tmp_path, "async_training.mode=in_flight", "async_training.max_staleness=1")
+    calls = []
+    batches = trainer.batches
+    batches.rollout = CuttingEngines(calls)
+    batches.next(0)
+    batches.collect_launched(1)
+    batches.rollout.abort_all = True
+    with pytest.raises(
+        RuntimeError, match=r"step 1: the engine aborted 2 samples again and again \(continued 3 more times\)"
+    ):
+        batches.next(1)
+    assert sum(c[0] == "resume" for c in calls if isinstance(c, tuple)) == 1 + 3

@@ -209,12 +209,16 @@ def test_a_restarted_engine_refuses_calls_sent_after_syncs_it_never_took_and_tak
 
 
 def test_the_pool_reports_a_call_refused_by_a_restarted_engine_as_that_engines_death(monkeypatch):
+    """The refusal reaches the driver as Ray sends an actor's exception: pickled inside a RayTaskError
+    (an exception Ray cannot unpickle arrives as something else, which no restart path handles)."""
     import ray
 
     from rollout import pool
 
+    sent = ray.exceptions.RayTaskError("resume", "traceback", EngineRestarted("abc123", 3)).to_bytes()
+
     def refuse(refs, what=""):
-        raise EngineRestarted("abc123", 3)
+        raise ray.exceptions.RayError.from_bytes(sent).as_instanceof_cause()
 
     monkeypatch.setattr(pool.watchdog, "get", refuse)
     try:
@@ -255,3 +259,56 @@ def test_calls_add_their_requests_one_whole_call_after_another_in_the_order_they
     added, log = asyncio.run(run())
     assert added == [1, 2, 3, 4, 5]
     assert [e[0] for e in log if e[0] in ("pause", "resume")] == ["pause", "resume"]  # the idle call's hold only
+
+
+def finished_engine(done, params_seen: list):
+    """A stand-in engine whose every request finishes at once as `done`; records each request's params."""
+
+    class Finished(StandIn):
+        async def add_request(self, rid, request, params):
+            params_seen.append((request["prompt_token_ids"], params.seed, params.max_tokens))
+            collector = await super().add_request(rid, request, params)
+            collector.get = lambda: asyncio.sleep(0, SimpleNamespace(finished=True, outputs=[done]))
+            return collector
+
+    return AsyncEngine(Finished())
+
+
+def test_a_continuation_is_seeded_by_its_place_in_the_group_and_a_spent_budget_ends_it_without_a_call():
+    """RolloutWorker.resume: two cut samples of one prompt with equal prefixes get different seeds (their
+    places in the group), each asks only for the tokens left of max_new_tokens, one whose budget is spent
+    ends "length" with no request; with stop strings the text is the prefix's and vLLM's new text."""
+    from learner.tiny_gpt import char_tokenizer
+    from rollout.config import RolloutConfig, SamplingConfig
+    from rollout.worker import RolloutWorker  # imports vLLM: only here
+
+    done = SimpleNamespace(token_ids=[6], logprobs=[{6: SimpleNamespace(logprob=-0.5)}], finish_reason="stop", text="3")
+    seen = []
+    worker = object.__new__(RolloutWorker)
+    worker.cfg = RolloutConfig(sampling=SamplingConfig(max_new_tokens=8, stop=["\n"]))
+    worker.seed, worker.tokenizer, worker.engine = 0, char_tokenizer(), finished_engine(done, seen)
+    cut = [(3, 0, [1, 2], [5]), (3, 1, [1, 2], [5]), (4, 0, [9], [7] * 8)]
+    more = asyncio.run(worker.resume(cut, step=2, draw=4, after=None))
+    assert [s[0] for s in seen] == [[1, 2, 5], [1, 2, 5]] and [s[2] for s in seen] == [7, 7]
+    assert seen[0][1] != seen[1][1]
+    assert more.response_ids == [[6], [6], []] and more.finish_reason == ["stop", "stop", "length"]
+    assert more.response_text[:2] == ["23", "23"] and more.logprobs == [[-0.5], [-0.5], []]
+    worker.seed, again = 1, []  # the run seed changes every continuation's seed
+    worker.engine = finished_engine(done, again)
+    asyncio.run(worker.resume(cut, step=2, draw=4, after=None))
+    assert {s[1] for s in again}.isdisjoint({s[1] for s in seen})
+
+
+def test_the_pool_gives_each_cut_sample_its_place_in_its_group_whatever_engine_continues_it():
+    from rollout.pool import RolloutPool
+    from rollout.types import RolloutBatch
+
+    sent = []
+    worker = lambda i: SimpleNamespace(resume=SimpleNamespace(remote=lambda *a: sent.append((i, *a))))  # noqa: E731
+    pool = object.__new__(RolloutPool)
+    pool.workers, pool.calls_since_sync, pool.serial = [worker(0), worker(1)], [0, 0], 5
+    ids = [[i] for i in range(6)]
+    batch = RolloutBatch([0, 0, 0, 1, 1, 1], ids, ids, ids, [""] * 6, ["partial"] * 6)
+    pool.submit_resume(batch, [1, 2, 4], step=3, draw=9)
+    assert sent == [(0, [(0, 1, [1], [1]), (0, 2, [2], [2])], 3, 9, 5), (1, [(1, 1, [4], [4])], 3, 9, 5)]
+    assert pool.calls_since_sync == [1, 1]
