@@ -1,6 +1,6 @@
 """What asynchronous training buys on a 64-GPU cluster, by simulation (no GPU needed; issue 17).
 
-    .venv/bin/python -m bench.async_sim [--generate 3.61 --score 2.33 --update 9.95 --sync 0.18] [--tail 0.3] [--label L]
+    .venv/bin/python -m bench.async_sim [--generate 3.61 --score 2.33 --update 9.95 --sync 0.18] [--tail 0.3]
 
 The inputs are one synchronous step's phases, in seconds, as bench/e2e.py measures them (defaults:
 relay on the SmolLM2 bf16 preset, docs/benchmarks.md). The model, stated so it can be argued with:
