@@ -49,7 +49,7 @@ KNOWN = [
         ModelShape("llama", 32, 4096, 32, 8, 14336, 128256, False),
     ),
     (("smollm2-135m",), ModelShape("llama", 30, 576, 9, 3, 1536, 49152, True)),
-    (("tiny-addition-gpt",), ModelShape("gpt2", 2, 128, 4, 4, 512, 80, True, positions=64)),
+    (("tiny-addition-gpt", "tiny-longtail-gpt"), ModelShape("gpt2", 2, 128, 4, 4, 512, 80, True, positions=64)),
     (("tiny-calculator-gpt", "tiny-guess-gpt"), ModelShape("gpt2", 2, 128, 4, 4, 512, 80, True, positions=128)),
 ]
 
