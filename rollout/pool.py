@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -133,9 +134,7 @@ class RolloutPool:
         in order, so weights sent after this reach it after these samples: asynchronous training
         queues generation ahead this way. `tasks`: each prompt's answer and metadata, for episodes;
         (step, draw, prompt index) seeds each request (runtime.seeds.request_seed)."""
-        shards = [(i, s, e) for i, (s, e) in enumerate(split_evenly(len(prompts), len(self.workers))) if e > s]
-        for i, _, _ in shards:
-            self.calls_since_sync[i] += 1
+        shards = self._shards(len(prompts))
         return [
             self.workers[i].generate.remote(
                 prompts[s:e], step, s, greedy, sampling, tasks[s:e] if tasks is not None else None, draw, self.serial
@@ -153,12 +152,20 @@ class RolloutPool:
         over the engines; collect() gives one continuation per row, in order."""
         # each row's place in its prompt's group of the batch: with the prompt, it seeds the continuation,
         # whichever engine takes it and however many there are
-        place = [batch.prompt_index[:i].count(batch.prompt_index[i]) for i in rows]
-        cut = [(batch.prompt_index[i], k, batch.prompt_ids[i], batch.response_ids[i]) for i, k in zip(rows, place)]
-        shards = [(i, s, e) for i, (s, e) in enumerate(split_evenly(len(cut), len(self.workers))) if e > s]
+        seen, place = Counter(), []
+        for index in batch.prompt_index:
+            place.append(seen[index])
+            seen[index] += 1
+        cut = [(batch.prompt_index[i], place[i], batch.prompt_ids[i], batch.response_ids[i]) for i in rows]
+        return [self.workers[i].resume.remote(cut[s:e], step, draw, self.serial) for i, s, e in self._shards(len(cut))]
+
+    def _shards(self, n: int) -> list[tuple[int, int, int]]:
+        """(engine, start, end) of n items spread contiguously over the engines (none empty), each
+        engine's call counted against the next sync (sync_order)."""
+        shards = [(i, s, e) for i, (s, e) in enumerate(split_evenly(n, len(self.workers))) if e > s]
         for i, _, _ in shards:
             self.calls_since_sync[i] += 1
-        return [self.workers[i].resume.remote(cut[s:e], step, draw, self.serial) for i, s, e in shards]
+        return shards
 
     @staticmethod
     def collect(pending: list) -> RolloutBatch:

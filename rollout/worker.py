@@ -130,16 +130,7 @@ class RolloutWorker(Profiled, Busy):
         batch = RolloutBatch([], [], [], [], [], [], skipped)
         for index, request, out in zip(kept, requests, outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
-                batch.prompt_index.append(index)
-                batch.prompt_ids.append(request)
-                batch.response_ids.append(list(c.token_ids))
-                batch.logprobs.append(sampled_logprobs(c))
-                batch.response_text.append(c.text)
-                batch.finish_reason.append(finish_reason(c))
-                versions = token_versions(c)
-                batch.token_versions.append(versions)
-                batch.version_first.append(versions[0] if versions else self.version)
-                batch.version_last.append(versions[-1] if versions else self.version)
+                self._append(batch, index, request, c, c.text)
         if not sampling.stop:  # not detokenized by vLLM (engine.sampling_params): one batch decode, as vLLM would
             batch.response_text = self.tokenizer.batch_decode(batch.response_ids, skip_special_tokens=True)
         return batch
@@ -178,21 +169,26 @@ class RolloutWorker(Profiled, Busy):
         more = RolloutBatch([], [], [], [], [], [], [])
         for index, _, prompt, response in cut:
             c = next(outputs).outputs[0] if len(response) < sampling.max_new_tokens else None
-            ids, versions = (list(c.token_ids), token_versions(c)) if c else ([], [])
-            more.prompt_index.append(index)
-            more.prompt_ids.append(prompt)
-            more.response_ids.append(ids)
-            more.logprobs.append(sampled_logprobs(c) if c else [])
+            ids = list(c.token_ids) if c else []
             if sampling.stop:  # as an uncut sample's: vLLM's text of the new tokens, stop strings left out
                 text = self.tokenizer.decode(response, skip_special_tokens=True) + (c.text if c else "")
             else:  # one decode of the whole response, as uncut samples get (rollout.engine.sampling_params)
                 text = self.tokenizer.decode(response + ids, skip_special_tokens=True)
-            more.response_text.append(text)
-            more.finish_reason.append(finish_reason(c) if c else "length")
-            more.token_versions.append(versions)
-            more.version_first.append(versions[0] if versions else self.version)
-            more.version_last.append(versions[-1] if versions else self.version)
+            self._append(more, index, prompt, c, text)
         return more
+
+    def _append(self, batch: RolloutBatch, index: int, prompt: list[int], c, text: str) -> None:
+        """One completion `c` of prompt `index` as a sample of `batch` (None: no token, its budget spent)."""
+        versions = token_versions(c) if c else []
+        batch.prompt_index.append(index)
+        batch.prompt_ids.append(prompt)
+        batch.response_ids.append(list(c.token_ids) if c else [])
+        batch.logprobs.append(sampled_logprobs(c) if c else [])
+        batch.response_text.append(text)
+        batch.finish_reason.append(finish_reason(c) if c else "length")
+        batch.token_versions.append(versions)
+        batch.version_first.append(versions[0] if versions else self.version)
+        batch.version_last.append(versions[-1] if versions else self.version)
 
     @property
     def version(self) -> int:
