@@ -49,6 +49,7 @@ def batches_for(run_seed: int, *overrides: str) -> tuple[PromptBatches, Engine]:
     """Real PromptBatches on one recording engine, behind the real RolloutPool.submit."""
     engine = Engine(run_seed)
     pool = SimpleNamespace(workers=[engine], calls_since_sync=[0], serial=0)
+    pool._shards = lambda n: RolloutPool._shards(pool, n)
     rollout = SimpleNamespace(
         submit=lambda *a, **k: RolloutPool.submit(pool, *a, **k), collect=lambda pending: RolloutBatch.concat(pending)
     )
