@@ -170,6 +170,17 @@ def math_answer(response: str, reference: str | float | int | None) -> float | N
     return _verify(gold, parse(text.replace("\\$", ""), parsing_timeout=None))  # \$12: an escaped dollar sign
 
 
+def same_answer(a: str, b: str) -> bool:
+    """Whether two responses give the same final answer (maj@k's vote): equal after normalising, else
+    math-verify's equality with one answer taken as the reference (math_answer); text that declares no
+    usable mathematical answer matches only itself."""
+    plain = lambda s: " ".join(_normalise(s).split()).rstrip(".")  # noqa: E731
+    if plain(a) == plain(b):
+        return True
+    text = _math_text(a)
+    return math_answer(b, (_declared(text) or text).strip()) == 1.0
+
+
 def exact_match(response: str, reference: str | None) -> float | None:
     """1.0 if the response equals the reference up to surrounding and repeated whitespace."""
     if reference is None:

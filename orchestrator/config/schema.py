@@ -142,6 +142,11 @@ class EvalConfig:
     """also generate greedy answers (greedy accuracy, sample tables); false = sampled answers only"""
     num_samples_to_log: int = 8
     """held-out prompts shown with their greedy answers (console table, samples.jsonl, wandb)"""
+    n_samples: int = 0
+    """samples per held-out prompt (pass@k, maj@k, avg@n and the sampled metrics); 0 = rollout.sampling's
+    n_samples_per_prompt"""
+    pass_k: list[int] = field(default_factory=list)
+    """the k of pass@k and maj@k, each at most n_samples; empty = 1 and n_samples"""
 
 
 class AsyncMode(str, Enum):

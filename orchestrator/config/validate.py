@@ -24,6 +24,16 @@ def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from _data(cfg.data)
     yield from _env(cfg)
     yield from _watchdog(cfg.watchdog)
+    yield from _eval(cfg)
+
+
+def _eval(cfg):
+    e, n = cfg.eval, cfg.eval.n_samples or cfg.rollout.sampling.n_samples_per_prompt
+    if e.n_samples < 0:
+        yield "eval.n_samples", f"must be >= 1, or 0 for rollout.sampling.n_samples_per_prompt; got {e.n_samples}"
+    for k in e.pass_k:
+        if not 1 <= k <= n:
+            yield "eval.pass_k", f"each k must be in [1, eval.n_samples = {n}] (pass@k draws k of n samples), got {k}"
 
 
 def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:

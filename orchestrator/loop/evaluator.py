@@ -8,7 +8,7 @@ from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig
 from orchestrator.data.prompts import policy_prompt, reward_metadata
-from orchestrator.tools.evaluate import evaluate_policy, sample_rows, shown
+from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy, sample_rows, shown
 from rollout.types import RolloutBatch
 from runtime.seeds import EVALUATION
 
@@ -32,14 +32,16 @@ class Evaluator:
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out prompts through orchestrator.tools.evaluate (read-only scoring, raw rewards); the table
         of the first prompts is kept in `samples`."""
+        sampling = eval_sampling(self.cfg)
         ev = evaluate_policy(
-            lambda p, greedy: self.rollout.generate(p, 0, greedy, tasks=self.metadata, draw=EVALUATION),
+            lambda p, greedy: self.rollout.generate(p, 0, greedy, sampling, self.metadata, EVALUATION),
             self.scoring.evaluate,
             self.prompts,
             self.metadata,
             self.cfg.eval.greedy,
-            self.cfg.rollout.sampling.temperature,
+            sampling.temperature,
             self.learner.policy_logprobs,
+            eval_ks(self.cfg),
         )
         self.samples = self._sample_table(step, *shown(ev))
         return ev.metrics

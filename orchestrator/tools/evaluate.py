@@ -14,14 +14,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig
 from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
-from orchestrator.loop.step_metrics import prompt_text, reward_metrics
+from orchestrator.loop.step_metrics import VERIFIABLE, prompt_text, reward_metrics
+from orchestrator.tools.pass_at_k import sample_metrics
 from reward_service.config import RewardSource, SourceKind
+from reward_service.rules import same_answer
+from rollout.config import SamplingConfig
 from runtime.seeds import EVALUATION
 
 # (label in tables and report.json, metric key)
@@ -66,11 +71,30 @@ class Evaluation:
     sampled_scored: object
 
 
+def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
+    """Training's sampling with eval.n_samples samples per prompt (0: training's)."""
+    n = cfg.eval.n_samples or cfg.rollout.sampling.n_samples_per_prompt
+    return dataclasses.replace(cfg.rollout.sampling, n_samples_per_prompt=n)
+
+
+def eval_ks(cfg: TrainConfig) -> list[int]:
+    """The k of pass@k and maj@k: eval.pass_k, else 1 and n."""
+    return sorted(set(cfg.eval.pass_k or [1, eval_sampling(cfg).n_samples_per_prompt]))
+
+
 def evaluate_policy(
-    generate, score, prompts: list, meta: list[dict], greedy: bool, temperature: float, policy_logprobs
+    generate,
+    score,
+    prompts: list,
+    meta: list[dict],
+    greedy: bool,
+    temperature: float,
+    policy_logprobs,
+    pass_k: list[int] = (),
 ) -> Evaluation:
     """Held-out prompts: greedy answers (accuracy) if `greedy`, and samples as in training (reward,
-    KL to the reference, length, diversity). `generate(prompts, greedy) -> RolloutBatch`;
+    KL to the reference, length, diversity), with pass@k, maj@k and avg@n for each k of `pass_k` where
+    a verifiable source judges them (pass_at_k). `generate(prompts, greedy) -> RolloutBatch`;
     `score(batch, meta, temperature, with_reference) -> ScoredBatch` must be read-only (raw rewards);
     `policy_logprobs(batch)`: the policy's logprob of each response token, computed by the same function
     as the reference's (not the engine's: its kernels, dtype and top-k/top-p renormalisation differ, and
@@ -90,12 +114,42 @@ def evaluate_policy(
     m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per model token, the k1 estimate on the sampler's tokens
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)
+    graded = graded_samples(s, ss)
+    if pass_k and graded is not None:
+        n = max(Counter(s.prompt_index).values(), default=0)
+        m.update({f"eval/sampled/{k}": v for k, v in sample_metrics(graded, n, pass_k, same_answer).items()})
     return Evaluation(m, g, gs, s, ss)
 
 
+def graded_samples(batch, scored) -> list[tuple[list[bool], list[str]]] | None:
+    """Per prompt, in sampling order, the (correct, answer) of each sample the first verifiable source
+    judged (correct: its full mark, a score >= 1); a sample it could not judge is left out, never wrong.
+    None when no verifiable source scores the batch."""
+    name = next((k for k in scored.components if k.startswith(VERIFIABLE)), None)
+    if name is None:
+        return None
+    graded: dict[int, tuple[list[bool], list[str]]] = {}
+    for j, score, bad, text in zip(batch.prompt_index, scored.components[name], scored.invalid, batch.response_text):
+        correct, answers = graded.setdefault(j, ([], []))
+        if score == score and not bad:  # NaN: the source could not judge it
+            correct.append(score >= 1.0)
+            answers.append(text)
+    return list(graded.values())
+
+
+def rows(metrics: dict[str, float]) -> list[tuple[str, str]]:
+    """LABELS, then the pass@k, maj@k and avg@n rows the evaluation reported, as (label, metric key)."""
+    k_rows = [
+        (key.removeprefix("eval/sampled/"), key)
+        for key in metrics
+        if re.fullmatch(r"eval/sampled/(pass|maj|avg)@\d+", key)
+    ]
+    return LABELS + sorted(k_rows, key=lambda r: (r[0].split("@")[0], int(r[0].split("@")[1])))
+
+
 def labelled(metrics: dict[str, float]) -> dict[str, float]:
-    """The LABELS rows present in `metrics`, then each source's sampled mean, by label."""
-    out = {label: metrics[key] for label, key in LABELS if key in metrics}
+    """The rows present in `metrics`, then each source's sampled mean, by label."""
+    out = {label: metrics[key] for label, key in rows(metrics) if key in metrics}
     for key, value in metrics.items():
         name = key.removeprefix("eval/sampled/reward/").removesuffix("/mean")
         if key.startswith("eval/sampled/reward/") and key.endswith("/mean") and "/" not in name and name != "mean":
@@ -105,7 +159,7 @@ def labelled(metrics: dict[str, float]) -> dict[str, float]:
 
 def summary_table(before: dict, after: dict) -> str:
     lines = ["", f"{'held-out':30s} {'before':>10s} {'after':>10s}", "-" * 52]
-    for label, key in LABELS:
+    for label, key in rows(before | after):
         if key in before or key in after:
             lines.append(f"{label:30s} {before.get(key, float('nan')):10.3f} {after.get(key, float('nan')):10.3f}")
     return "\n".join(lines)
@@ -216,13 +270,14 @@ def evaluate_roles(
         pool = make_pool(path)
         try:
             evals[role] = evaluate_policy(
-                lambda p, greedy: pool.generate(p, 0, greedy, tasks=meta, draw=EVALUATION),
+                lambda p, greedy: pool.generate(p, 0, greedy, eval_sampling(cfg), meta, EVALUATION),
                 scoring.evaluate,
                 prompts,
                 meta,
                 cfg.eval.greedy,
                 temperature,
                 functools.partial(model.logprobs, temperature=temperature),
+                eval_ks(cfg),
             )
         finally:
             pool.shutdown()

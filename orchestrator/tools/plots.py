@@ -5,13 +5,15 @@ share of tokens its correction cut. Drawn from metrics.jsonl, so any finished ru
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-PANELS = [  # (title, [metric keys])
+PANELS = [  # (title, [metric keys, as regular expressions])
     ("reward", ["reward/mean", "reward/accuracy"]),
     ("idle share per role", ["pipeline/idle/rollout", "pipeline/idle/scoring", "pipeline/idle/learner"]),
     ("staleness (policy versions)", ["async/staleness_mean", "async/staleness_max"]),
     ("importance ratio pi_prox / mu", ["off_policy/ratio_mean", "off_policy/ratio_max", "off_policy/clipped_frac"]),
+    ("held-out pass@k, maj@k (at eval.every_n_steps)", [r"eval/sampled/(pass|maj|avg)@\d+"]),
 ]
 
 
@@ -27,7 +29,7 @@ def plot_run(metrics_path: Path, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(7, 2.4 * len(PANELS)), sharex=True)
-    for ax, (title, keys) in zip(axes, PANELS):
+    for ax, (title, keys) in zip(axes, panel_keys(rows)):
         for key in keys:
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if points:
@@ -40,3 +42,9 @@ def plot_run(metrics_path: Path, out: Path) -> Path | None:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def panel_keys(rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """Each panel's title and the metric keys of `rows` its patterns match, in pattern order."""
+    found = sorted({k for r in rows for k in r})
+    return [(title, [k for pattern in keys for k in found if re.fullmatch(pattern, k)]) for title, keys in PANELS]

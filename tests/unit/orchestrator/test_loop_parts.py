@@ -12,12 +12,13 @@ import ray
 
 from learner.checkpoint import publish, recover
 from orchestrator.config.load import ConfigError, load_config
-from orchestrator.config.schema import DataConfig
+from orchestrator.config.schema import DataConfig, EvalConfig
 from orchestrator.data.prompts import DataError, load_split
 from orchestrator.loop.batches import LaunchedBatch
 from orchestrator.loop.dynamic_sampling import Group, Sampled, dynamic_sample, pick_groups
 from orchestrator.loop.step_metrics import TrainingError, batch_metrics, check_progress
 from reward_service.types import ScoredBatch
+from rollout.config import SamplingConfig
 from rollout.types import RolloutBatch
 from runtime.seeds import EVALUATION
 from tests.helpers import REPO
@@ -407,7 +408,7 @@ def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_p
         def __init__(self, path):
             self.path = path
 
-        def generate(self, prompts, step, greedy, tasks, draw):
+        def generate(self, prompts, step, greedy, sampling, tasks, draw):
             assert draw == EVALUATION  # relay eval samples from evaluation's own stream, as the trainer's does
             gc.collect()
             alive.append(sum(w() is not None for w in built))
@@ -421,7 +422,7 @@ def test_relay_eval_scores_the_reference_with_the_services_model_and_frees_the_p
         return ScoredBatch([1.0] * n, {}, [True] * n, [False] * n, ref, raw=[1.0] * n)
 
     cfg = SimpleNamespace(
-        rollout=SimpleNamespace(sampling=SimpleNamespace(temperature=1.0)), eval=SimpleNamespace(greedy=False)
+        rollout=SimpleNamespace(sampling=SamplingConfig(temperature=1.0)), eval=EvalConfig(greedy=False)
     )
     scoring = SimpleNamespace(reference=service_model, evaluate=score)
     evals = evaluate_roles(cfg, tiny_model, tiny_model, scoring, ["a", "b"], [{}, {}], lambda path: Pool(path))

@@ -1,0 +1,119 @@
+"""pass@k, maj@k, avg@n: against hand examples and brute force over every k-subset; through the evaluation."""
+
+import itertools
+import math
+import statistics
+
+import pytest
+
+from orchestrator.config.load import load_config
+from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy
+from orchestrator.tools.pass_at_k import majority_correct, pass_at_k, sample_metrics
+from reward_service.rules import same_answer
+from reward_service.types import ScoredBatch
+from rollout.types import RolloutBatch
+from tests.small_loop import DEFAULT
+
+nan = float("nan")
+
+
+def test_pass_at_k_by_hand():
+    # 5 samples, 2 correct, k = 2: of the C(5,2) = 10 pairs, C(3,2) = 3 hold no correct one
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # pass@1 = c / n
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 3, 2) == 1.0  # fewer wrong samples than k: always
+    with pytest.raises(ValueError, match="n=3, c=1, k=4"):
+        pass_at_k(3, 1, 4)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_pass_at_k_equals_the_share_of_k_subsets_holding_a_correct_sample(n):
+    for c in range(n + 1):
+        correct = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(range(n), k))
+            brute = sum(any(correct[i] for i in s) for s in subsets) / len(subsets)
+            assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+
+
+def test_maj_votes_over_equivalent_answers_and_breaks_ties_to_the_first_sampled():
+    exact = lambda a, b: a == b  # noqa: E731
+    assert majority_correct(["7", "8", "8"], [True, False, False], exact) is False
+    assert majority_correct(["7", "8"], [True, False], exact) is True  # a tie: the answer sampled first
+    assert majority_correct(["8", "7"], [False, True], exact) is False
+    # math-verify's equivalence: 0.5, 1/2 and \frac{1}{2} are one answer, outvoting two 3s
+    answers = ["3", "0.5", "\\frac{1}{2}", "3", "1/2"]
+    assert majority_correct(answers, [False, True, True, False, True], same_answer) is True
+    assert majority_correct(answers, [False, True, True, False, True], lambda a, b: a == b) is False
+
+
+def test_sample_metrics_average_over_prompts_with_their_standard_error_and_skip_unjudged():
+    exact = lambda a, b: a == b  # noqa: E731
+    prompts = [
+        ([True, False, False, False], ["7", "1", "2", "3"]),  # pass@1 1/4, pass@4 1, maj@4: a 4-way tie -> "7"
+        ([False, False, True, True], ["1", "1", "7", "7"]),  # maj@4: a tie, "1" first -> wrong
+        ([True, True], ["5", "5"]),  # two samples judged of four: out of pass@4, in avg and pass@1
+        ([], []),  # none judged (an infra failure): in no figure
+    ]
+    m = sample_metrics(prompts, 4, [1, 4], exact)
+    assert m["prompts_judged"] == 3
+    assert m["avg@4"] == pytest.approx(statistics.fmean([0.25, 0.5, 1.0]))
+    assert m["avg@4/se"] == pytest.approx(statistics.stdev([0.25, 0.5, 1.0]) / math.sqrt(3))
+    assert m["pass@1"] == pytest.approx(statistics.fmean([0.25, 0.5, 1.0]))
+    assert m["pass@4"] == 1.0 and m["pass@4/se"] == 0.0
+    assert m["maj@4"] == 0.5  # the first prompt's vote right, the second's wrong
+    assert m["maj@1"] == pytest.approx(statistics.fmean([1.0, 0.0, 1.0]))  # the first sample of each
+    empty = sample_metrics([([], [])], 4, [1], exact)
+    assert math.isnan(empty["pass@1"]) and empty["prompts_judged"] == 0
+
+
+def test_the_evaluation_reports_pass_at_k_from_the_verifiable_source_leaving_out_what_it_could_not_judge():
+    # two prompts x 3 samples; the third sample of prompt 1 could not be judged
+    texts = ["7", "8", "7", "1/2", "0.5", "x"]
+    batch = RolloutBatch([0, 0, 0, 1, 1, 1], [[1]] * 6, [[2]] * 6, [[0.0]] * 6, texts, ["stop"] * 6)
+    math_scores = [1.0, 0.0, 1.0, 0.0, 0.0, nan]
+    scored = ScoredBatch(
+        [0.0] * 6,
+        {"format": [1.0] * 6, "math_answer": math_scores},
+        [True] * 5 + [False],
+        [False] * 5 + [True],
+        [[0.0]] * 6,
+        raw=[1.0] * 6,
+    )
+    ev = evaluate_policy(
+        lambda p, greedy: batch, lambda *a: scored, ["", ""], [{}, {}], False, 1.0, lambda b: [[0.0]] * 6, [1, 2, 3]
+    )
+    m = ev.metrics
+    assert m["eval/sampled/pass@1"] == pytest.approx((2 / 3 + 0) / 2)
+    assert m["eval/sampled/pass@2"] == pytest.approx((1 - 0 / 3 + 0) / 2)  # prompt 0: C(1,2)=0 all-wrong pairs
+    assert m["eval/sampled/pass@3"] == 1.0  # prompt 1 has two judged samples: left out of k = 3
+    assert m["eval/sampled/maj@2"] == 0.5 and m["eval/sampled/avg@3"] == pytest.approx(1 / 3)
+    without = ScoredBatch([0.0] * 6, {"format": [1.0] * 6}, [True] * 6, [False] * 6, [[0.0]] * 6, raw=[1.0] * 6)
+    ev = evaluate_policy(
+        lambda p, g: batch, lambda *a: without, [""] * 2, [{}] * 2, False, 1.0, lambda b: [[0.0]] * 6, [1]
+    )
+    assert not any("pass@" in k for k in ev.metrics)  # no verifiable source: no correctness to count
+
+
+def test_eval_n_samples_and_pass_k_come_from_the_config_and_are_checked():
+    cfg = load_config(DEFAULT, [])
+    n = cfg.rollout.sampling.n_samples_per_prompt
+    assert eval_sampling(cfg).n_samples_per_prompt == n and eval_ks(cfg) == sorted({1, n})
+    cfg = load_config(DEFAULT, ["eval.n_samples=16", "eval.pass_k=[1,4,16]"])
+    assert eval_sampling(cfg).n_samples_per_prompt == 16 and eval_ks(cfg) == [1, 4, 16]
+    assert eval_sampling(cfg).temperature == cfg.rollout.sampling.temperature
+    with pytest.raises(Exception, match=r"eval\.pass_k.*got 32"):
+        load_config(DEFAULT, ["eval.n_samples=16", "eval.pass_k=[1,32]"])
+
+
+def test_the_run_figure_draws_the_held_out_pass_at_k_curves_but_not_their_errors():
+    from orchestrator.tools.plots import panel_keys
+
+    rows = [
+        {"step": 4, "reward/mean": 0.5, "eval/sampled/pass@1": 0.4, "eval/sampled/pass@1/se": 0.1},
+        {"step": 8, "eval/sampled/maj@8": 0.6, "eval/sampled/pass@8": 0.9},
+    ]
+    panels = dict(panel_keys(rows))
+    assert panels["reward"] == ["reward/mean"]
+    held_out = next(keys for title, keys in panels.items() if title.startswith("held-out"))
+    assert held_out == ["eval/sampled/maj@8", "eval/sampled/pass@1", "eval/sampled/pass@8"]
