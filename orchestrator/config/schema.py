@@ -149,6 +149,43 @@ class EvalConfig:
     """the k of pass@k and maj@k, each at most n_samples; empty = 1 and n_samples"""
 
 
+@dataclass
+class HealthConfig:
+    """The `health` section: the signs of a run going wrong (orchestrator/loop/health.py), their thresholds."""
+
+    enabled: bool = True
+    """watch the metrics for the signs and say each in one line, with its cause and knob"""
+    window: int = 10
+    """steps a trend is read over; also the run's first steps, each sign's baseline"""
+    patience: int = 5
+    """steps in a row a level sign (KL band, entropy, distinct-2, zero-spread groups, logprob gap) must hold"""
+    kl_low: float = 0.01
+    """per-token KL to the reference under this, after the first window: the policy barely moves"""
+    kl_high: float = 1.0
+    """per-token KL over this: the policy drifts towards a quality collapse"""
+    entropy_floor: float = 0.2
+    """entropy under this share of its first steps' mean: collapsing"""
+    length_rise: float = 0.3
+    """mean response length of the window's newer half over its older half's, risen more than this share while
+    the reward's stayed flat: length hacking"""
+    reward_flat: float = 0.02
+    """a reward change (the reward's units; halves of the window, or the window against the first) under this
+    counts as flat, over it as rising"""
+    distinct_floor: float = 0.5
+    """distinct-2 of the responses under this share of its first steps': diversity collapsing"""
+    held_out_drop: float = 0.02
+    """held-out accuracy (or reward) falling more than this below the evaluation before training, the training
+    reward rising: reward hacking"""
+    zero_spread_max: float = 0.5
+    """share of prompt groups whose samples all score alike, over this: no signal"""
+    value_loss_factor: float = 10.0
+    """value loss over this multiple of its first steps' median (or not finite): exploding"""
+    logprob_gap_factor: float = 3.0
+    """sampler-learner logprob gap over this multiple of its first steps' median (and logprob_gap_min): growing"""
+    logprob_gap_min: float = 0.05
+    """the gap (mean |logprob difference| per token) under which no growth counts"""
+
+
 class AsyncMode(str, Enum):
     """How far generation runs ahead of the learner, and when the engines take new weights: sync,
     one_step or full (between the engines' calls), in_flight (mid-sequence)."""
@@ -205,6 +242,8 @@ class TrainConfig:
     """when to save, how many to keep, resuming"""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """held-out evaluation during training"""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """the signs of a run going wrong, said as they appear"""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     """deadlines of the driver's waits on remote calls, and what a stuck one leaves behind"""
 

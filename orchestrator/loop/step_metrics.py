@@ -105,6 +105,25 @@ def reward_metrics(scored: ScoredBatch) -> dict[str, float]:
     return m | scored.metrics
 
 
+def distinct_n(sequences: list[list[int]], n: int) -> float:
+    """Distinct n-grams over all n-grams of the responses (Li et al. 2016); 0 when there are none."""
+    grams = [tuple(s[i : i + n]) for s in sequences for i in range(len(s) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def zero_spread_share(prompt_index: list[int], scored: ScoredBatch) -> float:
+    """The share of prompt groups (two or more judged samples) whose raw rewards are all equal: a GRPO
+    or RLOO group like that has zero advantage, no signal; NaN without such groups (one sample a prompt)."""
+    groups: dict[int, set[float]] = {}
+    sizes: dict[int, int] = {}
+    for j, r, bad in zip(prompt_index, scored.raw, scored.invalid):
+        if not bad:
+            groups.setdefault(j, set()).add(r)
+            sizes[j] = sizes.get(j, 0) + 1
+    grouped = [j for j in groups if sizes[j] >= 2]
+    return sum(len(groups[j]) == 1 for j in grouped) / len(grouped) if grouped else float("nan")
+
+
 def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") -> dict[str, float]:
     """What a practitioner watches for reward hacking, collapse and instability, from the batch that
     trains: its reward (reward_metrics), the samples dropped (reward.invalid: drop) with the groups
@@ -117,7 +136,9 @@ def batch_metrics(batch: RolloutBatch, scored: ScoredBatch, prefix: str = "") ->
         "reward/dropped_samples": float(len(scored.valid) - sum(scored.valid)),
         "reward/dropped_groups": float(sum(n < 2 for n in kept.values())) if len(batch) > len(kept) else 0.0,
         **reward_metrics(scored),
+        "reward/zero_spread_groups": zero_spread_share(batch.prompt_index, scored),
         "response/length_mean": statistics.fmean(lengths),
+        "response/distinct_2": distinct_n(batch.model_ids, 2),
         "response/length_max": float(max(lengths)),
         # the token budget ran out, not the turns
         "response/clipped_frac": sum(f == "length" for f in batch.finish_reason) / len(batch),

@@ -17,6 +17,7 @@ from orchestrator.config.schema import TrainConfig
 from orchestrator.loop.batches import ahead_bound
 from orchestrator.loop.checkpointer import Checkpointer
 from orchestrator.loop.dynamic_sampling import Sampled, dynamic_sample
+from orchestrator.loop.health import Health
 from orchestrator.loop.parts import LoopParts, start_parts
 from orchestrator.loop.profiling import profiled
 from orchestrator.loop.recovery import LearnerLost, restored_counters
@@ -54,6 +55,7 @@ class Trainer:
         self.wait_for_sync = ahead_bound(cfg) == 0  # asynchronous modes train while the engines take weights
         self.counters = {"data/skipped_lines": parts.skipped_lines, "rollout/dropped_groups": 0}
         self.counters |= {"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0}
+        self.health = Health(cfg.health)
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.resume)
         with watching(self.watchdog), self.watchdog.phase("start"):
             resumed_at = self._load() if self.checkpointer.resume_from else None
@@ -77,6 +79,7 @@ class Trainer:
         stop, saved_at, ended = stop or StopRequest(), None, False  # saved_at: the step this process last saved
         with watchdog.phase("evaluate") if self.step == 0 else nullcontext():  # resumed: read from the run folder
             before = self.evaluator.evaluate_before(self.step)
+        self.health.before = before
         if self.step == 0:
             self.tracker.log_table("eval/samples", 0, self.evaluator.samples)
         while self.step < self.cfg.total_steps and not stop.requested and not ended:
@@ -108,6 +111,7 @@ class Trainer:
         if every and self.step % every == 0 and self.step < total:
             metrics.update(self.evaluate())
             self.tracker.log_table("eval/samples", self.step, self.evaluator.samples)
+        metrics.update(self.health.observe(self.step, metrics))
         self.tracker.log(self.step, metrics, total)
         self.last_metrics = metrics
         every = self.cfg.checkpoint.every_n_steps
@@ -286,7 +290,8 @@ class Trainer:
         """The loop's state as a checkpoint keeps it: the step, the counts, the scoring state, the sampler
         and the batches launched ahead (collected: PromptBatches.collect_launched)."""
         counts, scoring = self.all_counters(), self.roles.scoring.state_dict()
-        return {"step": self.step, "counters": counts, "scoring": scoring} | self.batches.state_dict()
+        health = self.health.state_dict()
+        return {"step": self.step, "counters": counts, "scoring": scoring, "health": health} | self.batches.state_dict()
 
     def _load(self) -> int:
         """Restore the checkpoint to resume from; returns its step."""
@@ -306,6 +311,7 @@ class Trainer:
         self.roles.scoring.restarts = counts["restarts/scoring"]
         self.roles.learner_restarts = counts["restarts/learner"]
         self.batches.load_state_dict(state, counts)
+        self.health.load_state_dict(state.get("health"))  # none in a checkpoint from before health existed
         self.roles.channel.send(self.step)
 
     def _actors(self) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig
 from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
-from orchestrator.loop.step_metrics import VERIFIABLE, prompt_text, reward_metrics
+from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, prompt_text, reward_metrics
 from orchestrator.tools.pass_at_k import sample_metrics
 from reward_service.config import RewardSource, SourceKind
 from reward_service.rules import same_answer
@@ -47,12 +47,6 @@ CURVES = [
     ("response/length_mean", "response length"),
     ("kl/coef", "kl_coef"),
 ]
-
-
-def distinct_n(sequences: list[list[int]], n: int) -> float:
-    """Distinct n-grams over all n-grams of the responses (Li et al. 2016); 0 when there are none."""
-    grams = [tuple(s[i : i + n]) for s in sequences for i in range(len(s) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 0.0
 
 
 def win_rate(policy: list[float], reference: list[float]) -> float:

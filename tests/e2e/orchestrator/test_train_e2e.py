@@ -89,6 +89,12 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     # weights reach the engines every step: the sampler's logprobs are the learner's own
     assert all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
     assert rows[-1]["kl/ref"] > 0  # and the policy did move away from the reference
+    health = {k: v for k, v in rows[-1].items() if k.startswith("health/")}
+    assert len(health) == 8 and not any(health.values()), health  # a run that learns: no sign said
+    # pass@k over the evaluation's samples (k = 1 and n): pass@1 is the sampled accuracy, pass@n at least it
+    n = cfg.rollout.sampling.n_samples_per_prompt
+    assert after["eval/sampled/pass@1"] == pytest.approx(after["eval/sampled/reward/accuracy"])
+    assert after[f"eval/sampled/pass@{n}"] >= after["eval/sampled/pass@1"] and f"eval/sampled/maj@{n}" in after
     for key in (
         "reward/mean",
         "reward/std",
