@@ -57,15 +57,19 @@ def kl_band(cfg: HealthConfig, h: Health) -> str | None:
     return None
 
 
-def entropy_collapse(cfg: HealthConfig, h: Health) -> str | None:
-    start = _values(h.first, "learner/entropy")
+def _fell(cfg: HealthConfig, h: Health, key: str, share: float, what: str) -> str | None:
+    """`key` held under `share` of its first steps' mean for `patience` steps."""
+    start = _values(h.first, key)
     if len(start) < cfg.window:
         return None
-    floor = cfg.entropy_floor * statistics.fmean(start)
-    if last := _held(cfg, h.recent, "learner/entropy", lambda v: v < floor):
-        start_mean = floor / cfg.entropy_floor
-        return f"the entropy fell to {last[-1]:.4f}, under {cfg.entropy_floor:g}x its first steps' {start_mean:.4f}"
+    base = statistics.fmean(start)
+    if last := _held(cfg, h.recent, key, lambda v: v < share * base):
+        return f"{what} fell to {last[-1]:.4f}, under {share:g}x its first steps' {base:.4f}"
     return None
+
+
+def entropy_collapse(cfg: HealthConfig, h: Health) -> str | None:
+    return _fell(cfg, h, "learner/entropy", cfg.entropy_floor, "the entropy")
 
 
 def length_hacking(cfg: HealthConfig, h: Health) -> str | None:
@@ -79,13 +83,7 @@ def length_hacking(cfg: HealthConfig, h: Health) -> str | None:
 
 
 def diversity_collapse(cfg: HealthConfig, h: Health) -> str | None:
-    start = _values(h.first, "response/distinct_2")
-    if len(start) < cfg.window:
-        return None
-    floor = cfg.distinct_floor * statistics.fmean(start)
-    if last := _held(cfg, h.recent, "response/distinct_2", lambda v: v < floor):
-        return f"distinct-2 of the responses fell to {last[-1]:.3f}, under {cfg.distinct_floor:g}x its first steps'"
-    return None
+    return _fell(cfg, h, "response/distinct_2", cfg.distinct_floor, "distinct-2 of the responses")
 
 
 HELD_OUT = ("eval/greedy/reward/accuracy", "eval/sampled/reward/accuracy", "eval/sampled/reward/mean")
