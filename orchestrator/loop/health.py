@@ -74,10 +74,10 @@ def entropy_collapse(cfg: HealthConfig, h: Health) -> str | None:
 
 def length_hacking(cfg: HealthConfig, h: Health) -> str | None:
     length, reward = _halves(h.recent, "response/length_mean"), _halves(h.recent, "reward/mean")
-    if not length or not reward or length[0] <= 0:
+    if len(h.recent) < cfg.window or not length or not reward or length[0] <= 0:
         return None
     rise, gain = length[1] / length[0] - 1, reward[1] - reward[0]
-    if rise > cfg.length_rise and gain < cfg.reward_flat:
+    if rise > cfg.length_rise and abs(gain) < cfg.reward_flat:  # a falling reward is another trouble
         return f"the response length rose {rise:.0%} over {len(h.recent)} steps while the reward moved {gain:+.3f}"
     return None
 

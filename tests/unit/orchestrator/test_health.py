@@ -67,6 +67,14 @@ def test_each_sign_fires_once_on_a_stream_that_shows_it_naming_the_knob(sign):
     assert counts[-1][f"health/{sign}"] == 1 and sum(counts[-1].values()) == 1
 
 
+def test_length_hacking_needs_a_whole_window_and_a_flat_reward():
+    rising = [healthy(s) | {"reward/mean": 0.5, "response/length_mean": 20.0 * 1.3**s} for s in range(1, STEPS + 1)]
+    said, _, _ = run(rising)
+    assert len(said) == 1 and "step 10:" in said[0]  # not at step 4 on 4 steps' trend
+    falling = [r | {"reward/mean": 0.9 - 0.02 * s} for s, r in enumerate(rising, 1)]
+    assert run(falling)[0] == []  # the reward falls: not a reward that pays for length
+
+
 def test_the_kl_band_waits_for_the_first_window_and_warns_above_it_too():
     said, _, _ = run(pushed("kl/ref", lambda s: 0.002, after=1)[:14])  # 10 steps of baseline, 4 under: not yet
     assert said == []
