@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.config.load import ConfigError, load_config, to_yaml
+from runtime.quiet import quiet_libraries
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "grpo_tiny_cpu.yaml"
@@ -108,6 +109,8 @@ def _report_parsers(sub) -> None:
     ev.add_argument("--run", default="", help="run directory to plot (default: the one holding the checkpoint)")
     ev.add_argument("--out", default="", help="report directory (default: <checkpoint>/eval)")
     ev.add_argument("overrides", nargs="*", help="key=value overrides of the config")
+    ev.add_argument("--report", action="store_true", help="print the suite x metric table (markdown) too")
+    _verbose_arg(ev)
     ev.set_defaults(func=_eval)
 
     plot = sub.add_parser("plot", help="PNG curves of a run (reward, KL, entropy, length, kl_coef)")
@@ -142,6 +145,16 @@ def _report_parsers(sub) -> None:
 def _config_args(p: argparse.ArgumentParser, default: Path | None) -> None:
     p.add_argument("config", nargs="?" if default else None, default=default, help="a YAML file under configs/")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm.clip_eps=0.1")
+    _verbose_arg(p)
+
+
+def _verbose_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the libraries' own notices (Ray, DeepSpeed, transformers, wandb, warnings) on the terminal too, "
+        "not only in the run folder's relay.log",
+    )
 
 
 def _split(args) -> tuple[Path, list[str]]:
@@ -173,6 +186,7 @@ def _train(args) -> int:
     from orchestrator.loop.trainer import Trainer
 
     run_dir = Path(cfg.run_root) / cfg.name
+    quiet_libraries(run_dir, args.verbose)
     try:
         trainer = Trainer(cfg)  # ray.init sets its own SIGTERM handler: ours go in after it
     except Exception as e:  # noqa: BLE001 (every way a run ends gets one line; the traceback goes to relay.log)
@@ -258,12 +272,14 @@ def _stage(args) -> int:
     if args.stage == "pipeline":
         cfg = load_config(path, overrides, root=PipelineConfig, local=True)
         print(record_launch(cfg, "pipeline"), flush=True)
+        quiet_libraries(Path(cfg.run_root) / cfg.name, args.verbose)
         from orchestrator.stages.pipeline import run_pipeline
 
         run_pipeline(cfg)
         return 0
     cfg = load_config(path, overrides, root=StageConfig, local=True)
     print(record_launch(cfg, args.stage), flush=True)
+    quiet_libraries(Path(cfg.run_root) / cfg.name, args.verbose)
     from orchestrator.stages.supervised import run_stage
 
     run_stage(cfg, args.stage)
@@ -274,14 +290,18 @@ def _eval(args) -> int:
     from orchestrator.tools.evaluate import evaluate_checkpoint
 
     cfg = load_config(args.config, args.overrides)
-    evaluate_checkpoint(
+    out = Path(args.out or Path(args.checkpoint) / "eval")
+    quiet_libraries(out, args.verbose)
+    report = evaluate_checkpoint(
         cfg,
         args.checkpoint,
         args.reference,
-        args.out or str(Path(args.checkpoint) / "eval"),
+        str(out),
         args.reward_model,
         args.run,
     )
+    if args.report:
+        print(report["table"], end="", flush=True)
     return 0
 
 

@@ -37,12 +37,20 @@ class ScoringPool:
     taken after every call, and the restarts it has recovered from (see the module docstring)."""
 
     def __init__(
-        self, cfg: RewardConfig, reference_path: str, dtype: str, threads: int, chunk_tokens: int, options: dict
+        self,
+        cfg: RewardConfig,
+        reference_path: str,
+        dtype: str,
+        threads: int,
+        chunk_tokens: int,
+        options: dict,
+        suites: dict[str, list] | None = None,
     ):
-        """options: the actor's Ray options (resources, placement, runtime_env, max_restarts)."""
+        """options: the actor's Ray options (resources, placement, runtime_env, max_restarts); suites: the
+        evaluation suites' own reward sources (ScoringService)."""
         # busy_seconds is answered from a concurrency group of its own, while the service judges
         remote = ray.remote(concurrency_groups={"stats": 1})(ScoringService)
-        self.actor = remote.options(**options).remote(cfg, reference_path, dtype, threads, chunk_tokens)
+        self.actor = remote.options(**options).remote(cfg, reference_path, dtype, threads, chunk_tokens, suites)
         self.state, self.instance = watchdog.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
         self.restarts = 0
 
@@ -77,9 +85,9 @@ class ScoringPool:
         """The service's seconds spent judging since it (re)started (0 while Ray restarts it)."""
         return busy_seconds([self.actor])[0]
 
-    def evaluate(self, batch, metadata: list[dict], temperature: float, with_reference: bool):
+    def evaluate(self, batch, metadata: list[dict], temperature: float, with_reference: bool, suite: str = ""):
         return self._call(
-            lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference), reads_only=True
+            lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference, suite), reads_only=True
         )
 
     def state_dict(self) -> dict:

@@ -95,14 +95,20 @@ class ScoringService(Profiled, Busy):
         dtype: str = "float32",
         threads: int = 0,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        suites: dict[str, list] | None = None,
     ):
         """`dtype`: the learner's compute dtype (the reference's logprobs then match the policy's);
-        `chunk_tokens`: learner.logprob_chunk_tokens. The device is this process's (runtime.device)."""
+        `chunk_tokens`: learner.logprob_chunk_tokens; `suites`: the reward sources of each evaluation
+        suite that has its own (evaluate's `suite`). The device is this process's (runtime.device)."""
         if threads:
             torch.set_num_threads(threads)
         self.cfg = cfg
         self.device = process_device()
         self.reward = RewardFunction(cfg, self.device, dtype)
+        self.suite_rewards = {
+            name: RewardFunction(dataclasses.replace(cfg, sources=sources), self.device, dtype)
+            for name, sources in (suites or {}).items()
+        }
         self.reference = ReferenceModel(
             cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size, chunk_tokens, self.device
         )
@@ -152,24 +158,30 @@ class ScoringService(Profiled, Busy):
         return self._scored(judged.runs, judged.total, judged.invalid, rewards, [[] for _ in judged.total])
 
     def evaluate(
-        self, batch: RolloutBatch, metadata: list[dict], temperature: float = 1.0, with_reference: bool = True
+        self,
+        batch: RolloutBatch,
+        metadata: list[dict],
+        temperature: float = 1.0,
+        with_reference: bool = True,
+        suite: str = "",
     ) -> ScoredBatch:
         """For evaluation, read-only: raw combined rewards (no overlong penalty, no clip, no
-        normalisation; 0 where invalid), the normaliser untouched; reference logprobs only when asked for."""
+        normalisation; 0 where invalid), the normaliser untouched; reference logprobs only when asked for.
+        `suite`: an evaluation suite with reward sources of its own scores by those."""
         with self.working():
-            runs, total, invalid = self._judge(batch, metadata)
+            runs, total, invalid = self._judge(batch, metadata, self.suite_rewards.get(suite, self.reward))
             ref = self.reference.logprobs(batch, temperature) if with_reference else [[] for _ in range(len(batch))]
         rewards = [0.0 if bad else t for t, bad in zip(total, invalid)]
         return self._scored(runs, total, invalid, rewards, ref)
 
-    def _judge(self, batch: RolloutBatch, metadata: list[dict]):
+    def _judge(self, batch: RolloutBatch, metadata: list[dict], reward: RewardFunction | None = None):
         # text for rule/function/remote sources; a reward model reads the data's own prompt from
         # metadata["prompt"] when the caller gives it (see RewardModelSource), these only without one
         prompts = self.reference.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
         per_sample = [metadata[j] for j in batch.prompt_index]
         if batch.env_return:  # episodes: each sample's own return, for the environment source
             per_sample = [{**m, "env_return": r} for m, r in zip(per_sample, batch.env_return)]
-        runs, total, invalid = self.reward.run(prompts, batch.response_text, per_sample)
+        runs, total, invalid = (reward or self.reward).run(prompts, batch.response_text, per_sample)
         if any(batch.env_failure):  # an episode the environment broke off: judged by no source, whatever text it left
             failed = [bool(f) for f in batch.env_failure]
             for run in runs.values():

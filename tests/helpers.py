@@ -172,3 +172,25 @@ def actor_pid(handle) -> int:
     import ray
 
     return ray._private.state.actors(handle._actor_id.hex())["Pid"]
+
+
+# the forms of the lines relay itself writes to the terminal (orchestrator/cli.py, config/docs.py's launch
+# summary, tracking.py's progress bar, health.py, evaluate.py's tables); anything else is a library's
+RELAYS_OWN = [
+    r"relay( \w+)?(:.*)?",  # "relay train", "relay: resumed from ...", "relay health: ..."
+    r"  [a-z][a-z ]*  +\S.*",  # the launch summary's rows
+    r"\[[#.]+\] step \d+/\d+ .*",  # the progress bar
+    r"",
+    r"-+",
+    r"held-out +before +after",
+    r"\S.{0,59} +(-?\d+\.\d+|nan) +(-?\d+\.\d+|nan)",  # the held-out table's rows
+    r"prompt +reference +reward +policy +reward",
+    r"(\'.*\'|\".*\"|-) +(\'.*\'|\".*\"|-) +(-?\d+\.\d+|-) +(\'.*\'|\".*\") +(-?\d+\.\d+|-)",  # samples
+]
+
+
+def foreign_lines(text: str) -> list[str]:
+    """The lines of a terminal transcript that relay did not write (RELAYS_OWN)."""
+    import re
+
+    return [line for line in text.splitlines() if not any(re.fullmatch(form, line) for form in RELAYS_OWN)]

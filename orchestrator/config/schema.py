@@ -8,7 +8,7 @@ from enum import Enum
 
 from envs.config import EnvConfig
 from learner.config import AlgorithmConfig, LearnerConfig, SupervisedTrainConfig
-from reward_service.config import RewardConfig
+from reward_service.config import RewardConfig, RewardSource
 from rollout.config import RolloutConfig
 from runtime.watchdog import WatchdogConfig
 
@@ -133,6 +133,22 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalSuite:
+    """One named held-out set of `eval.suites`: a task or a file, scored by its own reward sources or the run's."""
+
+    name: str = ""
+    """the suite's name in metrics (eval/<name>/...) and reports"""
+    task: str = ""
+    """a task (addition_3digit, ...) or a reasoning-gym name; its held-out prompts (never training ones)"""
+    file: str = ""
+    """or a JSONL file of prompts (data.prompt_key, data.answer_key); a training prompt in it is left out, counted"""
+    size: int = 128
+    """prompts evaluated (the first of the file, or drawn from the task)"""
+    sources: list[RewardSource] = field(default_factory=list)
+    """its reward sources; empty = reward.sources"""
+
+
+@dataclass
 class EvalConfig:
     """The `eval` section: held-out evaluation during training (how often, greedy, sample tables)."""
 
@@ -147,6 +163,8 @@ class EvalConfig:
     n_samples_per_prompt"""
     pass_k: list[int] = field(default_factory=list)
     """the k of pass@k and maj@k, each at most n_samples; empty = 1 and n_samples"""
+    suites: list[EvalSuite] = field(default_factory=list)
+    """named held-out sets beside the data's own (e.g. a harder task for generalisation), each reported apart"""
 
 
 @dataclass

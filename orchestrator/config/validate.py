@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,19 @@ def _eval(cfg):
     for k in e.pass_k:
         if not 1 <= k <= n:
             yield "eval.pass_k", f"each k must be in [1, eval.n_samples = {n}] (pass@k draws k of n samples), got {k}"
+    names = [suite.name for suite in e.suites]
+    for i, suite in enumerate(e.suites):
+        key = f"eval.suites.{i}"
+        if not suite.name or suite.name in ("greedy", "sampled") or "/" in suite.name or suite.name in names[:i]:
+            yield f"{key}.name", f"a unique name without '/' (not greedy or sampled) is needed, got {suite.name!r}"
+        if bool(suite.task) == bool(suite.file):
+            yield key, "give a task or a file (one of them)"
+        if suite.size < 1:
+            yield f"{key}.size", f"must be >= 1, got {suite.size}"
+        if suite.sources:
+            for k, problem in _rewards(dataclasses.replace(cfg.reward, sources=suite.sources)):
+                if k.startswith("reward.sources."):  # the rest is the run's reward section, checked already
+                    yield k.replace("reward.sources", f"{key}.sources"), problem
 
 
 def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:

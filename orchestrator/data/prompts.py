@@ -113,6 +113,28 @@ def load_split(cfg: DataConfig, seed: int) -> tuple[list[dict], list[dict], int]
     return drop_overlap(train, held_out, lambda e: e["prompt"], "data.eval_files"), held_out, skipped + skipped_eval
 
 
+def suite_examples(suite, data: DataConfig, seed: int, train: list[dict]) -> tuple[list[dict], int]:
+    """(examples, training prompts left out) of an eval suite (schema.EvalSuite): a task's held-out
+    prompts (reserved: no training draw of that task has them; the suite's own stream of the run seed),
+    or a file's first `size` examples once any training prompt among them is left out."""
+    if suite.task:
+        try:
+            return draw_task(suite.task, suite.size, stream_seed(seed, f"suite/{suite.name}"), held_out=True), 0
+        except TaskTooSmall as e:
+            raise DataError(f"eval.suites {suite.name!r}: task {suite.task!r}: {e}; lower its size") from None
+    examples, _ = load_examples([suite.file], data)
+    trained = {prompt_id(e["prompt"]) for e in train}
+    kept, left_out = [], 0
+    for e in examples:
+        if len(kept) == suite.size:
+            break
+        if prompt_id(e["prompt"]) in trained:
+            left_out += 1
+        else:
+            kept.append(e)
+    return kept, left_out
+
+
 def task_split(task: str, train_size: int, eval_size: int, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out) of a generated task, from the run seed's task and held-out streams: training
     examples have unreserved prompts only, the held-out set is eval_size distinct reserved ones

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig
 from orchestrator.data.prompts import policy_prompt, reward_metadata
-from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy, sample_rows, shown
+from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy, evaluate_suites, sample_rows, shown
 from rollout.types import RolloutBatch
 from runtime.seeds import EVALUATION
 
@@ -19,8 +19,11 @@ class Evaluator:
     files. Generates on the rollout pool, scores read-only on the scoring pool, and reads the KL side
     from the learner's logprobs."""
 
-    def __init__(self, cfg: TrainConfig, held_out: list[dict], run_dir: Path, rollout, scoring, learner):
-        self.cfg, self.run_dir = cfg, run_dir
+    def __init__(
+        self, cfg: TrainConfig, held_out: list[dict], run_dir: Path, rollout, scoring, learner, suites: list = ()
+    ):
+        """suites: the evaluation suites (orchestrator/tools/suites.py), evaluated with the held-out set."""
+        self.cfg, self.run_dir, self.suites = cfg, run_dir, list(suites)
         self.rollout, self.scoring, self.learner = rollout, scoring, learner
         template = cfg.data.apply_chat_template
         self.prompts = [policy_prompt(e["prompt"], template) for e in held_out]
@@ -44,7 +47,14 @@ class Evaluator:
             eval_ks(self.cfg),
         )
         self.samples = self._sample_table(step, *shown(ev))
-        return ev.metrics
+        suites = evaluate_suites(
+            self.suites,
+            lambda p, greedy, meta: self.rollout.generate(p, 0, greedy, sampling, meta, EVALUATION),
+            lambda b, meta, t, with_ref, suite: self.scoring.evaluate(b, meta, t, with_ref, suite),
+            self.cfg,
+            self.learner.policy_logprobs,
+        )
+        return ev.metrics | suites
 
     def _sample_table(self, step: int, greedy: RolloutBatch, scored) -> list[dict]:
         """The first held-out prompts, the current policy's greedy answer beside the reference

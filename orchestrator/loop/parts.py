@@ -12,6 +12,7 @@ from orchestrator.data.prompts import load_split
 from orchestrator.loop.batches import EndpointBatches, PromptBatches
 from orchestrator.loop.evaluator import Evaluator
 from orchestrator.loop.roles import Roles, init_ray, start_roles
+from orchestrator.tools.suites import load_suites
 
 
 @dataclass
@@ -27,6 +28,7 @@ class LoopParts:
 def start_parts(cfg: TrainConfig, run_dir: Path) -> LoopParts:
     """The data split (bad data fails first), Ray, every role, and the batch source and evaluator on them."""
     train, held_out, skipped_lines = load_split(cfg.data, cfg.seed)
+    suites = load_suites(cfg, train)
     model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
     init_ray(cfg)
     r = start_roles(cfg, model_path)
@@ -34,4 +36,5 @@ def start_parts(cfg: TrainConfig, run_dir: Path) -> LoopParts:
         batches = EndpointBatches(cfg, r.gateway)
     else:
         batches = PromptBatches(cfg, train, r.rollout, r.scoring, r.restart_rollout)
-    return LoopParts(r, batches, Evaluator(cfg, held_out, run_dir, r.rollout, r.scoring, r.learner), skipped_lines)
+    evaluator = Evaluator(cfg, held_out, run_dir, r.rollout, r.scoring, r.learner, suites)
+    return LoopParts(r, batches, evaluator, skipped_lines)

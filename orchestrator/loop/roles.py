@@ -14,6 +14,7 @@ from learner.group import LearnerGroup, RankPlacement
 from orchestrator.config.schema import TrainConfig
 from orchestrator.loop.endpoint import start_gateway
 from orchestrator.loop.placement import RoleBundles, cpu_threads, one_unit_of, placement
+from orchestrator.tools.suites import suite_sources
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
 from rollout.pool import PoolOptions, RolloutPool
@@ -114,6 +115,7 @@ def start_scoring(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Sc
             runtime_env={"env_vars": env},
             **({"scheduling_strategy": where.bundles.scoring} if where.bundles else {}),
         ),
+        suite_sources(cfg),
     )
 
 

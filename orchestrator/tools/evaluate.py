@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from orchestrator.config.schema import TrainConfig
 from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
 from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, prompt_text, reward_metrics
 from orchestrator.tools.pass_at_k import sample_metrics
+from orchestrator.tools.suites import MAIN, figures, load_suites, markdown_table, suite_names, suite_sources
 from reward_service.config import RewardSource, SourceKind
 from reward_service.rules import same_answer
 from rollout.config import SamplingConfig
@@ -108,11 +108,33 @@ def evaluate_policy(
     m["eval/sampled/kl_ref"] = sum(kl) / max(len(kl), 1)  # per model token, the k1 estimate on the sampler's tokens
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)
+    m["eval/prompts"] = float(len(prompts))
     graded = graded_samples(s, ss)
     if pass_k and graded is not None:
         n = max(Counter(s.prompt_index).values(), default=0)
         m.update({f"eval/sampled/{k}": v for k, v in sample_metrics(graded, n, pass_k, same_answer).items()})
     return Evaluation(m, g, gs, s, ss)
+
+
+def evaluate_suites(suites: list, generate, score, cfg: TrainConfig, policy_logprobs) -> dict[str, float]:
+    """Each evaluation suite (orchestrator/tools/suites.py) through evaluate_policy, its metrics under
+    eval/<suite>/, with the training prompts its file held (left_out). `generate(prompts, greedy, meta)`,
+    `score(batch, meta, temperature, with_reference, suite)`."""
+    out = {}
+    for suite in suites:
+        ev = evaluate_policy(
+            lambda p, greedy: generate(p, greedy, suite.meta),
+            lambda b, meta, t, with_ref: score(b, meta, t, with_ref, suite.name),
+            suite.prompts,
+            suite.meta,
+            cfg.eval.greedy,
+            eval_sampling(cfg).temperature,
+            policy_logprobs,
+            eval_ks(cfg),
+        )
+        out |= {f"eval/{suite.name}/{k.removeprefix('eval/')}": v for k, v in ev.metrics.items()}
+        out[f"eval/{suite.name}/left_out"] = float(suite.left_out)
+    return out
 
 
 def graded_samples(batch, scored) -> list[tuple[list[bool], list[str]]] | None:
@@ -132,13 +154,10 @@ def graded_samples(batch, scored) -> list[tuple[list[bool], list[str]]] | None:
 
 
 def rows(metrics: dict[str, float]) -> list[tuple[str, str]]:
-    """LABELS, then the pass@k, maj@k and avg@n rows the evaluation reported, as (label, metric key)."""
-    k_rows = [
-        (key.removeprefix("eval/sampled/"), key)
-        for key in metrics
-        if re.fullmatch(r"eval/sampled/(pass|maj|avg)@\d+", key)
-    ]
-    return LABELS + sorted(k_rows, key=lambda r: (r[0].split("@")[0], int(r[0].split("@")[1])))
+    """LABELS, then the pass@k, maj@k and avg@n rows the evaluation reported, then each suite's figures,
+    as (label, metric key)."""
+    main = [(label, key) for label, key in figures(metrics, MAIN) if key.rsplit("/", 1)[1].count("@")]
+    return LABELS + main + [(f"{s} {label}", key) for s in suite_names(metrics) for label, key in figures(metrics, s)]
 
 
 def labelled(metrics: dict[str, float]) -> dict[str, float]:
@@ -152,10 +171,11 @@ def labelled(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def summary_table(before: dict, after: dict) -> str:
-    lines = ["", f"{'held-out':30s} {'before':>10s} {'after':>10s}", "-" * 52]
-    for label, key in rows(before | after):
-        if key in before or key in after:
-            lines.append(f"{label:30s} {before.get(key, float('nan')):10.3f} {after.get(key, float('nan')):10.3f}")
+    shown = [(label, key) for label, key in rows(before | after) if key in before or key in after]
+    w = max([30] + [len(label) for label, _ in shown])
+    lines = ["", f"{'held-out':{w}s} {'before':>10s} {'after':>10s}", "-" * (w + 22)]
+    for label, key in shown:
+        lines.append(f"{label:{w}s} {before.get(key, float('nan')):10.3f} {after.get(key, float('nan')):10.3f}")
     return "\n".join(lines)
 
 
@@ -193,7 +213,6 @@ def evaluate_checkpoint(
 ) -> dict:
     import ray
 
-    from reward_service.service import ScoringService
     from rollout.pool import RolloutPool
 
     policy, found_run = resolve_policy(checkpoint)
@@ -201,23 +220,13 @@ def evaluate_checkpoint(
     reward_model = reward_model or next(
         (s.model_path for s in cfg.reward.sources if s.kind == SourceKind.reward_model), ""
     )
-    _, held_out, _ = load_split(cfg.data, cfg.seed)
+    train, held_out, _ = load_split(cfg.data, cfg.seed)
+    suites = load_suites(cfg, train)
     prompts = [policy_prompt(e["prompt"], cfg.data.apply_chat_template) for e in held_out]
     meta = [reward_metadata(e, cfg.data.apply_chat_template) for e in held_out]
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    # reference logprobs from the reference model; a reward_model source left without a path (as in
-    # a pipeline config) scores with --reward-model
-    sources = [
-        dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
-        for s in cfg.reward.sources
-    ]
-    for i, s in enumerate(sources):
-        if s.kind == SourceKind.reward_model and not s.model_path:
-            raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
-    scoring = ScoringService(
-        dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference), reference
-    )
+    scoring = _eval_scoring(cfg, reference, reward_model)
     evals = evaluate_roles(
         cfg,
         str(policy),
@@ -226,6 +235,7 @@ def evaluate_checkpoint(
         prompts,
         meta,
         lambda path: RolloutPool(cfg.rollout, path, 1, cfg.seed, env=cfg.env),
+        suites,
     )
     report = {
         "policy_path": str(policy),
@@ -239,19 +249,37 @@ def evaluate_checkpoint(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     curves = plot_run(run, out / "curves.png") if run else None
+    report["table"] = markdown_table(evals["reference"].metrics, evals["policy"].metrics, ("reference", "policy"))
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "report.md").write_text(markdown(report, evals, prompts, curves, cfg.eval.num_samples_to_log))
     print(f"relay eval: {out / 'report.md'}", flush=True)
     return report
 
 
+def _eval_scoring(cfg: TrainConfig, reference: str, reward_model: str):
+    """relay eval's scoring service: reference logprobs from the reference model; a reward_model source
+    left without a path (as in a pipeline config) scores with --reward-model."""
+    from reward_service.service import ScoringService
+
+    sources = [
+        dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
+        for s in cfg.reward.sources
+    ]
+    for i, s in enumerate(sources):
+        if s.kind == SourceKind.reward_model and not s.model_path:
+            raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
+    reward = dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference)
+    return ScoringService(reward, reference, suites=suite_sources(cfg))
+
+
 def evaluate_roles(
-    cfg: TrainConfig, policy: str, reference: str, scoring, prompts: list, meta: list[dict], make_pool
+    cfg: TrainConfig, policy: str, reference: str, scoring, prompts: list, meta: list[dict], make_pool, suites=()
 ) -> dict[str, Evaluation]:
     """The policy's and the reference's evaluations, each generating through its own engine
-    (`make_pool(path)`, shut down after). The KL's policy side is the role's own logprobs by the
-    reference's function: for the reference role the scoring service's reference model itself, for
-    the policy a copy built as that one is, freed before the reference's turn (no second reference)."""
+    (`make_pool(path)`, shut down after), the suites' metrics (evaluate_suites) in its metrics. The KL's
+    policy side is the role's own logprobs by the reference's function: for the reference role the scoring
+    service's reference model itself, for the policy a copy built as that one is, freed before the
+    reference's turn (no second reference)."""
     from reward_service.reference import ReferenceModel
 
     ref, temperature, evals = scoring.reference, cfg.rollout.sampling.temperature, {}
@@ -272,6 +300,13 @@ def evaluate_roles(
                 temperature,
                 functools.partial(model.logprobs, temperature=temperature),
                 eval_ks(cfg),
+            )
+            evals[role].metrics |= evaluate_suites(
+                suites,
+                lambda p, greedy, m: pool.generate(p, 0, greedy, eval_sampling(cfg), m, EVALUATION),
+                lambda b, m, t, with_ref, suite: scoring.evaluate(b, m, t, with_ref, suite),
+                cfg,
+                functools.partial(model.logprobs, temperature=temperature),
             )
         finally:
             pool.shutdown()
@@ -326,6 +361,7 @@ def markdown(report: dict, evals: dict[str, Evaluation], prompts, curves: Path |
     ]
     for key in report["policy"]:
         lines.append(f"| {key} | {report['policy'][key]:.4f} | {report['reference'].get(key, float('nan')):.4f} |")
+    lines += ["", "## Suites", "", "Each figure ± its standard error over prompts.", "", report["table"]]
     if "win_rate_under_rm" in report:
         lines += [
             "",

@@ -3,7 +3,7 @@ trainer's evaluations and `relay eval`.
 
 - pass@k: the chance that at least one of k samples drawn without replacement from a prompt's n is correct,
   by the unbiased estimator of Chen et al. 2021 (Codex), 1 - C(n-c, k) / C(n, k), averaged over prompts.
-- maj@k: the majority vote of a prompt's first k samples (the samples are i.i.d., so the first k are an
+- maj@k (k >= 2): the majority vote of a prompt's first k samples (the samples are i.i.d., so the first k are an
   unbiased draw of k) over answers grouped by equivalence (`same`: math-verify's, for relay's evaluator);
   correct if the winning answer is. Ties: among answers with the most votes, the one sampled first wins.
 - avg@n: the mean correctness over all n samples (pass@1's estimate, reported with every n).
@@ -63,7 +63,8 @@ def sample_metrics(
     for k in ks:
         full = [(c, a) for c, a in judged if len(c) >= k]
         out[f"pass@{k}"], out[f"pass@{k}/se"] = mean_and_se([pass_at_k(len(c), sum(c), k) for c, _ in full])
-        votes = [float(majority_correct(a[:k], c[:k], same)) for c, a in full]
-        out[f"maj@{k}"], out[f"maj@{k}/se"] = mean_and_se(votes)
+        if k > 1:  # a vote of one is the first sample's correctness: pass@1 estimates that with all n
+            votes = [float(majority_correct(a[:k], c[:k], same)) for c, a in full]
+            out[f"maj@{k}"], out[f"maj@{k}/se"] = mean_and_se(votes)
     out["prompts_judged"] = float(len(judged))
     return out

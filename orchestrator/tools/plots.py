@@ -35,7 +35,8 @@ def plot_run(metrics_path: Path, out: Path) -> Path | None:
             if points:
                 ax.plot(*zip(*points), marker=".", label=key.split("/", 1)[1])
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7, loc="best")
+        if ax.lines:  # a panel the run has no metrics for stays empty, without a legend
+            ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("step")
     fig.tight_layout()

@@ -15,7 +15,7 @@ from orchestrator.config.load import load_config
 from orchestrator.loop.dynamic_sampling import Sampled
 from orchestrator.loop.trainer import Trainer
 from reward_service.rules import math_answer
-from tests.helpers import REPO, relay
+from tests.helpers import REPO, foreign_lines, relay
 
 pytestmark = pytest.mark.e2e
 
@@ -205,6 +205,9 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     )
     whole = relay(*args("whole"), timeout=600)
     assert whole.returncode == 0, whole.stderr[-3000:]
+    # a quiet terminal: relay's own lines only; the libraries' notices (Ray's at least) in the run's relay.log
+    assert foreign_lines(whole.stdout + whole.stderr) == [] and "held-out" in whole.stdout
+    assert "Started a local Ray instance" in (tmp_path / "whole" / "relay.log").read_text()
     want = [r for r in metrics(tmp_path / "whole") if "timing/total" in r]
     got = [r for r in metrics(stopped) if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4]

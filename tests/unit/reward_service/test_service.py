@@ -111,6 +111,20 @@ def test_evaluation_is_read_only_and_reports_raw_rewards(tiny_model):
     assert service.evaluate(batch, meta).ref_logprobs == service.reference.logprobs(batch)
 
 
+def test_a_suite_with_its_own_sources_is_evaluated_by_them_and_the_rest_by_the_runs(tiny_model):
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)])
+    own = [RewardSource(kind=SourceKind.exact_match, name="exact"), RewardSource(kind=SourceKind.format, pattern="6$")]
+    service = ScoringService(cfg, tiny_model, suites={"strict": own})
+    batch, meta = batch_of(PAIRS), [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
+    run, strict = (
+        service.evaluate(batch, meta, with_reference=False),
+        service.evaluate(batch, meta, False, False, "strict"),
+    )
+    assert set(run.components) == {"math_answer"} and set(strict.components) == {"exact", "format"}
+    assert strict.components["format"] == [1.0, 0.0, 0.0, 0.0] and strict.components["exact"][0] == 1.0
+    assert service.evaluate(batch, meta, False, False, "no such suite").components.keys() == run.components.keys()
+
+
 def same(a, b) -> bool:
     """Scored batches equal, NaN (an invalid sample's component) equal to NaN; their seconds
     (timing/reference) aside, which differ call to call."""
