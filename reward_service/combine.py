@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from reward_service.judge import JudgeResult
 from reward_service.remote import RemoteResult
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class SourceRun:
     timeouts: int = 0  # calls (remote: chunks) whose samples were lost to a timeout
     errors: list[str] = field(default_factory=list)
     retried: int = 0  # remote: failed attempts of chunks that a retry then answered
+    counts: dict[str, float] = field(default_factory=dict)  # a judge's (judge/*)
 
 
 class Deadline(Exception):
@@ -75,6 +77,8 @@ def run_source(source, prompts: list[str], responses: list[str], metadata: list[
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     else:
+        if isinstance(out, JudgeResult):
+            return SourceRun([_clean(s) if s is not None else None for s in out.scores], counts=out.counts)
         if isinstance(out, RemoteResult):
             return SourceRun(
                 [_clean(s) if s is not None else None for s in out.scores], out.timeouts, out.errors, out.retried
@@ -134,8 +138,12 @@ def call_counts(runs: dict[str, SourceRun]) -> dict[str, float]:
                 len(run.scores),
                 f" ({run.errors[0]})" if run.errors else "",
             )
-    return {
+    counts = {
         "reward/timeouts": float(sum(r.timeouts for r in runs.values())),
         "reward/errors": float(sum(len(r.errors) for r in runs.values())),
         "reward/retried_attempts": float(sum(r.retried for r in runs.values())),
     }
+    for run in runs.values():
+        for key, value in run.counts.items():
+            counts[key] = counts.get(key, 0.0) + value
+    return counts

@@ -16,6 +16,7 @@ class SourceKind(str, Enum):
     reward_model = "reward_model"  # a sequence-classification model with a scalar head
     remote = "remote"  # POST to an HTTP endpoint (see `relay serve-reward`)
     environment = "environment"  # the episode's return (env.name); invalid where the environment failed
+    judge = "judge"  # a language model's verdict on the response, from `template` (reward_service/judge.py)
 
 
 class InvalidPolicy(str, Enum):
@@ -60,6 +61,21 @@ class RewardSource:
     """format: a regular expression the response must match"""
     target_length: int = 0
     """length_penalty: characters"""
+    template: str = (
+        "Question: {prompt}\nReference answer: {answer}\nProposed answer: {response}\n"
+        "Is the proposed answer correct? Answer yes or no."
+    )
+    """judge: the judge's prompt; {prompt}, {response} and {answer} (the data's reference, or none) filled in"""
+    verdict: str = "choice"
+    """judge: how its answer is read: choice (the first of `choices` it says) or number (in score_range)"""
+    choices: dict[str, float] = field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
+    """judge, verdict choice: each word's score"""
+    score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
+    """judge, verdict number: the scale, mapped to [0, 1]; a number outside it cannot be judged"""
+    judge_max_tokens: int = 8
+    """judge: tokens the judge may answer with"""
+    judge_model: str = ""
+    """judge with a url: the model name the server expects"""
 
 
 @dataclass

@@ -244,6 +244,21 @@ def _learner(cfg):
         yield "learner.value_head", "a shared value head with LoRA trains the head on a frozen trunk; use separate"
 
 
+def _judge(src, key: str):
+    if bool(src.model_path) == bool(src.url):
+        yield key, "a judge needs model_path (a model folder run in the scoring service) or url (OpenAI-compatible)"
+    if "{response}" not in src.template:
+        yield f"{key}.template", "must hold {response} (and may hold {prompt} and {answer})"
+    if src.verdict not in ("choice", "number"):
+        yield f"{key}.verdict", f"must be choice or number, got {src.verdict!r}"
+    if src.verdict == "choice" and not src.choices:
+        yield f"{key}.choices", "a choice verdict needs its words and their scores, e.g. {yes: 1.0, no: 0.0}"
+    if src.verdict == "number" and not (len(src.score_range) == 2 and src.score_range[0] < src.score_range[1]):
+        yield f"{key}.score_range", f"must be [low, high] with low < high, got {list(src.score_range)}"
+    if src.timeout_s <= 0:
+        yield f"{key}.timeout_s", "a judge needs a deadline > 0"
+
+
 def _rewards(reward):
     if not reward.sources:
         yield "reward.sources", "at least one reward source is needed"
@@ -262,6 +277,8 @@ def _rewards(reward):
             yield f"reward.sources.{i}.function", f"expected 'module.path:function', got {src.function!r}"
         if src.kind == SourceKind.remote and src.timeout_s <= 0:
             yield f"reward.sources.{i}.timeout_s", "a remote reward needs a deadline > 0"
+        if src.kind == SourceKind.judge:
+            yield from _judge(src, f"reward.sources.{i}")
     if reward.max_unjudged_steps < 0:
         yield "reward.max_unjudged_steps", f"must be >= 0 (0 = never stop), got {reward.max_unjudged_steps}"
     if reward.overlong_buffer < 0:

@@ -374,6 +374,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     ]
     rollout = rollout_lines(policy, rc, gpu_bytes if c.gpus_per_rollout_worker > 0 else None)
     scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, lc.dtype.value, lc.logprob_chunk_tokens)
+    scoring += _judge_lines(plan, cfg)
     plan.sections += [
         (f"learner rank (x{c.learner_ranks})", learner),
         (f"rollout worker (x{c.rollout_workers}, per device)", rollout),
@@ -387,6 +388,19 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         plan.problems.append(f"vLLM's KV cache cannot hold one rollout.max_model_len={rc.max_model_len} sequence")
     _train_devices(plan, c, learner, rollout, scoring, gpu_bytes, host_bytes)
     return plan
+
+
+def _judge_lines(plan: Plan, cfg) -> Lines:
+    """Each judge run in the scoring service's process (a model_path): its weights, in the learner's dtype."""
+    from reward_service.config import SourceKind
+
+    dtype = cfg.learner.dtype.value
+    return [
+        (f"judge {i} weights", param_count(_shape(plan, s.model_path, key, cfg.run_root)) * DTYPE_BYTES[dtype], dtype)
+        for i, s in enumerate(cfg.reward.sources)
+        if s.kind == SourceKind.judge and s.model_path
+        for key in [f"reward.sources[{i}].model_path"]
+    ]
 
 
 def _train_devices(

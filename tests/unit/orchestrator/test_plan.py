@@ -337,3 +337,15 @@ def test_episodes_are_planned_at_their_token_budget_not_one_turn():
     lines = [{k: v for k, v, _ in dict(P.plan_train(c, 80 * P.GB, None).sections)["learner rank (x1)"]} for c in cfgs]
     episodes, one_turn, as_long = (x["policy logits"] for x in lines)
     assert episodes == as_long > one_turn  # planned as a response of the episode's 48 tokens
+
+
+def test_a_judge_model_counts_in_the_scoring_service(capsys):
+    judge = "{kind: judge, model_path: 'builtin://tiny-addition-gpt', weight: 0}"
+    main(["plan", "configs/grpo_tiny_cpu.yaml"])
+    without = _rows(capsys.readouterr().out)
+    main(["plan", "configs/grpo_tiny_cpu.yaml", f"reward.sources=[{{kind: math_answer}}, {judge}]"])
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    # the tiny GPT's weights in float32, as the reference's (the same model)
+    assert rows["judge 1 weights"] == rows["reference weights"] == without["reference weights"]
+    assert "reward.sources[1].model_path = builtin://tiny-addition-gpt" in out

@@ -1,0 +1,117 @@
+"""The judge reward source: its verdicts parsed, cached and counted; a judge that answers garbage or hangs
+makes samples "could not judge", never a score; a real model and a real OpenAI-style server behind it."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from reward_service.combine import call_counts, run_source
+from reward_service.config import RewardSource, SourceKind
+from reward_service.judge import JudgeSource, judge_prompt, parse_verdict
+from reward_service.sources import build_source
+
+CHOICE = RewardSource(kind=SourceKind.judge, url="http://x")
+NUMBER = RewardSource(kind=SourceKind.judge, url="http://x", verdict="number", score_range=[1.0, 5.0])
+
+
+def test_verdicts_are_parsed_or_left_unjudged():
+    assert parse_verdict("Yes, it is right.", CHOICE) == 1.0 and parse_verdict(" no", CHOICE) == 0.0
+    assert parse_verdict("No. Yes would be wrong", CHOICE) == 0.0  # the first choice said
+    assert parse_verdict("yesterday", CHOICE) is None and parse_verdict("", CHOICE) is None  # whole words only
+    assert parse_verdict("Score: 4", NUMBER) == 0.75 and parse_verdict("1", NUMBER) == 0.0
+    assert parse_verdict("9 out of 5", NUMBER) is None and parse_verdict("great!", NUMBER) is None
+    assert judge_prompt("Q {prompt} A {answer} R {response}", "2+2=", "4", None) == "Q 2+2= A None R 4"
+
+
+class Judge:
+    """A judge that says yes to the response 4, no verdict to ?, no to the rest; it keeps its prompts."""
+
+    def __init__(self):
+        self.seen = []
+
+    def generate(self, texts):
+        self.seen += texts
+        verdict = {"4": "yes", "?": "hmm"}  # "hmm": no verdict
+        return [verdict.get(t.split("Proposed answer: ")[1].split("\n")[0], "no") for t in texts]
+
+
+def test_the_source_caches_verdicts_by_prompt_and_response_and_counts_each_call():
+    judge = Judge()
+    source = JudgeSource(CHOICE, judge)
+    out = source.score(["2+2=", "2+2=", "3+3="], ["4", "5", "?"], [{"answer": "4"}, {"answer": "4"}, {}])
+    assert out.scores == [1.0, 0.0, None] and len(judge.seen) == 3
+    assert "Reference answer: 4" in judge.seen[0] and "Reference answer: None" in judge.seen[2]
+    assert out.counts["judge/judged"] == 3 and out.counts["judge/parse_failures"] == 1
+    again = source.score(["2+2=", "3+3="], ["4", "?"], [{}, {}])
+    assert again.scores == [1.0, None] and len(judge.seen) == 3 and again.counts["judge/cache_hits"] == 2
+    run = run_source(source, ["2+2="], ["7"], [{}], 5.0)
+    assert run.scores == [0.0] and call_counts({"judge": run})["judge/judged"] == 1
+
+
+def serve(reply):
+    """An OpenAI-compatible /v1/completions server on a free port; reply(prompts) -> its body."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            data = json.dumps(reply(body["prompt"])).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("behaviour", ["answers", "garbage", "hangs"])
+def test_a_judge_server_that_answers_garbage_or_hangs_leaves_its_samples_unjudged(behaviour):
+    def reply(prompts):
+        if behaviour == "hangs":
+            time.sleep(30)
+        text = {"answers": lambda p: "yes" if "answer: 4" in p else "no", "garbage": lambda p: "the cat sat"}[behaviour]
+        return {"choices": [{"index": i, "text": text(p)} for i, p in enumerate(prompts)]}
+
+    server = serve(reply)
+    try:
+        cfg = RewardSource(kind=SourceKind.judge, url=f"http://127.0.0.1:{server.server_port}", timeout_s=1.0)
+        source = build_source(cfg)
+        started = time.monotonic()
+        run = run_source(source, ["2+2=", "2+3="], ["4", "6"], [{}, {}], cfg.timeout_s)
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+    if behaviour == "answers":
+        assert run.scores == [1.0, 0.0] and run.counts["judge/parse_failures"] == 0
+    elif behaviour == "garbage":  # every verdict unparsable: could not judge, counted, never 0
+        assert run.scores == [None, None] and run.counts["judge/parse_failures"] == 2 and not run.timeouts
+    else:
+        assert run.scores == [None, None] and run.timeouts >= 1 and took < 10  # the deadline, not the judge
+
+
+def test_a_model_folder_judges_in_process_and_its_unparsable_answers_are_counted(tiny_model):
+    cfg = RewardSource(kind=SourceKind.judge, model_path=tiny_model, judge_max_tokens=4)
+    source = build_source(cfg, micro_batch_size=2)
+    out = source.score(["1+1=", "2+2=", "3+3="], ["2", "4", "7"], [{}, {}, {}])
+    # a 2-layer model trained on sums answers digits, not yes/no: each sample unjudged, each counted
+    assert len(out.scores) == 3 and out.counts["judge/judged"] == 3
+    assert out.counts["judge/parse_failures"] == sum(s is None for s in out.scores)
+    number = build_source(
+        RewardSource(
+            kind=SourceKind.judge,
+            model_path=tiny_model,
+            verdict="number",
+            score_range=[0.0, 1000.0],
+            template="{prompt}",
+        ),
+        micro_batch_size=2,
+    )
+    scored = number.score(["12+34="], ["x"], [{}])  # the prompt alone: the model answers its sum, a number
+    assert scored.scores[0] is None or 0.0 <= scored.scores[0] <= 1.0
