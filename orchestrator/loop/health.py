@@ -216,7 +216,18 @@ class Health:
         if len(self.first) < self.cfg.window:
             self.first.append(row)
         self.latest |= {k: v for k, v in row.items() if k in HELD_OUT}
-        for sign in SIGNS:
+        return self._check(step, SIGNS)
+
+    def final(self, step: int, evaluation: dict[str, float]) -> dict[str, float]:
+        """The evaluation after the last step (a run may evaluate held out only then): the sign that
+        reads held-out figures checked on it; returns the health/* counts."""
+        if not self.cfg.enabled:
+            return {}
+        self.latest |= {k: float(v) for k, v in evaluation.items() if k in HELD_OUT}
+        return self._check(step, [sign for sign in SIGNS if sign.check is reward_hacking])
+
+    def _check(self, step: int, signs: list[Sign]) -> dict[str, float]:
+        for sign in signs:
             seen = sign.check(self.cfg, self)
             if not seen:
                 self.active.discard(sign.name)  # cleared: warns again if it comes back

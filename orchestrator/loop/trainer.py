@@ -177,7 +177,7 @@ class Trainer:
 
     def _final_evaluation(self) -> dict[str, float]:
         after = self.evaluate()
-        self.tracker.log(self.step, after, self.cfg.total_steps)
+        self.tracker.log(self.step, after | self.health.final(self.step, after), self.cfg.total_steps)
         self.tracker.log_table("eval/samples", self.step, self.evaluator.samples)
         self.evaluator.write("eval_after.json", after)
         figure = plot_run(self.run_dir / "metrics.jsonl", self.run_dir / "pipeline.png")

@@ -92,6 +92,14 @@ def test_reward_hacking_needs_training_reward_up_and_held_out_down():
     assert run(stream, {"eval/greedy/reward/accuracy": 0.91})[0] == []
 
 
+def test_reward_hacking_is_checked_on_the_final_evaluation_of_a_run_that_evaluates_only_then():
+    said, health, _ = run([healthy(s) for s in range(1, 16)], {"eval/greedy/reward/accuracy": 0.91})
+    assert said == []  # no held-out figure during training
+    counts = health.final(15, {"eval/greedy/reward/accuracy": 0.78, "eval/sampled/kl_ref": 0.1})
+    assert len(said) == 1 and "reward_hacking" in said[0] and "0.910 -> 0.780" in said[0]
+    assert counts["health/reward_hacking"] == 1 and sum(counts.values()) == 1
+
+
 def test_a_sign_that_clears_and_comes_back_is_counted_again():
     stream = pushed("reward/zero_spread_groups", lambda s: 0.8 if s < 28 or s >= 33 else 0.1)
     said, _, counts = run(stream)
