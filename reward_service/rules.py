@@ -170,15 +170,32 @@ def math_answer(response: str, reference: str | float | int | None) -> float | N
     return _verify(gold, parse(text.replace("\\$", ""), parsing_timeout=None))  # \$12: an escaped dollar sign
 
 
+def answer_key(response: str, math: bool = True) -> str:
+    """The answer a response gives, as maj@k votes on it. With `math`, its final answer read as
+    math_answer reads it (the declared one, else math-verify's pick of the whole text), printed; without,
+    or where it gives no mathematical answer, the response normalised (whitespace, trailing period)."""
+    plain = " ".join(_normalise(response).split()).rstrip(".")
+    if not math:
+        return plain
+    text = _math_text(response)
+    snippet = _declared(text)
+    s = (text if snippet is None else snippet).strip().rstrip(".").strip()
+    if _INT.fullmatch(s):
+        return str(int(s))
+    if snippet is not None:
+        parsed = _parse(snippet)
+    else:
+        from math_verify import parse
+
+        parsed = parse(text.replace("\\$", ""), parsing_timeout=None)
+    found = [p for p in parsed if not isinstance(p, str)]
+    return str(found[0]) if found and all(_tame(p) for p in found) else plain
+
+
 def same_answer(a: str, b: str) -> bool:
-    """Whether two responses give the same final answer (maj@k's vote): equal after normalising, else
-    math-verify's equality with one answer taken as the reference (math_answer); text that declares no
-    usable mathematical answer matches only itself."""
-    plain = lambda s: " ".join(_normalise(s).split()).rstrip(".")  # noqa: E731
-    if plain(a) == plain(b):
-        return True
-    text = _math_text(a)
-    return math_answer(b, (_declared(text) or text).strip()) == 1.0
+    """Whether two answers (answer_key's) are one mathematically: equal, else math-verify's equality with
+    `a` taken as the reference (math_answer)."""
+    return a == b or math_answer(b, a) == 1.0
 
 
 def exact_match(response: str, reference: str | None) -> float | None:

@@ -26,6 +26,22 @@ def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from _env(cfg)
     yield from _watchdog(cfg.watchdog)
     yield from _eval(cfg)
+    yield from _health(cfg.health)
+
+
+def _health(h):
+    if h.window < 4:
+        yield "health.window", f"must be >= 4 (trends compare its halves), got {h.window}"
+    if not 1 <= h.patience <= h.window:
+        yield "health.patience", f"must be in [1, health.window = {h.window}], got {h.patience}"
+    if not 0 <= h.kl_low < h.kl_high:
+        yield "health.kl_low", f"must be in [0, health.kl_high = {h.kl_high}), got {h.kl_low}"
+    for key in ("entropy_floor", "distinct_floor", "zero_spread_max"):
+        if not 0 < getattr(h, key) <= 1:
+            yield f"health.{key}", f"must be in (0, 1], got {getattr(h, key)}"
+    for key in ("length_rise", "reward_flat", "held_out_drop", "value_loss_factor", "logprob_gap_factor"):
+        if getattr(h, key) <= 0:
+            yield f"health.{key}", f"must be > 0, got {getattr(h, key)}"
 
 
 def _eval(cfg):

@@ -96,7 +96,10 @@ def reward_hacking(cfg: HealthConfig, h: Health) -> str | None:
         return None
     gain = statistics.fmean(train_now) - statistics.fmean(train_then)
     then, now = h.before[key], h.latest[key]
-    if gain > cfg.reward_flat and then - now > cfg.held_out_drop:
+    prompts = h.before.get("eval/prompts")
+    # an accuracy over P prompts moves by its noise, 2 sqrt(p (1 - p) / P), between two evaluations
+    noise = 2 * math.sqrt(then * (1 - then) / prompts) if prompts and "accuracy" in key and 0 <= then <= 1 else 0
+    if gain > cfg.reward_flat and then - now > max(cfg.held_out_drop, noise):
         name = key.removeprefix("eval/")
         return f"the training reward rose {gain:+.3f} while the held-out {name} fell {then:.3f} -> {now:.3f}"
     return None
@@ -193,12 +196,31 @@ READ = {  # the metrics the signs read: all a Health keeps of a step
 }
 
 
+def applicable(cfg) -> set[str]:
+    """The signs that mean something for a TrainConfig: zero-spread groups only where a group baseline
+    makes them signal-free (GRPO, RLOO) with 4 or more samples a prompt (with 2, half the groups of any
+    accuracy score alike) and no dynamic sampling (which drops them before the batch is measured); the
+    logprob gap only in sync mode (asynchronous modes add the samples' staleness to it)."""
+    from learner.config import Estimator
+    from orchestrator.config.schema import AsyncMode
+
+    names = {s.name for s in SIGNS}
+    grouped = cfg.algorithm.estimator in (Estimator.grpo, Estimator.rloo)
+    if not grouped or cfg.rollout.sampling.n_samples_per_prompt < 4 or cfg.data.dynamic_sampling:
+        names.discard("no_signal_groups")
+    if cfg.async_training.mode != AsyncMode.sync:
+        names.discard("logprob_gap")
+    return names
+
+
 class Health:
     """Owns the window of recent step metrics, the first steps' (the baseline), the held-out evaluation
     before training, which signs are on, and how often each warned."""
 
-    def __init__(self, cfg: HealthConfig, say: Callable[[str], None] = print):
+    def __init__(self, cfg: HealthConfig, say: Callable[[str], None] = print, signs: set[str] | None = None):
+        """signs: the names of the signs that apply to the run (applicable); None: all."""
         self.cfg, self.say = cfg, say
+        self.signs = [s for s in SIGNS if signs is None or s.name in signs]
         self.recent: Rows = []
         self.first: Rows = []
         self.before: dict[str, float] = {}  # the held-out evaluation before training (the trainer sets it)
@@ -216,7 +238,7 @@ class Health:
         if len(self.first) < self.cfg.window:
             self.first.append(row)
         self.latest |= {k: v for k, v in row.items() if k in HELD_OUT}
-        return self._check(step, SIGNS)
+        return self._check(step, self.signs)
 
     def final(self, step: int, evaluation: dict[str, float]) -> dict[str, float]:
         """The evaluation after the last step (a run may evaluate held out only then): the sign that
@@ -224,7 +246,7 @@ class Health:
         if not self.cfg.enabled:
             return {}
         self.latest |= {k: float(v) for k, v in evaluation.items() if k in HELD_OUT}
-        return self._check(step, [sign for sign in SIGNS if sign.check is reward_hacking])
+        return self._check(step, [sign for sign in self.signs if sign.check is reward_hacking])
 
     def _check(self, step: int, signs: list[Sign]) -> dict[str, float]:
         for sign in signs:

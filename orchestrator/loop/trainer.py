@@ -17,7 +17,7 @@ from orchestrator.config.schema import TrainConfig
 from orchestrator.loop.batches import ahead_bound
 from orchestrator.loop.checkpointer import Checkpointer
 from orchestrator.loop.dynamic_sampling import Sampled, dynamic_sample
-from orchestrator.loop.health import Health
+from orchestrator.loop.health import Health, applicable
 from orchestrator.loop.parts import LoopParts, start_parts
 from orchestrator.loop.profiling import profiled
 from orchestrator.loop.recovery import LearnerLost, restored_counters
@@ -55,7 +55,7 @@ class Trainer:
         self.wait_for_sync = ahead_bound(cfg) == 0  # asynchronous modes train while the engines take weights
         self.counters = {"data/skipped_lines": parts.skipped_lines, "rollout/dropped_groups": 0}
         self.counters |= {"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0}
-        self.health = Health(cfg.health)
+        self.health = Health(cfg.health, self._say, applicable(cfg))
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.resume)
         with watching(self.watchdog), self.watchdog.phase("start"):
             resumed_at = self._load() if self.checkpointer.resume_from else None
@@ -313,6 +313,13 @@ class Trainer:
         self.batches.load_state_dict(state, counts)
         self.health.load_state_dict(state.get("health"))  # none in a checkpoint from before health existed
         self.roles.channel.send(self.step)
+
+    def _say(self, line: str) -> None:
+        """A line for the user: the terminal, and the run folder's relay.log."""
+        print(line, flush=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / "relay.log").open("a") as log:
+            log.write(line + "\n")
 
     def _actors(self) -> dict:
         """Every role's actor by name, for the watchdog (none while the roles start)."""

@@ -25,7 +25,7 @@ from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, prompt_text, 
 from orchestrator.tools.pass_at_k import sample_metrics
 from orchestrator.tools.suites import MAIN, figures, load_suites, markdown_table, suite_names, suite_sources
 from reward_service.config import RewardSource, SourceKind
-from reward_service.rules import same_answer
+from reward_service.rules import answer_key, same_answer
 from rollout.config import SamplingConfig
 from runtime.seeds import EVALUATION
 
@@ -109,10 +109,12 @@ def evaluate_policy(
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)
     m["eval/prompts"] = float(len(prompts))
-    graded = graded_samples(s, ss)
-    if pass_k and graded is not None:
+    grader = next((k for k in ss.components if k.startswith(VERIFIABLE)), None)
+    if pass_k and grader is not None:
         n = max(Counter(s.prompt_index).values(), default=0)
-        m.update({f"eval/sampled/{k}": v for k, v in sample_metrics(graded, n, pass_k, same_answer).items()})
+        same = same_answer if grader.startswith("math_answer") else str.__eq__  # the grader's notion of equal
+        metrics = sample_metrics(graded_samples(s, ss, grader), n, pass_k, same)
+        m.update({f"eval/sampled/{k}": v for k, v in metrics.items()})
     return Evaluation(m, g, gs, s, ss)
 
 
@@ -137,19 +139,17 @@ def evaluate_suites(suites: list, generate, score, cfg: TrainConfig, policy_logp
     return out
 
 
-def graded_samples(batch, scored) -> list[tuple[list[bool], list[str]]] | None:
-    """Per prompt, in sampling order, the (correct, answer) of each sample the first verifiable source
-    judged (correct: its full mark, a score >= 1); a sample it could not judge is left out, never wrong.
-    None when no verifiable source scores the batch."""
-    name = next((k for k in scored.components if k.startswith(VERIFIABLE)), None)
-    if name is None:
-        return None
+def graded_samples(batch, scored, grader: str) -> list[tuple[list[bool], list[str]]]:
+    """Per prompt, in sampling order, the (correct, answer) of each sample the verifiable source `grader`
+    judged (correct: its full mark, a score >= 1; the answer as rules.answer_key reads it for that grader);
+    a sample it could not judge (NaN) is left out, never counted wrong."""
     graded: dict[int, tuple[list[bool], list[str]]] = {}
-    for j, score, bad, text in zip(batch.prompt_index, scored.components[name], scored.invalid, batch.response_text):
+    math = grader.startswith("math_answer")
+    for j, score, text in zip(batch.prompt_index, scored.components[grader], batch.response_text):
         correct, answers = graded.setdefault(j, ([], []))
-        if score == score and not bad:  # NaN: the source could not judge it
+        if score == score:
             correct.append(score >= 1.0)
-            answers.append(text)
+            answers.append(answer_key(text, math))
     return list(graded.values())
 
 

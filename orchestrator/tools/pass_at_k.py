@@ -44,10 +44,10 @@ def majority_correct(answers: list[str], correct: list[bool], same: Callable[[st
 
 
 def mean_and_se(values: list[float]) -> tuple[float, float]:
-    """The mean and its standard error; (nan, nan) without values, se 0 with one."""
+    """The mean and its standard error over the values; (nan, nan) without values, se nan with one."""
     if not values:
         return float("nan"), float("nan")
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")  # one: unknown
     return statistics.fmean(values), se
 
 

@@ -6,8 +6,10 @@ import math
 
 import pytest
 
+from orchestrator.config.load import load_config
 from orchestrator.config.schema import HealthConfig
-from orchestrator.loop.health import SIGNS, Health
+from orchestrator.loop.health import SIGNS, Health, applicable
+from tests.small_loop import DEFAULT
 
 STEPS = 40
 
@@ -131,3 +133,42 @@ def test_health_resumes_from_its_state_as_if_never_stopped():
 def test_disabled_health_says_and_counts_nothing():
     said, _, counts = run(STREAMS["entropy_collapse"][0], cfg=HealthConfig(enabled=False))
     assert said == [] and counts[-1] == {}
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("health.window=0", "health.window"),
+        ("health.patience=11", "health.patience"),
+        ("health.patience=0", "health.patience"),
+        ("health.kl_low=2.0", "health.kl_low"),
+        ("health.entropy_floor=0", "health.entropy_floor"),
+        ("health.value_loss_factor=-1", "health.value_loss_factor"),
+    ],
+)
+def test_bad_thresholds_are_named_before_the_run_starts(override, key):
+    with pytest.raises(Exception, match=key.replace(".", r"\.")):
+        load_config(DEFAULT, [override])
+
+
+def test_the_signs_that_apply_follow_the_estimator_the_samples_and_the_mode():
+    assert applicable(load_config(DEFAULT, [])) == {s.name for s in SIGNS}  # GRPO, 8 samples, sync
+    ppo = applicable(load_config(DEFAULT, ["algorithm.estimator=gae", "learner.value_head=separate"]))
+    assert "no_signal_groups" not in ppo  # a critic's advantage needs no spread within a group
+    assert "no_signal_groups" not in applicable(load_config(DEFAULT, ["rollout.sampling.n_samples_per_prompt=2"]))
+    assert "no_signal_groups" not in applicable(load_config(DEFAULT, ["data.dynamic_sampling=true"]))
+    assert "logprob_gap" not in applicable(load_config(DEFAULT, ["async_training.mode=one_step"]))
+    said: list[str] = []
+    health = Health(HealthConfig(), said.append, applicable(load_config(DEFAULT, ["data.dynamic_sampling=true"])))
+    for step, metrics in enumerate(STREAMS["no_signal_groups"][0], 1):
+        health.observe(step, metrics)
+    assert said == []
+
+
+def test_a_held_out_drop_within_the_evaluations_noise_is_not_hacking():
+    stream = [healthy(s) for s in range(1, STEPS + 1)]
+    before = {"eval/greedy/reward/accuracy": 0.85, "eval/prompts": 32.0}  # noise 2 sqrt(.85 x .15 / 32) = 0.13
+    stream[29]["eval/greedy/reward/accuracy"] = 0.78
+    assert run(stream, before)[0] == []
+    stream[29]["eval/greedy/reward/accuracy"] = 0.70
+    assert len(run(stream, before)[0]) == 1

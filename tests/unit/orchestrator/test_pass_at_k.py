@@ -9,7 +9,7 @@ import pytest
 from orchestrator.config.load import load_config
 from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy
 from orchestrator.tools.pass_at_k import majority_correct, pass_at_k, sample_metrics
-from reward_service.rules import same_answer
+from reward_service.rules import answer_key, same_answer
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from tests.small_loop import DEFAULT
@@ -117,3 +117,20 @@ def test_the_run_figure_draws_the_held_out_pass_at_k_curves_but_not_their_errors
     assert panels["reward"] == ["reward/mean"]
     held_out = next(keys for title, keys in panels.items() if title.startswith("held-out"))
     assert held_out == ["eval/sampled/maj@8", "eval/sampled/pass@1", "eval/sampled/pass@8"]
+
+
+def test_maj_reads_each_responses_final_answer_as_the_grader_does():
+    # review: prose with commas and brackets was taken whole as a LaTeX reference and split equal answers
+    prose = [
+        "First, (3+4) = 7, so the answer is 7",
+        "Adding 3 and 4, we get 7",
+        "We compute 3 + 4 (carefully), which is 7",
+        "The answer is 8",
+        "The answer is 8",
+    ]
+    keys = [answer_key(p) for p in prose]
+    assert keys == ["7", "7", "7", "8", "8"]
+    assert majority_correct(keys, [True, True, True, False, False], same_answer) is True
+    # an exact_match grader votes on the text itself: "1.0" and "1" are two answers there
+    assert answer_key("1.0", math=False) != answer_key("1", math=False)
+    assert same_answer(answer_key("\\boxed{\\frac{1}{2}}"), answer_key("0.5"))
