@@ -32,17 +32,16 @@ def run_probe(tmp_path, verbose: bool, env=None):
 
 
 def test_the_libraries_notices_go_to_relay_log_and_verbose_keeps_them_on_the_terminal(tmp_path):
-    quiet = run_probe(tmp_path / "quiet", verbose=False)
+    # without DS_ACCELERATOR (conftest names it), DeepSpeed's import logs the accelerator it found at once,
+    # on a handler made then: that line lands in relay.log too
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    quiet = run_probe(tmp_path / "quiet", verbose=False, env=env)
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout.strip() == str(tmp_path / "quiet" / "relay.log") and quiet.stderr == ""
     log = (tmp_path / "quiet" / "relay.log").read_text()
     for notice in ("a ray notice", "a deepspeed notice", "a math-verify notice", "a python warning"):
         assert notice in log, log
-    # DeepSpeed's import-time line (the accelerator it found) lands there too, on the handler it made then
-    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}  # conftest names it: no line
-    found = run_probe(tmp_path / "found", verbose=False, env=env)
-    found_log = (tmp_path / "found" / "relay.log").read_text()
-    assert found.stderr == "" and ("Setting accelerator to CPU" in found_log or torch.cuda.is_available())
+    assert "Setting accelerator to CPU" in log or torch.cuda.is_available()
     loud = run_probe(tmp_path / "loud", verbose=True)
     assert loud.stdout.splitlines()[-1:] == ["None"] and not (tmp_path / "loud" / "relay.log").exists()
     assert all(n in loud.stdout + loud.stderr for n in ("a ray notice", "a deepspeed notice", "a python warning"))
