@@ -32,6 +32,7 @@ def overrides(policy, root, **over):
         "algorithm.micro_batch_size": 64,
         "learner.lr": 2e-4,
         "total_steps": 4,
+        "eval.suites": "[]",  # the default's 3-digit suite: checked in one run below (CI time)
     }
     return [f"{k}={v}" for k, v in (base | over).items()]
 
@@ -74,7 +75,9 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
         "total_steps": 12,
     }
     steps = 12 if preset == "ppo_tiny_cpu" else 6
-    cfg = config(policy, tmp_path, preset, name=preset, **(ppo if preset == "ppo_tiny_cpu" else {"total_steps": 6}))
+    suite = "[{name: addition_3digit, task: addition_3digit, size: 8}]"
+    grpo = {"total_steps": 6, "eval.suites": suite}
+    cfg = config(policy, tmp_path, preset, name=preset, **(ppo if preset == "ppo_tiny_cpu" else grpo))
     train(cfg)
     after = json.loads((tmp_path / preset / "eval_after.json").read_text())
     before = json.loads((tmp_path / preset / "eval_before.json").read_text())
@@ -95,6 +98,8 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     n = cfg.rollout.sampling.n_samples_per_prompt
     assert after["eval/sampled/pass@1"] == pytest.approx(after["eval/sampled/reward/accuracy"])
     assert after[f"eval/sampled/pass@{n}"] >= after["eval/sampled/pass@1"] and f"eval/sampled/maj@{n}" in after
+    if preset == "grpo_tiny_cpu":  # a suite reported apart, over its own prompts
+        assert after["eval/addition_3digit/prompts"] == 8 and "eval/addition_3digit/sampled/pass@1" in after
     for key in (
         "reward/mean",
         "reward/std",

@@ -50,7 +50,7 @@ def test_a_bad_suite_is_named_by_its_key(suites, key):
 
 
 def test_a_task_too_small_for_a_suite_fails_naming_it():
-    cfg = load_config(DEFAULT, ["eval.suites=[{name: huge, task: addition_2digit, size: 5000}]"])
+    cfg = load_config(DEFAULT, ["eval.suites=[{name: huge, task: addition_2digit, size: 1100}]"])
     with pytest.raises(DataError, match="eval.suites 'huge'"):
         load_suites(cfg, [])
 
