@@ -352,3 +352,8 @@ class PipelineConfig:
     """stage 2: reward model; learner.model_path "" = start from the SFT model"""
     ppo: TrainConfig = field(default_factory=lambda: TrainConfig(learner=LearnerConfig(model_path="")))
     """stage 3: RL; "" model paths get the SFT model / the RM"""
+
+
+def eval_samples(cfg: TrainConfig) -> int:
+    """Samples per held-out prompt: eval.n_samples, else (0) rollout.sampling.n_samples_per_prompt."""
+    return cfg.eval.n_samples or cfg.rollout.sampling.n_samples_per_prompt

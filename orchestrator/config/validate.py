@@ -9,6 +9,7 @@ from pathlib import Path
 from envs.registry import make_factory
 from learner.config import Baseline, CriticInit, Estimator, KLControllerKind, Method, ValueHead
 from orchestrator.config.methods import endpoint_incompatible, tree_conflicts
+from orchestrator.config.schema import eval_samples
 from reward_service.config import SourceKind
 
 GROUPED = {Estimator.grpo, Estimator.rloo}
@@ -45,7 +46,7 @@ def _health(h):
 
 
 def _eval(cfg):
-    e, n = cfg.eval, cfg.eval.n_samples or cfg.rollout.sampling.n_samples_per_prompt
+    e, n = cfg.eval, eval_samples(cfg)
     if e.n_samples < 0:
         yield "eval.n_samples", f"must be >= 1, or 0 for rollout.sampling.n_samples_per_prompt; got {e.n_samples}"
     for k in e.pass_k:

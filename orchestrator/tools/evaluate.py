@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.config.schema import TrainConfig
+from orchestrator.config.schema import TrainConfig, eval_samples
 from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
 from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, prompt_text, reward_metrics
 from orchestrator.tools.pass_at_k import sample_metrics
@@ -67,8 +67,7 @@ class Evaluation:
 
 def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
     """Training's sampling with eval.n_samples samples per prompt (0: training's)."""
-    n = cfg.eval.n_samples or cfg.rollout.sampling.n_samples_per_prompt
-    return dataclasses.replace(cfg.rollout.sampling, n_samples_per_prompt=n)
+    return dataclasses.replace(cfg.rollout.sampling, n_samples_per_prompt=eval_samples(cfg))
 
 
 def eval_ks(cfg: TrainConfig) -> list[int]:
