@@ -1,7 +1,7 @@
 """scripts/gpu_check.py's checks on a CUDA device, as tests (the `gpu` tier: skipped without one).
 The script runs once, at full size (what scripts/gpu_check.sh prints for docs/gpu.md), and each section's
 figures are checked here. The bounds are the ones the CPU run holds (tests/e2e/scripts/test_gpu_check.py),
-loosened where bf16 replaces float32; no GPU has run them yet (docs/gpu.md), so the first one sets them."""
+loosened where bf16 replaces float32. They held on an H200 on 2026-12-04 (docs/gpu.md has the figures)."""
 
 import json
 import subprocess
@@ -30,7 +30,8 @@ def test_chunked_logprobs_and_entropy_equal_the_unchunked_ones_at_a_large_vocabu
     row = sections[("logprobs", None)]
     # both upcast the bf16 logits to float32: only float32 rounding over 151,936 terms separates them
     assert row["max_diff_logprobs"] < 1e-4 and row["max_diff_entropy"] < 1e-3, row
-    assert row["peak_gb_chunked"] < row["peak_gb_unchunked"], row  # what chunking is for
+    # what chunking is for: on an H200 it peaked at 5.8 GB against 41.7 GB unchunked
+    assert row["peak_gb_chunked"] < 0.5 * row["peak_gb_unchunked"], row
 
 
 def test_the_reference_model_in_bf16_on_the_gpu_stays_near_float32_on_the_cpu(sections):
