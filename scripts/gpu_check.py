@@ -54,14 +54,13 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
         import deepspeed  # noqa: F401
     except ImportError:
         return report("learner", skipped="deepspeed is not installed")
+    from learner.algorithms import grpo_advantages
     from learner.config import AlgorithmConfig, Dtype, LearnerConfig
     from learner.engine import RankAddress
     from learner.worker import Learner
     from rollout.weight_sync import free_port
     from runtime.logprobs import SamplerSettings
     from tests.helpers import make_scored_batch
-
-    from learner.algorithms import grpo_advantages
 
     batch, scored = make_scored_batch(model, n_prompts=4 if quick else 16, group=4, seed=0)
     advantages = grpo_advantages(torch.tensor(scored.rewards), 4).tolist()
