@@ -91,17 +91,41 @@ def greedy_accuracy(model, tokenizer, examples: list[dict], max_new_tokens: int 
     """Share of examples whose greedy completion's number equals the answer."""
     from reward_service.rules import math_answer
 
-    tokenizer.padding_side = "left"
-    enc = tokenizer(
-        [e["prompt"] for e in examples], return_tensors="pt", padding=True
-    )  # default special tokens, as rollout
-    out = model.generate(
-        **enc,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
-    tokenizer.padding_side = "right"
+    texts = complete(model, tokenizer, [e["prompt"] for e in examples], max_new_tokens)
     return sum(math_answer(t, e["answer"]) or 0.0 for t, e in zip(texts, examples)) / len(examples)
+
+
+def complete(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float = 0.0) -> list[str]:
+    """One completion per text prompt: greedy at temperature 0, else sampled (from torch's global generator:
+    seed it, or fork it, around the call). Prompts get the tokenizer's default special tokens, as in rollout."""
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = side
+    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else {}
+    with torch.no_grad():
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **(sample or dict(do_sample=False)),
+        )
+    return tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+
+
+def sample_answers(model_dir: str, prompts: list[str], n: int, seed: int, max_new_tokens: int = 8) -> list[list[str]]:
+    """n sampled completions (temperature 1, no top-k/top-p) of each prompt by the model in model_dir, in
+    batches, on a torch generator seeded with `seed` (forked: the caller's stream is left as it was)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    flat = [p for p in prompts for _ in range(n)]
+    texts: list[str] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for i in range(0, len(flat), 1024):
+            texts += complete(model, tokenizer, flat[i : i + 1024], max_new_tokens, temperature=1.0)
+    return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]

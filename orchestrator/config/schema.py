@@ -13,6 +13,13 @@ from rollout.config import RolloutConfig
 from runtime.watchdog import WatchdogConfig
 
 
+class RejectedFrom(str, Enum):
+    """Where a generated preference pair's rejected answer comes from (relay rm with data.task)."""
+
+    corrupt = "corrupt"  # the right answer moved by 1-10 (orchestrator/data/generate.corrupt)
+    samples = "samples"  # a wrong sample of the starting model (learner.model_path: in a pipeline, the SFT model)
+
+
 class BadLinePolicy(str, Enum):
     """What a malformed line of a prompt file does: stop naming file:line, or skip it and count it."""
 
@@ -289,6 +296,10 @@ class SupervisedDataConfig:
     """rm: the preferred response field"""
     rejected_key: str = "rejected"
     """rm: the dispreferred response field"""
+    rejected_from: RejectedFrom = RejectedFrom.corrupt
+    """rm with task: corrupt (the right answer moved by 1-10) or samples (the starting model's own wrong answers)"""
+    rejected_samples: int = 8
+    """rejected_from samples: answers sampled per prompt (temperature 1) to find a wrong one"""
     apply_chat_template: bool = False
     """render the prompt as one user message through the tokenizer's chat template"""
     on_bad_line: BadLinePolicy = BadLinePolicy.error

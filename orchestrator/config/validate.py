@@ -80,6 +80,12 @@ def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
     for key in ("steps", "batch_size", "micro_batch_size", "max_length", "eval_every"):
         if getattr(t, key) < 1:
             yield f"{prefix}train.{key}", f"must be >= 1, got {getattr(t, key)}"
+    if cfg.data.rejected_from.value == "samples" and not cfg.data.task:
+        yield f"{prefix}data.rejected_from", "samples needs data.task (its answers grade the samples)"
+    if cfg.data.rejected_from.value == "samples" and cfg.data.apply_chat_template:
+        yield f"{prefix}data.rejected_from", "samples samples text prompts only, not data.apply_chat_template"
+    if cfg.data.rejected_samples < 1:
+        yield f"{prefix}data.rejected_samples", f"must be >= 1, got {cfg.data.rejected_samples}"
     if cfg.scratch.tokenizer not in ("char", "bpe"):
         yield f"{prefix}scratch.tokenizer", f"must be char or bpe, got {cfg.scratch.tokenizer!r}"
 

@@ -21,8 +21,8 @@ import torch
 
 from learner.supervised import RM, SFT, SupervisedGroup
 from orchestrator.config.load import to_dict
-from orchestrator.config.schema import StageConfig
-from orchestrator.data.generate import demonstrations, preferences, write_jsonl
+from orchestrator.config.schema import RejectedFrom, StageConfig
+from orchestrator.data.generate import demonstrations, preferences, sampled_preferences, write_jsonl
 from orchestrator.data.prompts import DataError, drop_overlap, hold_out, policy_prompt, read_examples, task_split
 from orchestrator.loop.tracking import Tracker
 from reward_service.rm_input import pad_right, rm_input_ids
@@ -143,7 +143,11 @@ def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[di
     if d.task:
 
         def rows(examples, stream):
-            return demonstrations(examples) if kind == SFT else preferences(examples, stream_seed(cfg.seed, stream))
+            if kind == SFT:
+                return demonstrations(examples)
+            if d.rejected_from == RejectedFrom.samples:
+                return model_preferences(cfg, examples, stream, run_dir)
+            return preferences(examples, stream_seed(cfg.seed, stream))
 
         train_set, held_set = task_split(d.task, d.task_size, d.eval_size, cfg.seed)
         train_files = [str(write_jsonl(rows(train_set, "rejected"), run_dir / "data" / f"{kind}_train.jsonl"))]
@@ -168,6 +172,33 @@ def load_supervised(cfg: StageConfig, kind: str, run_dir: Path) -> tuple[list[di
     if not train or not held_out:
         raise DataError(f"{', '.join(train_files)}: too few usable examples for a train and a held-out split")
     return train, held_out, skipped + more
+
+
+def model_preferences(cfg: StageConfig, examples: list[dict], stream: str, run_dir: Path) -> list[dict]:
+    """Pairs whose rejected answers are the starting model's own wrong samples (data.rejected_from: samples),
+    graded by math-verify against the task's answers; prints, and writes to data/, how many pairs got one."""
+    from learner.sft import sample_answers
+    from reward_service.rules import math_answer
+
+    d = cfg.data
+    if not cfg.learner.model_path:
+        raise DataError("data.rejected_from: samples needs learner.model_path (the model whose mistakes to rank)")
+    if any(math_answer(e["answer"], e["answer"]) is None or not isinstance(e["prompt"], str) for e in examples):
+        raise DataError("data.rejected_from: samples needs answers math-verify grades, and text prompts")
+    prompts = [e["prompt"] for e in examples]
+    samples = sample_answers(cfg.learner.model_path, prompts, d.rejected_samples, stream_seed(cfg.seed, stream))
+    pairs, sampled = sampled_preferences(
+        examples, samples, lambda a, ref: math_answer(a, ref) != 1.0, stream_seed(cfg.seed, f"{stream}_pick")
+    )
+    note = {"pairs": len(pairs), "rejected_sampled": sampled, "samples_per_prompt": d.rejected_samples}
+    write_jsonl([note], run_dir / "data" / f"{stream}_counts.jsonl")
+    which = "held-out" if stream.startswith("held_out") else "training"
+    print(
+        f"relay rm: {which} pairs: {sampled}/{len(pairs)} rejected answers are the model's own wrong samples "
+        f"({d.rejected_samples} per prompt), the rest corrupted right answers",
+        flush=True,
+    )
+    return pairs
 
 
 def _problem(record, fields: list[str]) -> str | None:

@@ -30,6 +30,9 @@ def pipeline(ray_cluster, tmp_path_factory):
             "name=p",
             "sft.train.steps=1200",
             "sft.train.eval_every=600",
+            # the preset's RM learns the SFT model's own mistakes, which takes it 2,400 steps (docs/rlhf_pipeline.md);
+            # test-sized, corrupted answers (300 steps); tests/unit/orchestrator/test_stage_data.py checks the samples
+            "rm.data.rejected_from=corrupt",
             "rm.train.steps=300",
             "rm.train.eval_every=150",
             "ppo.total_steps=40",

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from learner.tiny_gpt import char_tokenizer, train_bpe_tokenizer
-from orchestrator.config.schema import BadLinePolicy, StageConfig
+from orchestrator.config.schema import BadLinePolicy, RejectedFrom, StageConfig
 from orchestrator.data.generate import corrupt, demonstrations, preferences
 from orchestrator.data.prompts import DataError
 from orchestrator.data.tasks import make_task
@@ -185,3 +185,54 @@ def test_relay_data_draws_rejected_answers_from_their_own_stream_and_trainable_p
     assert offsets != [int(corrupt(r["chosen"], task_rng)) - int(r["chosen"]) for r in rows]
     rng = random.Random(stream_seed(3, "rejected"))
     assert offsets == [int(corrupt(r["chosen"], rng)) - int(r["chosen"]) for r in rows]
+
+
+def test_sampled_preferences_reject_the_models_own_misses_by_frequency_else_a_corrupted_answer():
+    from orchestrator.data.generate import sampled_preferences
+
+    examples = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+    samples = [["2", "3", "3", "3", " 5 ", "", "  "], ["4", "4"]]  # empty ones are no answer to rank
+    picks = []
+    for seed in range(200):
+        pairs, sampled = sampled_preferences(examples, samples, lambda a, ref: a.strip() != ref, seed)
+        assert sampled == 1 and pairs[0]["chosen"] == "2" and pairs[1]["chosen"] == "4"
+        assert pairs[1]["rejected"] != "4" and abs(int(pairs[1]["rejected"]) - 4) <= 10  # no miss: corrupted
+        picks.append(pairs[0]["rejected"])
+    assert set(picks) == {"3", "5"} and 0.6 < picks.count("3") / len(picks) < 0.9  # 3 of the 4 misses are '3'
+    with pytest.raises(ValueError):
+        sampled_preferences(examples, samples[:1], lambda a, ref: True, 0)  # one sample list per example
+
+
+def test_rm_pairs_from_the_models_own_samples_are_wrong_answers_it_made(tmp_path, policy):
+    from orchestrator.config.validate import validate_stage
+    from orchestrator.stages.supervised import model_preferences
+    from reward_service.rules import math_answer
+
+    cfg = stage(tmp_path, task="addition_2digit", task_size=300, eval_size=20, rejected_from=RejectedFrom.samples)
+    with pytest.raises(DataError, match="data.rejected_from: samples needs learner.model_path"):
+        load_supervised(cfg, "rm", tmp_path)
+    cfg.learner.model_path, cfg.data.rejected_samples = policy, 4
+    train, held_out, _ = load_supervised(cfg, "rm", tmp_path)
+    assert all(math_answer(r["rejected"], r["chosen"]) == 0.0 for r in train + held_out)
+    counts = json.loads((tmp_path / "data" / "rejected_counts.jsonl").read_text())
+    # the tiny policy is right on ~50-75% of sums: most prompts get a wrong sample of its own at 4 samples
+    assert counts["pairs"] == 300 and 0.3 * 300 < counts["rejected_sampled"] < 300, counts
+    # the same prompts: the run seed and the stream (train or held-out) each change the sampled answers
+    examples = [{"prompt": r["prompt"], "answer": r["chosen"]} for r in train]
+    again = model_preferences(cfg, examples, "rejected", tmp_path)
+    assert [r["rejected"] for r in again] == [r["rejected"] for r in train]  # a seed replays
+    other_stream = model_preferences(cfg, examples, "held_out_rejected", tmp_path)
+    cfg.seed = 1
+    other_seed = model_preferences(cfg, examples, "rejected", tmp_path)
+    for other in (other_stream, other_seed):
+        assert [r["rejected"] for r in other] != [r["rejected"] for r in train]
+    with pytest.raises(DataError, match="data.rejected_from: samples needs answers math-verify grades"):
+        model_preferences(cfg, [{"prompt": "1+1=", "answer": "two"}], "rejected", tmp_path)
+    cfg.data.task, cfg.data.train_files = "", ["x.jsonl"]
+    assert ("data.rejected_from", "samples needs data.task (its answers grade the samples)") in list(
+        validate_stage(cfg)
+    )
+    cfg.data.task, cfg.data.train_files, cfg.data.apply_chat_template = "addition_2digit", [], True
+    assert ("data.rejected_from", "samples samples text prompts only, not data.apply_chat_template") in list(
+        validate_stage(cfg)
+    )
