@@ -200,12 +200,14 @@ def test_no_pipeline_stage_trains_on_a_prompt_the_rl_stage_holds_out(tmp_path, s
     import dataclasses
 
     from orchestrator.config.load import load_config
-    from orchestrator.config.schema import PipelineConfig
+    from orchestrator.config.schema import PipelineConfig, RejectedFrom
     from orchestrator.stages.supervised import load_supervised
 
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", root=PipelineConfig)
     _, rl_held_out, _ = load_split(cfg.ppo.data, seed)
-    for kind, stage in (("sft", cfg.sft), ("rm", cfg.rm)):
+    # the RM's prompts are the task split's whichever answers it rejects (corrupted here: no SFT model to sample)
+    rm = dataclasses.replace(cfg.rm, data=dataclasses.replace(cfg.rm.data, rejected_from=RejectedFrom.corrupt))
+    for kind, stage in (("sft", cfg.sft), ("rm", rm)):
         train, held_out, _ = load_supervised(dataclasses.replace(stage, seed=seed), kind, tmp_path / kind)
         assert len(train) == stage.data.task_size and not prompts(train) & prompts(rl_held_out), kind
         assert not prompts(train) & prompts(held_out)
