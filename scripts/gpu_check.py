@@ -8,6 +8,8 @@ Sections, each printing one JSON line (and "skipped" with the reason when it can
   logprobs  chunked logprobs/entropy against the unchunked ones, and their peak memory
   scoring   the reference model on the device, in bf16, against float32 on the CPU
   sync      a weight broadcast between two processes (NCCL on GPUs, gloo on CPUs), GB/s
+  scale     one learner rank at a realistic size: a GPT-2-small shape (12 x 768), 64 sequences of 128 prompt
+            + 384 response tokens in micro-batches of 16, bf16, ZeRO 2: tokens/s, peak memory, MFU
 On a CPU (`--device cpu`, what tests/e2e/scripts/test_gpu_check.py runs) the same code runs with gloo, so the
 script itself is tested; the figures that matter come from a GPU (docs/gpu.md), where tests/gpu checks them.
 """
@@ -95,6 +97,73 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
             surrogate_before=before,
             surrogate_after=surrogate(rank, batch, advantages),
         )
+
+
+def long_batch(n: int, group: int, prompt_len: int, response_len: int, vocab: int, seed: int):
+    """Random token sequences of fixed lengths and rewards; reference logprobs of 0 (the KL term's size
+    does not change the work): a learner's input at a realistic length without a rollout."""
+    from reward_service.types import ScoredBatch
+    from rollout.types import RolloutBatch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, vocab, (prompt_len,), generator=g).tolist() for _ in range(n // group)]
+    responses = [torch.randint(3, vocab, (response_len,), generator=g).tolist() for _ in range(n)]
+    batch = RolloutBatch(
+        [i // group for i in range(n)],
+        [prompts[i // group] for i in range(n)],
+        responses,
+        [[-1.0] * response_len for _ in range(n)],
+        ["x"] * n,
+        ["length"] * n,
+    )
+    rewards = torch.rand(n, generator=g).tolist()
+    zeros = [[0.0] * response_len for _ in range(n)]
+    return batch, ScoredBatch(rewards, {}, [True] * n, [False] * n, zeros, raw=list(rewards))
+
+
+def check_scale(device: torch.device, root: Path, quick: bool) -> None:
+    """Tokens/s and MFU of one bf16 ZeRO-2 rank at GPT-2-small's shape and 512-token sequences."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return report("scale", skipped="deepspeed is not installed")
+    from learner.config import AlgorithmConfig, Dtype, LearnerConfig
+    from learner.engine import RankAddress
+    from learner.tiny_gpt import init_tiny_gpt
+    from learner.worker import Learner
+    from rollout.weight_sync import free_port
+    from runtime.logprobs import SamplerSettings
+
+    shape = dict(n_layer=2, n_embd=64, n_head=4) if quick else dict(n_layer=12, n_embd=768, n_head=12)
+    n, micro, (p_len, r_len) = (8, 4, (16, 16)) if quick else (64, 16, (128, 384))
+    model = str(init_tiny_gpt(root / "scale", n_positions=p_len + r_len, **shape))
+    batch, scored = long_batch(n, 4, p_len, r_len, vocab=60, seed=0)
+    dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
+    cfg = LearnerConfig(model_path=model, lr=1e-5, zero_stage=2, dtype=dtype)
+    algo = AlgorithmConfig(mini_batch_size=n, micro_batch_size=micro, init_kl_coef=0.01)
+    rank = Learner(cfg, algo, SamplerSettings(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port()))
+    reset_peak(device)
+    rank.update(batch, scored, 0)  # untimed, as in check_learner
+    steps, start = 2 if quick else 4, time.perf_counter()
+    for step in range(1, steps + 1):
+        rank.update(batch, scored, step)
+    seconds = time.perf_counter() - start
+    tokens = steps * n * (p_len + r_len)
+    params = sum(p.numel() for p in rank.policy.parameters())
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    report(
+        "scale",
+        device=name,
+        params_m=round(params / 1e6, 1),
+        sequences=n,
+        tokens_per_sequence=p_len + r_len,
+        micro_batch=micro,
+        tokens_per_s=round(tokens / seconds, 1),
+        seconds_per_update=round(seconds / steps, 3),
+        peak_memory_gb=peak_memory_gb(device),
+        mfu=round(8 * params * tokens / seconds / (peak * 1e12), 4) if peak else None,
+    )
 
 
 def surrogate(rank, batch, advantages: list[float]) -> float:
@@ -197,6 +266,7 @@ def main() -> int:
         check_scoring(device, model)
         check_sync(device, args.quick)
         check_learner(device, model, args.quick)
+        check_scale(device, Path(tmp), args.quick)
     return 0
 
 

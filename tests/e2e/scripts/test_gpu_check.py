@@ -30,3 +30,5 @@ def test_gpu_check_runs_every_section_on_the_cpu():
     for zero in (0, 2):
         learner = by[("learner", zero)]
         assert learner["tokens_per_s"] > 0 and learner["surrogate_after"] > learner["surrogate_before"], learner
+    scale = by[("scale", None)]  # the realistic-size learner, small here: it runs, and counts what it timed
+    assert scale["tokens_per_s"] > 0 and scale["tokens_per_sequence"] == 32 and scale["sequences"] == 8, scale

@@ -53,3 +53,9 @@ def test_a_weight_broadcast_arrives_over_nccl(sections):
     if "skipped" in row:
         pytest.skip(row["skipped"])  # NCCL between two processes needs two GPUs
     assert row["backend"] == "nccl" and row["arrived"] and row["gb_per_s"] > 0, row
+
+
+def test_a_bf16_learner_rank_at_gpt2_small_size_runs_and_reports_its_throughput(sections):
+    row = sections[("scale", None)]
+    assert "skipped" not in row, row
+    assert row["tokens_per_sequence"] == 512 and row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1, row
