@@ -51,49 +51,63 @@ def tiny_model(root: Path, quick: bool) -> str:
     return str(init_tiny_gpt(root / "policy", n_positions=128, **shape))
 
 
+def learner_rank(model: str, device: torch.device, zero: int, lr: float, n: int, micro: int):
+    """One DeepSpeed learner rank (a Learner outside Ray) in bf16 on CUDA, float32 on the CPU."""
+    from learner.config import AlgorithmConfig, Dtype, LearnerConfig
+    from learner.engine import RankAddress
+    from learner.worker import Learner
+    from rollout.weight_sync import free_port
+    from runtime.logprobs import SamplerSettings
+
+    dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
+    cfg = LearnerConfig(model_path=model, lr=lr, zero_stage=zero, dtype=dtype)
+    algo = AlgorithmConfig(mini_batch_size=n, micro_batch_size=micro, init_kl_coef=0.01)
+    return Learner(cfg, algo, SamplerSettings(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port()))
+
+
+def timed_updates(rank, batch, scored, device: torch.device, steps: int) -> dict:
+    """One untimed update (it pays CUDA's start-up and kernel choice), then `steps` timed ones: the figures
+    every learner section reports. MFU counts 8 x parameters per token: the forward for the old logprobs,
+    then the update's forward and backward."""
+    rank.update(batch, scored, 0)
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        rank.update(batch, scored, step)
+    seconds = time.perf_counter() - start
+    tokens = steps * sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
+    params = sum(p.numel() for p in rank.policy.parameters())
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    return dict(
+        device=name,
+        params_m=round(params / 1e6, 1),
+        tokens_per_s=round(tokens / seconds, 1),
+        seconds_per_update=round(seconds / steps, 3),
+        peak_memory_gb=peak_memory_gb(device),
+        mfu=round(8 * params * tokens / seconds / (peak * 1e12), 4) if peak else None,
+    )
+
+
 def check_learner(device: torch.device, model: str, quick: bool) -> None:
     try:  # DS_ACCELERATOR (set in main) is read when deepspeed is first imported
         import deepspeed  # noqa: F401
     except ImportError:
         return report("learner", skipped="deepspeed is not installed")
     from learner.algorithms import grpo_advantages
-    from learner.config import AlgorithmConfig, Dtype, LearnerConfig
-    from learner.engine import RankAddress
-    from learner.worker import Learner
-    from rollout.weight_sync import free_port
-    from runtime.logprobs import SamplerSettings
     from tests.helpers import make_scored_batch
 
     batch, scored = make_scored_batch(model, n_prompts=4 if quick else 16, group=4, seed=0)
     advantages = grpo_advantages(torch.tensor(scored.rewards), 4).tolist()
-    dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
     for zero in (0, 2):
         reset_peak(device)
-        cfg = LearnerConfig(model_path=model, lr=1e-4, zero_stage=zero, dtype=dtype)
-        algo = AlgorithmConfig(mini_batch_size=len(batch), micro_batch_size=len(batch), init_kl_coef=0.01)
-        rank = Learner(
-            cfg, algo, SamplerSettings(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port())
-        )
-        before, steps = surrogate(rank, batch, advantages), 2 if quick else 5
-        rank.update(batch, scored, 0)  # untimed: the first update pays CUDA's start-up and kernel choice
-        start = time.perf_counter()
-        for step in range(1, steps):
-            rank.update(batch, scored, step)
-        seconds = time.perf_counter() - start
-        tokens = (steps - 1) * sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
-        params = sum(p.numel() for p in rank.policy.parameters())
-        flops = 8 * params * tokens  # forward for old logprobs + forward/backward of the update
-        name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+        rank = learner_rank(model, device, zero, 1e-4, len(batch), len(batch))
+        before = surrogate(rank, batch, advantages)
+        figures = timed_updates(rank, batch, scored, device, 1 if quick else 4)
         report(
             "learner",
-            device=name,
             zero_stage=zero,
-            dtype=dtype.value,
-            params_m=round(params / 1e6, 1),
-            tokens_per_s=round(tokens / seconds, 1),
-            peak_memory_gb=peak_memory_gb(device),
-            mfu=round(flops / seconds / (peak * 1e12), 4) if peak else None,
+            dtype="bfloat16" if device.type == "cuda" else "float32",
+            **figures,
             surrogate_before=before,
             surrogate_after=surrogate(rank, batch, advantages),
         )
@@ -127,43 +141,16 @@ def check_scale(device: torch.device, root: Path, quick: bool) -> None:
         import deepspeed  # noqa: F401
     except ImportError:
         return report("scale", skipped="deepspeed is not installed")
-    from learner.config import AlgorithmConfig, Dtype, LearnerConfig
-    from learner.engine import RankAddress
     from learner.tiny_gpt import init_tiny_gpt
-    from learner.worker import Learner
-    from rollout.weight_sync import free_port
-    from runtime.logprobs import SamplerSettings
 
     shape = dict(n_layer=2, n_embd=64, n_head=4) if quick else dict(n_layer=12, n_embd=768, n_head=12)
     n, micro, (p_len, r_len) = (8, 4, (16, 16)) if quick else (64, 16, (128, 384))
     model = str(init_tiny_gpt(root / "scale", n_positions=p_len + r_len, **shape))
     batch, scored = long_batch(n, 4, p_len, r_len, vocab=60, seed=0)
-    dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
-    cfg = LearnerConfig(model_path=model, lr=1e-5, zero_stage=2, dtype=dtype)
-    algo = AlgorithmConfig(mini_batch_size=n, micro_batch_size=micro, init_kl_coef=0.01)
-    rank = Learner(cfg, algo, SamplerSettings(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port()))
+    rank = learner_rank(model, device, 2, 1e-5, n, micro)
     reset_peak(device)
-    rank.update(batch, scored, 0)  # untimed, as in check_learner
-    steps, start = 2 if quick else 4, time.perf_counter()
-    for step in range(1, steps + 1):
-        rank.update(batch, scored, step)
-    seconds = time.perf_counter() - start
-    tokens = steps * n * (p_len + r_len)
-    params = sum(p.numel() for p in rank.policy.parameters())
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    report(
-        "scale",
-        device=name,
-        params_m=round(params / 1e6, 1),
-        sequences=n,
-        tokens_per_sequence=p_len + r_len,
-        micro_batch=micro,
-        tokens_per_s=round(tokens / seconds, 1),
-        seconds_per_update=round(seconds / steps, 3),
-        peak_memory_gb=peak_memory_gb(device),
-        mfu=round(8 * params * tokens / seconds / (peak * 1e12), 4) if peak else None,
-    )
+    figures = timed_updates(rank, batch, scored, device, 2 if quick else 4)
+    report("scale", sequences=n, tokens_per_sequence=p_len + r_len, micro_batch=micro, **figures)
 
 
 def surrogate(rank, batch, advantages: list[float]) -> float:
