@@ -40,7 +40,8 @@ class RewardSource:
     """One reward source: its kind, weight, and the options of that kind (pattern, model, URL, deadlines)."""
 
     kind: SourceKind = SourceKind.math_answer
-    """math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote or environment"""
+    """math_answer, exact_match, format, length_penalty, reasoning_gym, function, reward_model, remote,
+    environment or judge"""
     weight: float = 1.0
     """factor in the summed reward; 0 = reported only: changes no reward, nor which samples train"""
     name: str = ""
@@ -76,6 +77,18 @@ class RewardSource:
     """judge: tokens the judge may answer with"""
     judge_model: str = ""
     """judge with a url: the model name the server expects"""
+    judge_engine: str = "vllm"
+    """judge with model_path: vllm (its own frozen engine, prefix-cached, in a child process of the scoring
+    service) or transformers (in the scoring service's process)"""
+    judge_chat_template: bool = True
+    """judge with model_path: send the filled template as a user turn of the model's chat template (if it has
+    one); false: as raw text, for a few-shot template. A url judge always gets raw text (/v1/completions)"""
+    judge_max_model_len: int = 2048
+    """judge on vllm: its context in tokens; a longer filled template is not judged (counted as a parse failure)"""
+    judge_kv_cache_gb: int = 1
+    """judge on vllm, CPU: its KV cache in GiB"""
+    judge_gpu_memory_utilization: float = 0.2
+    """judge on vllm, GPU: the fraction of the scoring device's memory its engine may take"""
 
 
 @dataclass

@@ -5,14 +5,17 @@ verdict is parsed: a number in `score_range` (scaled to [0, 1]) or one of `choic
 A verdict that cannot be parsed, and a judge that fails or runs past the source's deadline
 (combine.run_source), make the sample "could not judge", never a score. Verdicts are cached by
 (prompt, response): a sample judged once is not judged again (the judge is frozen and greedy).
-The judge is a model folder (`model_path`) run in the scoring service's process, or any
-OpenAI-compatible server (`url`: its /v1/completions, e.g. `vllm serve`). `judge/*` counts each call's
-judgements, cache hits, parse failures and seconds.
+The judge is a model folder (`model_path`) on its own frozen vLLM engine (`judge_engine: vllm`, the
+default: the engine core in a child process of the scoring service, the template's shared prefix in its
+prefix cache) or run by transformers in the scoring service's process; or any OpenAI-compatible server
+(`url`: its /v1/completions, e.g. `vllm serve`). `judge/*` counts each call's judgements, cache hits,
+parse failures and seconds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.request
@@ -81,10 +84,20 @@ class JudgeSource:
         return JudgeResult(scores, counts)
 
 
-class LocalJudge:
-    """A causal LM folder run greedily in this process (transformers; the chat template if it has one)."""
+def as_chat(tokenizer, texts: list[str], chat: bool) -> list[str]:
+    """Each filled template as one user turn of the tokenizer's chat template (if chat and it has one)."""
+    if not (chat and tokenizer.chat_template):
+        return texts
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        for t in texts
+    ]
 
-    def __init__(self, path: str, max_new_tokens: int, micro_batch_size: int, device, dtype: str):
+
+class LocalJudge:
+    """A causal LM folder run greedily in this process by transformers."""
+
+    def __init__(self, path: str, max_new_tokens: int, micro_batch_size: int, device, dtype: str, chat: bool = True):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -93,17 +106,12 @@ class LocalJudge:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
         self.max_new_tokens, self.micro_batch_size, self.device = max_new_tokens, micro_batch_size, device
+        self.chat = chat
 
     def generate(self, texts: list[str]) -> list[str]:
         import torch
 
-        if self.tokenizer.chat_template:
-            texts = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
-                )
-                for t in texts
-            ]
+        texts = as_chat(self.tokenizer, texts, self.chat)
         out = []
         for s in range(0, len(texts), self.micro_batch_size):
             batch = self.tokenizer(texts[s : s + self.micro_batch_size], return_tensors="pt", padding=True).to(
@@ -118,6 +126,37 @@ class LocalJudge:
                 )
             out += self.tokenizer.batch_decode(ids[:, batch.input_ids.shape[1] :], skip_special_tokens=True)
         return out
+
+
+class VLLMJudge:
+    """The judge's own frozen vLLM engine: greedy, the batch in one call. Its engine core runs in a child
+    process, so vLLM's CPU thread binding (it pins threads and disables torch.set_num_threads in the
+    process that runs the model) stays out of the scoring service's reference forward."""
+
+    def __init__(self, cfg: RewardSource, device, dtype: str):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.judge_kv_cache_gb)
+        from vllm import LLM, SamplingParams  # imported late: the environment above must be in place first
+
+        extra = {"gpu_memory_utilization": cfg.judge_gpu_memory_utilization} if device.type == "cuda" else {}
+        self.llm = LLM(
+            model=cfg.model_path,
+            dtype=dtype,
+            enforce_eager=True,
+            max_model_len=cfg.judge_max_model_len,
+            enable_prefix_caching=True,  # the template's shared text (rubric, few-shot examples) is computed once
+            seed=0,
+            **extra,
+        )
+        self.params = SamplingParams(temperature=0.0, max_tokens=cfg.judge_max_tokens)
+        self.tokenizer, self.chat = self.llm.get_tokenizer(), cfg.judge_chat_template
+        self.max_prompt = cfg.judge_max_model_len - cfg.judge_max_tokens
+
+    def generate(self, texts: list[str]) -> list[str]:
+        texts = as_chat(self.tokenizer, texts, self.chat)
+        fits = [len(self.tokenizer(t, add_special_tokens=False).input_ids) < self.max_prompt for t in texts]
+        outs = iter(self.llm.generate([t for t, ok in zip(texts, fits) if ok], self.params, use_tqdm=False))
+        return [next(outs).outputs[0].text if ok else "" for ok in fits]  # "": too long, not judged
 
 
 class OpenAIJudge:

@@ -17,7 +17,7 @@ import torch
 
 from reward_service import rules
 from reward_service.config import RewardSource, SourceKind
-from reward_service.judge import JudgeSource, LocalJudge, OpenAIJudge
+from reward_service.judge import JudgeSource, LocalJudge, OpenAIJudge, VLLMJudge
 from reward_service.remote import RemoteReward
 from reward_service.rm_input import pad_right, rm_input_ids
 from runtime.device import to_device
@@ -185,8 +185,12 @@ def build_source(
     if kind == SourceKind.reward_model:
         return RewardModelSource(cfg, micro_batch_size, device, dtype)
     if kind == SourceKind.judge:
-        if cfg.model_path:
-            backend = LocalJudge(cfg.model_path, cfg.judge_max_tokens, micro_batch_size, device, dtype)
+        if cfg.model_path and cfg.judge_engine == "vllm":
+            backend = VLLMJudge(cfg, device, dtype)
+        elif cfg.model_path:
+            backend = LocalJudge(
+                cfg.model_path, cfg.judge_max_tokens, micro_batch_size, device, dtype, cfg.judge_chat_template
+            )
         else:
             backend = OpenAIJudge(cfg.url, cfg.judge_model, cfg.judge_max_tokens, cfg.timeout_s)
         return JudgeSource(cfg, backend)

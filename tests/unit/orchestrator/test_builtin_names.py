@@ -16,3 +16,23 @@ def test_unknown_builtin_is_named(tmp_path):
 def test_smollm2_preset_loads():
     cfg = load_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", [])
     assert cfg.learner.model_path == "builtin://smollm2-135m-instruct" and cfg.data.apply_chat_template
+
+
+def test_a_judges_builtin_model_is_resolved_and_only_a_judges(tmp_path):
+    from orchestrator.data.builtin_models import builtin_folder, resolve_judges
+    from reward_service.config import RewardSource, SourceKind
+
+    name = "builtin://tiny-addition-gpt"
+    builtin_folder(name, str(tmp_path)).mkdir(parents=True)  # as if built before: nothing is trained here
+    sources = [
+        RewardSource(kind=SourceKind.judge, model_path=name),
+        RewardSource(kind=SourceKind.reward_model, model_path=name),  # a reward model's path is a folder, as given
+        RewardSource(kind=SourceKind.judge, url="http://judge"),
+    ]
+    judge, rm, remote = resolve_judges(sources, str(tmp_path))
+    assert judge.model_path == str(builtin_folder(name, str(tmp_path))) and rm.model_path == name
+    assert remote == sources[2] and sources[0].model_path == name  # the config's own sources are left as they were
+    with pytest.raises(ValueError, match=r"eval.suites.0.sources.1.model_path: unknown built-in model 'nope'"):
+        resolve_judges(
+            [sources[2], RewardSource(kind=SourceKind.judge, model_path="builtin://nope")], "r", "eval.suites.0.sources"
+        )

@@ -1,5 +1,7 @@
 """The typed config tree: loading, overrides and one-line errors that name key and source."""
 
+import re
+
 import pytest
 
 from learner.config import Estimator, KLControllerKind
@@ -438,3 +440,22 @@ def test_every_shipped_configs_task_split_fits(path):
             seed = cfg.ppo.seed if root is PipelineConfig else cfg.seed
             train, held_out = task_split(d.task, d.task_size, d.eval_size, seed)
             assert len(train) == d.task_size and len(held_out) == d.eval_size
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("{kind: judge}", "reward.sources.0: a judge needs model_path"),
+        ("{kind: judge, url: 'http://j', model_path: m}", "reward.sources.0: a judge needs model_path"),
+        ("{kind: judge, url: 'http://j', template: 'no slot'}", "reward.sources.0.template: must hold {response}"),
+        ("{kind: judge, url: 'http://j', verdict: stars}", "reward.sources.0.verdict: must be choice or number"),
+        ("{kind: judge, model_path: m, judge_engine: sglang}", "reward.sources.0.judge_engine: must be vllm or"),
+        ("{kind: judge, model_path: m, judge_max_tokens: 8, judge_max_model_len: 8}", "judge_max_model_len: must"),
+        ("{kind: judge, url: 'http://j', timeout_s: 0}", "reward.sources.0.timeout_s: a judge needs a deadline"),
+    ],
+)
+def test_a_judge_source_is_checked_by_key(source, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(DEFAULT, [f"reward.sources=[{source}]"])
+    ok = "{kind: judge, model_path: m, judge_engine: transformers, judge_max_tokens: 8, judge_max_model_len: 8}"
+    assert load_config(DEFAULT, [f"reward.sources=[{ok}]"]).reward.sources[0].judge_engine == "transformers"

@@ -349,3 +349,9 @@ def test_a_judge_model_counts_in_the_scoring_service(capsys):
     # the tiny GPT's weights in float32, as the reference's (the same model)
     assert rows["judge 1 weights"] == rows["reference weights"] == without["reference weights"]
     assert "reward.sources[1].model_path = builtin://tiny-addition-gpt" in out
+    # its own vLLM engine (the default) holds a KV cache of judge_kv_cache_gb; under transformers it has none
+    for engine, kv in (("vllm", 2), ("vllm", 3), ("transformers", 3)):
+        other = f"{judge[:-1]}, judge_engine: {engine}, judge_kv_cache_gb: {kv}}}"
+        main(["plan", "configs/grpo_tiny_cpu.yaml", f"reward.sources=[{{kind: math_answer}}, {other}]"])
+        rows = _rows(capsys.readouterr().out)
+        assert rows.get("judge 1 KV cache") == (f"{kv * 2**30 / 1e9:.2f} GB" if engine == "vllm" else None), rows

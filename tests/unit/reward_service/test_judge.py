@@ -97,7 +97,8 @@ def test_a_judge_server_that_answers_garbage_or_hangs_leaves_its_samples_unjudge
 
 
 def test_a_model_folder_judges_in_process_and_its_unparsable_answers_are_counted(tiny_model):
-    cfg = RewardSource(kind=SourceKind.judge, model_path=tiny_model, judge_max_tokens=4)
+    # in process by transformers; on vLLM (the default): tests/e2e/reward_service/test_judge_vllm.py
+    cfg = RewardSource(kind=SourceKind.judge, model_path=tiny_model, judge_max_tokens=4, judge_engine="transformers")
     source = build_source(cfg, micro_batch_size=2)
     out = source.score(["1+1=", "2+2=", "3+3="], ["2", "4", "7"], [{}, {}, {}])
     # a 2-layer model trained on sums answers digits, not yes/no: each sample unjudged, each counted
@@ -110,6 +111,7 @@ def test_a_model_folder_judges_in_process_and_its_unparsable_answers_are_counted
             verdict="number",
             score_range=[0.0, 1000.0],
             template="{prompt}",
+            judge_engine="transformers",
         ),
         micro_batch_size=2,
     )
