@@ -99,7 +99,8 @@ def _one_by_one(source, prompts, responses, metadata, timeout_s, first_error: st
             out = call_with_deadline(
                 lambda i=i: source.score(prompts[i : i + 1], responses[i : i + 1], metadata[i : i + 1]), timeout_s
             )
-            run.scores.append(_clean(out[0]) if len(out) == 1 else None)
+            out = out.scores if isinstance(out, (JudgeResult, RemoteResult)) else out
+            run.scores.append(_clean(out[0]) if out is not None and len(out) == 1 and out[0] is not None else None)
         except Deadline as e:
             run.timeouts += 1
             run.errors.append(str(e))

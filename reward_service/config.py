@@ -68,9 +68,11 @@ class RewardSource:
     )
     """judge: the judge's prompt; {prompt}, {response} and {answer} (the data's reference, or none) filled in"""
     verdict: str = "choice"
-    """judge: how its answer is read: choice (the first of `choices` it says) or number (in score_range)"""
+    """judge: how its answer is read: choice (the first of `choices` it says), number (in score_range) or
+    probability (the choices' scores weighted by its probability of each as its first token, among its 20
+    likeliest: a judge's confidence, finer than its greedy word)"""
     choices: dict[str, float] = field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
-    """judge, verdict choice: each word's score"""
+    """judge, verdict choice or probability: each word's score"""
     score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
     """judge, verdict number: the scale, mapped to [0, 1]; a number outside it cannot be judged"""
     judge_max_tokens: int = 8
@@ -83,8 +85,8 @@ class RewardSource:
     judge_chat_template: bool = True
     """judge with model_path: send the filled template as a user turn of the model's chat template (if it has
     one); false: as raw text, for a few-shot template. A url judge always gets raw text (/v1/completions)"""
-    judge_max_model_len: int = 2048
-    """judge on vllm: its context in tokens; a longer filled template is not judged (counted as a parse failure)"""
+    judge_max_model_len: int = 0
+    """judge on vllm: its context in tokens, 0 = the model's own; a longer question is not judged (judge/too_long)"""
     judge_kv_cache_gb: int = 1
     """judge on vllm, CPU: its KV cache in GiB"""
     judge_gpu_memory_utilization: float = 0.2

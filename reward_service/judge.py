@@ -15,8 +15,10 @@ parse failures and seconds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import threading
 import time
 import urllib.request
 from collections import OrderedDict
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from reward_service.config import RewardSource
 
 CACHE_SIZE = 100_000  # verdicts kept
+TOP_TOKENS = 20  # verdict probability: the first tokens read (vLLM's default max_logprobs)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
@@ -41,9 +44,12 @@ def judge_prompt(template: str, prompt: str, response: str, answer) -> str:
     return template.replace("{prompt}", prompt).replace("{response}", response).replace("{answer}", str(answer))
 
 
-def parse_verdict(text: str, cfg: RewardSource) -> float | None:
+def parse_verdict(text: str | dict[str, float], cfg: RewardSource) -> float | None:
     """The verdict in the judge's answer: the first number, scaled from score_range to [0, 1] (None if
-    outside it), or the choice that appears first (whole words, any case); None if there is none."""
+    outside it), or the choice that appears first (whole words, any case); None if there is none. Under
+    verdict probability the answer is the judge's top first tokens and their probabilities (top_tokens)."""
+    if cfg.verdict == "probability":
+        return choice_probability(text, cfg.choices)
     if cfg.verdict == "number":
         m = _NUMBER.search(text)
         low, high = cfg.score_range
@@ -54,31 +60,50 @@ def parse_verdict(text: str, cfg: RewardSource) -> float | None:
     return cfg.choices[min(found)[1]] if found else None
 
 
+def choice_probability(tokens: dict[str, float], choices: dict[str, float]) -> float | None:
+    """The choices' scores weighted by the judge's probability of each as its first token (a token read
+    stripped, any case), over the choices among its top tokens; None if none of them is."""
+    mass = dict.fromkeys(choices, 0.0)
+    for token, p in tokens.items():
+        for c in choices:
+            if token.strip().lower() == c.lower():
+                mass[c] += p
+    total = sum(mass.values())
+    return sum(p * choices[c] for c, p in mass.items()) / total if total > 0 else None
+
+
 class JudgeSource:
     """Owns the judge backend, the cache of its verdicts and the source's config."""
 
     def __init__(self, cfg: RewardSource, backend):
         self.cfg, self.backend = cfg, backend
-        self.cache: OrderedDict[tuple[str, str], float | None] = OrderedDict()
+        self.cache: OrderedDict[str, float | None] = OrderedDict()  # filled template -> verdict
 
     def score(self, prompts: list[str], responses: list[str], metadata: list[dict]) -> JudgeResult:
+        """Counts, over this call's samples: judged (new questions sent to the judge, each once), cache_hits
+        (samples whose question was asked before, in this call or an earlier one), parse_failures (answers
+        with no verdict), too_long (questions over the judge's context, never sent), seconds (the call)."""
         start = time.perf_counter()
-        keys = list(zip(prompts, responses))
-        todo = [i for i, k in enumerate(keys) if k not in self.cache]
-        texts = [judge_prompt(self.cfg.template, prompts[i], responses[i], metadata[i].get("answer")) for i in todo]
-        fresh = dict(zip((keys[i] for i in todo), self.backend.generate(texts) if texts else []))
-        failures = 0
-        for key, output in fresh.items():
-            verdict = parse_verdict(output, self.cfg)
-            failures += verdict is None
+        keys = [judge_prompt(self.cfg.template, p, r, m.get("answer")) for p, r, m in zip(prompts, responses, metadata)]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.cache))  # a group's samples often repeat
+        ask = self.backend.top_tokens if self.cfg.verdict == "probability" else self.backend.generate
+        answers = ask(todo) if todo else []
+        if len(answers) != len(todo):
+            raise ValueError(f"the judge gave {len(answers)} answers for {len(todo)} questions")
+        failures = too_long = 0
+        for key, answer in zip(todo, answers):
+            verdict = None if answer is None else parse_verdict(answer, self.cfg)
+            too_long += answer is None
+            failures += answer is not None and verdict is None
             self.cache[key] = verdict
         scores = [self.cache[k] for k in keys]  # before the oldest verdicts leave the cache
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         counts = {
-            "judge/judged": float(len(fresh)),
+            "judge/judged": float(len(todo) - too_long),
             "judge/cache_hits": float(len(keys) - len(todo)),
             "judge/parse_failures": float(failures),
+            "judge/too_long": float(too_long),
             "judge/seconds": time.perf_counter() - start,
         }
         return JudgeResult(scores, counts)
@@ -92,6 +117,14 @@ def as_chat(tokenizer, texts: list[str], chat: bool) -> list[str]:
         tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
         for t in texts
     ]
+
+
+def token_probs(tokens: list[str], probs: list[float]) -> dict[str, float]:
+    """First-token text -> probability, summed over tokens that decode alike."""
+    out: dict[str, float] = {}
+    for t, p in zip(tokens, probs):
+        out[t] = out.get(t, 0.0) + p
+    return out
 
 
 class LocalJudge:
@@ -108,23 +141,40 @@ class LocalJudge:
         self.max_new_tokens, self.micro_batch_size, self.device = max_new_tokens, micro_batch_size, device
         self.chat = chat
 
-    def generate(self, texts: list[str]) -> list[str]:
+    def _run(self, texts: list[str], **kwargs):
+        """(batch, output) of model.generate per micro-batch: it derives positions from the left-padded mask."""
         import torch
 
-        texts = as_chat(self.tokenizer, texts, self.chat)
-        out = []
+        chat = self.chat and bool(self.tokenizer.chat_template)  # a chat template holds its own special tokens
+        texts = as_chat(self.tokenizer, texts, chat)
         for s in range(0, len(texts), self.micro_batch_size):
-            batch = self.tokenizer(texts[s : s + self.micro_batch_size], return_tensors="pt", padding=True).to(
-                self.device
-            )
+            part = texts[s : s + self.micro_batch_size]
+            batch = self.tokenizer(part, return_tensors="pt", padding=True, add_special_tokens=not chat)
             with torch.no_grad():
-                ids = self.model.generate(
-                    **batch,
-                    max_new_tokens=self.max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=self.tokenizer.pad_token_id,
+                yield (
+                    batch,
+                    self.model.generate(
+                        **batch.to(self.device),
+                        do_sample=False,
+                        pad_token_id=self.tokenizer.pad_token_id,
+                        return_dict_in_generate=True,
+                        **kwargs,
+                    ),
                 )
-            out += self.tokenizer.batch_decode(ids[:, batch.input_ids.shape[1] :], skip_special_tokens=True)
+
+    def generate(self, texts: list[str]) -> list[str]:
+        out = []
+        for batch, gen in self._run(texts, max_new_tokens=self.max_new_tokens):
+            out += self.tokenizer.batch_decode(gen.sequences[:, batch.input_ids.shape[1] :], skip_special_tokens=True)
+        return out
+
+    def top_tokens(self, texts: list[str]) -> list[dict[str, float]]:
+        out = []
+        for _, gen in self._run(texts, max_new_tokens=1, output_logits=True):
+            probs = gen.logits[0].float().softmax(-1)
+            top = probs.topk(min(TOP_TOKENS, probs.shape[-1]), -1)
+            for ids, probs in zip(top.indices.tolist(), top.values.tolist()):
+                out.append(token_probs([self.tokenizer.decode([i]) for i in ids], probs))
         return out
 
 
@@ -136,6 +186,7 @@ class VLLMJudge:
     def __init__(self, cfg: RewardSource, device, dtype: str):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.judge_kv_cache_gb)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # relay eval runs it in the terminal's process
         from vllm import LLM, SamplingParams  # imported late: the environment above must be in place first
 
         extra = {"gpu_memory_utilization": cfg.judge_gpu_memory_utilization} if device.type == "cuda" else {}
@@ -143,20 +194,50 @@ class VLLMJudge:
             model=cfg.model_path,
             dtype=dtype,
             enforce_eager=True,
-            max_model_len=cfg.judge_max_model_len,
+            max_model_len=cfg.judge_max_model_len or None,  # None: the model's own context
             enable_prefix_caching=True,  # the template's shared text (rubric, few-shot examples) is computed once
             seed=0,
+            max_logprobs=TOP_TOKENS,
             **extra,
         )
         self.params = SamplingParams(temperature=0.0, max_tokens=cfg.judge_max_tokens)
+        self.first = SamplingParams(temperature=0.0, max_tokens=1, logprobs=TOP_TOKENS)
         self.tokenizer, self.chat = self.llm.get_tokenizer(), cfg.judge_chat_template
-        self.max_prompt = cfg.judge_max_model_len - cfg.judge_max_tokens
+        self.max_prompt = self.llm.llm_engine.model_config.max_model_len - cfg.judge_max_tokens
+        # one call at a time: a call abandoned at its deadline still runs, and vLLM's LLM hands each call the
+        # requests that finish while it runs, whichever call made them
+        self.lock = threading.Lock()
 
-    def generate(self, texts: list[str]) -> list[str]:
-        texts = as_chat(self.tokenizer, texts, self.chat)
-        fits = [len(self.tokenizer(t, add_special_tokens=False).input_ids) < self.max_prompt for t in texts]
-        outs = iter(self.llm.generate([t for t, ok in zip(texts, fits) if ok], self.params, use_tqdm=False))
-        return [next(outs).outputs[0].text if ok else "" for ok in fits]  # "": too long, not judged
+    def _run(self, texts: list[str], params) -> list:
+        """Each text's completion; None for one too long for the engine's context (not judged). Tokenized
+        here, as LocalJudge does: special tokens added only to raw text (a chat template holds its own)."""
+        from vllm.inputs import TokensPrompt
+
+        chat = self.chat and bool(self.tokenizer.chat_template)
+        ids = [self.tokenizer(t, add_special_tokens=not chat).input_ids for t in as_chat(self.tokenizer, texts, chat)]
+        fits = [len(x) <= self.max_prompt for x in ids]
+        with self.lock:
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=x) for x, ok in zip(ids, fits) if ok], params, use_tqdm=False
+            )
+        if len(outs) != sum(fits):
+            raise ValueError(f"the judge's engine gave {len(outs)} completions for {sum(fits)} prompts")
+        outs = iter(outs)
+        return [next(outs).outputs[0] if ok else None for ok in fits]
+
+    def generate(self, texts: list[str]) -> list[str | None]:
+        return [o.text if o else None for o in self._run(texts, self.params)]
+
+    def top_tokens(self, texts: list[str]) -> list[dict[str, float] | None]:
+        return [
+            token_probs(
+                [t.decoded_token or "" for t in o.logprobs[0].values()],
+                [math.exp(t.logprob) for t in o.logprobs[0].values()],
+            )
+            if o
+            else None
+            for o in self._run(texts, self.first)
+        ]
 
 
 class OpenAIJudge:
@@ -166,8 +247,8 @@ class OpenAIJudge:
     def __init__(self, url: str, model: str, max_new_tokens: int, timeout_s: float):
         self.url, self.model, self.max_new_tokens, self.timeout_s = url.rstrip("/"), model, max_new_tokens, timeout_s
 
-    def generate(self, texts: list[str]) -> list[str]:
-        body = {"model": self.model, "prompt": texts, "max_tokens": self.max_new_tokens, "temperature": 0.0}
+    def _complete(self, texts: list[str], **extra) -> list[dict]:
+        body = {"model": self.model, "prompt": texts, "max_tokens": self.max_new_tokens, "temperature": 0.0} | extra
         request = urllib.request.Request(
             f"{self.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
@@ -175,4 +256,15 @@ class OpenAIJudge:
             choices = json.loads(reply.read())["choices"]
         if len(choices) != len(texts):
             raise ValueError(f"the judge at {self.url} gave {len(choices)} completions for {len(texts)} prompts")
-        return [c["text"] for c in sorted(choices, key=lambda c: c.get("index", 0))]
+        return sorted(choices, key=lambda c: c.get("index", 0))
+
+    def generate(self, texts: list[str]) -> list[str]:
+        return [c["text"] for c in self._complete(texts)]
+
+    def top_tokens(self, texts: list[str]) -> list[dict[str, float]]:
+        """The completions API's top_logprobs of the first token ({} where the server gave none)."""
+        out = []
+        for c in self._complete(texts, max_tokens=1, logprobs=TOP_TOKENS):
+            first = ((c.get("logprobs") or {}).get("top_logprobs") or [{}])[0] or {}
+            out.append({t: math.exp(lp) for t, lp in first.items()})
+        return out

@@ -272,9 +272,9 @@ def _judge(src, key: str):
         yield key, "a judge needs model_path (a model folder run in the scoring service) or url (OpenAI-compatible)"
     if "{response}" not in src.template:
         yield f"{key}.template", "must hold {response} (and may hold {prompt} and {answer})"
-    if src.verdict not in ("choice", "number"):
-        yield f"{key}.verdict", f"must be choice or number, got {src.verdict!r}"
-    if src.verdict == "choice" and not src.choices:
+    if src.verdict not in ("choice", "number", "probability"):
+        yield f"{key}.verdict", f"must be choice, number or probability, got {src.verdict!r}"
+    if src.verdict in ("choice", "probability") and not src.choices:
         yield f"{key}.choices", "a choice verdict needs its words and their scores, e.g. {yes: 1.0, no: 0.0}"
     if src.verdict == "number" and not (len(src.score_range) == 2 and src.score_range[0] < src.score_range[1]):
         yield f"{key}.score_range", f"must be [low, high] with low < high, got {list(src.score_range)}"
@@ -282,8 +282,16 @@ def _judge(src, key: str):
         yield f"{key}.timeout_s", "a judge needs a deadline > 0"
     if src.judge_engine not in ("vllm", "transformers"):
         yield f"{key}.judge_engine", f"must be vllm or transformers, got {src.judge_engine!r}"
-    if src.judge_engine == "vllm" and src.judge_max_model_len <= src.judge_max_tokens:
-        yield f"{key}.judge_max_model_len", "must exceed judge_max_tokens (the prompt needs room)"
+    if src.model_path and src.judge_engine == "vllm":
+        if src.judge_max_model_len and src.judge_max_model_len <= src.judge_max_tokens:
+            yield (
+                f"{key}.judge_max_model_len",
+                "must be 0 (the model's) or exceed judge_max_tokens (room for the prompt)",
+            )
+        if src.judge_kv_cache_gb < 1:
+            yield f"{key}.judge_kv_cache_gb", f"must be >= 1 (GiB), got {src.judge_kv_cache_gb}"
+        if not 0 < src.judge_gpu_memory_utilization <= 1:
+            yield f"{key}.judge_gpu_memory_utilization", f"must be in (0, 1], got {src.judge_gpu_memory_utilization}"
 
 
 def _rewards(reward):

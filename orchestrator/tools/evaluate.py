@@ -271,7 +271,11 @@ def _eval_scoring(cfg: TrainConfig, reference: str, reward_model: str):
     reward = dataclasses.replace(
         cfg.reward, sources=resolve_judges(sources, cfg.run_root), reference_model_path=reference
     )
-    suites = {name: resolve_judges(s, cfg.run_root, f"eval.suites.{name}") for name, s in suite_sources(cfg).items()}
+    where = {suite.name: i for i, suite in enumerate(cfg.eval.suites)}
+    suites = {
+        name: resolve_judges(s, cfg.run_root, f"eval.suites.{where[name]}.sources")
+        for name, s in suite_sources(cfg).items()
+    }
     return ScoringService(reward, reference, suites=suites)
 
 

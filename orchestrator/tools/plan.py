@@ -423,8 +423,8 @@ def _train_devices(
     own = scoring_gpu and not shared  # colocate: false gives it a bundle (and a GPU) of its own
     if c.colocate and learner_gpu and rollout_gpu:  # vLLM sleeps for the update: weights to host, KV freed
         awake, asleep = (
-            (total(scoring), total(scoring, ("weights",))) if shared else (0.0, 0.0)
-        )  # its logits: scoring only
+            (total(scoring), total(scoring, ("weights", "cache"))) if shared else (0.0, 0.0)
+        )  # its logits: scoring only; a judge's own engine (weights, KV cache) never sleeps
         plan.devices += [
             (
                 "GPU awake: vLLM + learner states" + " + scoring" * shared,

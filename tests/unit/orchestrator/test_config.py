@@ -448,10 +448,12 @@ def test_every_shipped_configs_task_split_fits(path):
         ("{kind: judge}", "reward.sources.0: a judge needs model_path"),
         ("{kind: judge, url: 'http://j', model_path: m}", "reward.sources.0: a judge needs model_path"),
         ("{kind: judge, url: 'http://j', template: 'no slot'}", "reward.sources.0.template: must hold {response}"),
-        ("{kind: judge, url: 'http://j', verdict: stars}", "reward.sources.0.verdict: must be choice or number"),
+        ("{kind: judge, url: 'http://j', verdict: stars}", "reward.sources.0.verdict: must be choice, number or"),
         ("{kind: judge, model_path: m, judge_engine: sglang}", "reward.sources.0.judge_engine: must be vllm or"),
         ("{kind: judge, model_path: m, judge_max_tokens: 8, judge_max_model_len: 8}", "judge_max_model_len: must"),
         ("{kind: judge, url: 'http://j', timeout_s: 0}", "reward.sources.0.timeout_s: a judge needs a deadline"),
+        ("{kind: judge, model_path: m, judge_kv_cache_gb: 0}", "reward.sources.0.judge_kv_cache_gb: must be >= 1"),
+        ("{kind: judge, model_path: m, judge_gpu_memory_utilization: 5}", "judge_gpu_memory_utilization: must be in"),
     ],
 )
 def test_a_judge_source_is_checked_by_key(source, message):
@@ -459,3 +461,5 @@ def test_a_judge_source_is_checked_by_key(source, message):
         load_config(DEFAULT, [f"reward.sources=[{source}]"])
     ok = "{kind: judge, model_path: m, judge_engine: transformers, judge_max_tokens: 8, judge_max_model_len: 8}"
     assert load_config(DEFAULT, [f"reward.sources=[{ok}]"]).reward.sources[0].judge_engine == "transformers"
+    url = "{kind: judge, url: 'http://j', judge_max_tokens: 4096}"  # no engine of relay's: its context is the server's
+    assert load_config(DEFAULT, [f"reward.sources=[{url}]"]).reward.sources[0].judge_max_tokens == 4096

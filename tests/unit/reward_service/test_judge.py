@@ -10,7 +10,7 @@ import pytest
 
 from reward_service.combine import call_counts, run_source
 from reward_service.config import RewardSource, SourceKind
-from reward_service.judge import JudgeSource, judge_prompt, parse_verdict
+from reward_service.judge import JudgeSource, choice_probability, judge_prompt, parse_verdict
 from reward_service.sources import build_source
 
 CHOICE = RewardSource(kind=SourceKind.judge, url="http://x")
@@ -26,6 +26,17 @@ def test_verdicts_are_parsed_or_left_unjudged():
     assert judge_prompt("Q {prompt} A {answer} R {response}", "2+2=", "4", None) == "Q 2+2= A None R 4"
 
 
+def test_a_probability_verdict_weighs_the_choices_by_the_judges_first_token():
+    # " yes" and "Yes" are one choice: 0.5 + 0.1 yes, 0.2 no, "the" no choice -> 0.6 / 0.8 = 0.75
+    tokens = {" yes": 0.5, "Yes": 0.1, " no": 0.2, "the": 0.2}
+    assert choice_probability(tokens, {"yes": 1.0, "no": 0.0}) == pytest.approx(0.75)
+    assert choice_probability(tokens, {"yes": 2.0, "no": -1.0}) == pytest.approx((0.6 * 2 - 0.2) / 0.8)
+    assert choice_probability({"the": 0.9, " yesterday": 0.1}, {"yes": 1.0, "no": 0.0}) is None  # no choice: unjudged
+    assert choice_probability({}, {"yes": 1.0}) is None  # a prompt too long for the judge
+    cfg = RewardSource(kind=SourceKind.judge, url="http://x", verdict="probability")
+    assert parse_verdict({"no": 0.25, "yes": 0.75}, cfg) == 0.75
+
+
 class Judge:
     """A judge that says yes to the response 4, no verdict to ?, no to the rest; it keeps its prompts."""
 
@@ -34,21 +45,58 @@ class Judge:
 
     def generate(self, texts):
         self.seen += texts
-        verdict = {"4": "yes", "?": "hmm"}  # "hmm": no verdict
+        verdict = {"4": "yes", "?": "hmm", "long": None}  # "hmm": no verdict; None: too long for the judge
         return [verdict.get(t.split("Proposed answer: ")[1].split("\n")[0], "no") for t in texts]
 
 
-def test_the_source_caches_verdicts_by_prompt_and_response_and_counts_each_call():
+def test_the_source_caches_verdicts_by_question_and_counts_each_call():
     judge = Judge()
     source = JudgeSource(CHOICE, judge)
     out = source.score(["2+2=", "2+2=", "3+3="], ["4", "5", "?"], [{"answer": "4"}, {"answer": "4"}, {}])
     assert out.scores == [1.0, 0.0, None] and len(judge.seen) == 3
     assert "Reference answer: 4" in judge.seen[0] and "Reference answer: None" in judge.seen[2]
     assert out.counts["judge/judged"] == 3 and out.counts["judge/parse_failures"] == 1
-    again = source.score(["2+2=", "3+3="], ["4", "?"], [{}, {}])
+    again = source.score(["2+2=", "3+3="], ["4", "?"], [{"answer": "4"}, {}])
     assert again.scores == [1.0, None] and len(judge.seen) == 3 and again.counts["judge/cache_hits"] == 2
+    # the same prompt and response with another reference answer is another question, asked anew
+    other = source.score(["2+2="], ["4"], [{"answer": "5"}])
+    assert len(judge.seen) == 4 and "Reference answer: 5" in judge.seen[-1] and other.counts["judge/judged"] == 1
+    # a question too long for the judge is not sent: not judged, not a parse failure, counted apart
+    out = source.score(["1+1="], ["long"], [{}])
+    assert out.scores == [None] and out.counts["judge/too_long"] == 1
+    assert out.counts["judge/judged"] == 0 and out.counts["judge/parse_failures"] == 0
     run = run_source(source, ["2+2="], ["7"], [{}], 5.0)
     assert run.scores == [0.0] and call_counts({"judge": run})["judge/judged"] == 1
+
+
+def test_a_judge_that_fails_on_the_batch_is_asked_one_sample_at_a_time():
+    class Flaky(Judge):  # fails on more than one question at once
+        def generate(self, texts):
+            if len(texts) > 1:
+                raise RuntimeError("out of memory")
+            return super().generate(texts)
+
+    run = run_source(JudgeSource(CHOICE, Flaky()), ["2+2=", "2+3="], ["4", "6"], [{}, {}], 5.0)
+    assert run.scores == [1.0, 0.0] and "out of memory" in run.errors[0]
+    # a group's samples often repeat: each new question is sent once, the repeats are cache hits
+    judge = Judge()
+    source = JudgeSource(CHOICE, judge)
+    seen = len(judge.seen)
+    out = source.score(["5+5="] * 3 + ["6+6="], ["10", "10", "11", "10"], [{}] * 4)
+    assert len(judge.seen) == seen + 3 and out.counts["judge/judged"] == 3 and out.counts["judge/cache_hits"] == 1
+
+
+class TopJudge:
+    """A judge whose first token is "yes" with probability 0.9 for the response 4, 0.2 otherwise."""
+
+    def top_tokens(self, texts):
+        return [{" yes": 0.9, " no": 0.1} if "Proposed answer: 4\n" in t else {" yes": 0.2, "no": 0.8} for t in texts]
+
+
+def test_a_probability_verdict_scores_through_the_source():
+    source = JudgeSource(RewardSource(kind=SourceKind.judge, url="http://x", verdict="probability"), TopJudge())
+    out = source.score(["2+2=", "2+2="], ["4", "5"], [{"answer": "4"}, {"answer": "4"}])
+    assert out.scores == pytest.approx([0.9, 0.2]) and out.counts["judge/parse_failures"] == 0
 
 
 def serve(reply):
@@ -117,3 +165,48 @@ def test_a_model_folder_judges_in_process_and_its_unparsable_answers_are_counted
     )
     scored = number.score(["12+34="], ["x"], [{}])  # the prompt alone: the model answers its sum, a number
     assert scored.scores[0] is None or 0.0 <= scored.scores[0] <= 1.0
+
+
+def test_a_judge_server_gives_its_first_token_probabilities():
+    import math
+
+    def reply(prompts):  # the completions API's logprobs: the first token's top_logprobs
+        def top(p):
+            return {" yes": math.log(0.6), " no": math.log(0.2)} if "answer: 4" in p else {" no": 0.0}
+
+        return {
+            "choices": [{"index": i, "text": "", "logprobs": {"top_logprobs": [top(p)]}} for i, p in enumerate(prompts)]
+        }
+
+    server = serve(reply)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        source = build_source(RewardSource(kind=SourceKind.judge, url=url, verdict="probability"))
+        out = source.score(["2+2=", "2+3="], ["4", "6"], [{}, {}])
+    finally:
+        server.shutdown()
+    assert out.scores == pytest.approx([0.75, 0.0])
+
+
+def test_a_model_folders_first_token_probabilities_are_its_softmax(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    judge = build_source(
+        RewardSource(kind=SourceKind.judge, model_path=tiny_model, judge_engine="transformers", template="{prompt}"),
+        micro_batch_size=2,
+    ).backend
+    prompts = ["12+34=", "5+7=", "99+1="]  # different lengths: left padding in a micro-batch
+    got = judge.top_tokens(prompts)
+    tok, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    for prompt, top in zip(prompts, got):
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        with torch.no_grad():  # one unpadded sequence at a time
+            probs = model(torch.tensor([tok(text).input_ids])).logits[0, -1].softmax(-1)
+        assert len(top) > 1 and sum(top.values()) <= 1 + 1e-5
+        for token, p in top.items():
+            assert p == pytest.approx(
+                sum(probs[i].item() for i in range(len(probs)) if tok.decode([i]) == token), abs=1e-5
+            )
