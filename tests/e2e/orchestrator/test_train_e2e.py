@@ -144,20 +144,26 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     assert [r["reference"] for r in last] == [r["policy"] for r in first]
 
 
-def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, tmp_path):
-    whole = config(policy, tmp_path, name="whole", **{"checkpoint.every_n_steps": 2, "checkpoint.keep_last": 5})
-    train(whole)
+@pytest.fixture(scope="module")
+def whole(ray_cluster, policy, tmp_path_factory):
+    """One uninterrupted 4-step run (checkpoints at steps 2 and 4): how a crashed and a stopped run must end."""
+    root = tmp_path_factory.mktemp("whole")
+    train(config(policy, root, name="whole", **{"checkpoint.every_n_steps": 2, "checkpoint.keep_last": 5}))
+    return root / "whole"
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_run(whole, policy, tmp_path):
     # "crash" after step 2: a copy of the run that only has what existed then, resumed with resume=auto
     crashed = tmp_path / "crashed"
     (crashed / "checkpoints").mkdir(parents=True)
-    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step_2", crashed / "checkpoints" / "step_2")
+    shutil.copytree(whole / "checkpoints" / "step_2", crashed / "checkpoints" / "step_2")
     (crashed / "checkpoints" / "step_4.tmp").mkdir()  # a half-written checkpoint is ignored
-    shutil.copy(tmp_path / "whole" / "eval_before.json", crashed)
-    shutil.copy(tmp_path / "whole" / "eval_reference_samples.json", crashed)
+    shutil.copy(whole / "eval_before.json", crashed)
+    shutil.copy(whole / "eval_reference_samples.json", crashed)
     # its metrics.jsonl went on past the checkpoint (steps 3-4, the eval): the resumed run redoes those rows once
-    shutil.copy(tmp_path / "whole" / "metrics.jsonl", crashed)
+    shutil.copy(whole / "metrics.jsonl", crashed)
     train(config(policy, tmp_path, name="crashed", **{"checkpoint.resume": "auto"}))
-    want = [r for r in metrics(tmp_path / "whole") if "timing/total" in r]
+    want = [r for r in metrics(whole) if "timing/total" in r]
     got = [r for r in metrics(crashed) if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for w, g in zip(want[2:], got[2:]):
@@ -165,9 +171,10 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(ray_cluster, policy, t
         assert {k: g[k] for k in same} == {k: w[k] for k in same}
 
 
-def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupted_one(policy, tmp_path):
+def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupted_one(whole, policy, tmp_path):
     """Preemption: SIGTERM mid-run finishes the step in flight, checkpoints it (no periodic checkpoints
-    here) and exits 3; checkpoint.resume=auto then ends exactly where a run nobody stopped ends."""
+    here) and exits 3; checkpoint.resume=auto then ends exactly where a run nobody stopped ends (`whole`,
+    run in this process: `relay train` is the same loop)."""
 
     def args(name, **over):
         return ["train", "configs/grpo_tiny_cpu.yaml", *overrides(policy, tmp_path, name=name, **over)]
@@ -208,20 +215,17 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     assert resumed.returncode == 0 and f"resumed from {stopped}/checkpoints/step_{done}" in resumed.stdout, (
         resumed.stderr[-3000:]
     )
-    whole = relay(*args("whole"), timeout=600)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    # a quiet terminal: relay's own lines only; the libraries' notices (Ray's at least) in the run's relay.log
-    assert foreign_lines(whole.stdout + whole.stderr) == [] and "held-out" in whole.stdout
-    assert "Started a local Ray instance" in (tmp_path / "whole" / "relay.log").read_text()
-    want = [r for r in metrics(tmp_path / "whole") if "timing/total" in r]
+    # a quiet terminal: relay's own lines only, in both runs; the libraries' notices (Ray's at least) in relay.log
+    assert foreign_lines(log.read_text()) == [] and "relay train" in log.read_text()
+    assert foreign_lines(resumed.stdout + resumed.stderr) == [] and "held-out" in resumed.stdout
+    assert "Started a local Ray instance" in (stopped / "relay.log").read_text()
+    want = [r for r in metrics(whole) if "timing/total" in r]
     got = [r for r in metrics(stopped) if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for w, g in zip(want, got):
         same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s", "pipeline/"))}
         assert {k: g[k] for k in same} == {k: w[k] for k in same}, g["step"]
-    assert json.loads((stopped / "eval_after.json").read_text()) == json.loads(
-        (tmp_path / "whole" / "eval_after.json").read_text()
-    )
+    assert json.loads((stopped / "eval_after.json").read_text()) == json.loads((whole / "eval_after.json").read_text())
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_run_completes(ray_cluster, policy, tmp_path):

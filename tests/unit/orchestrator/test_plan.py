@@ -201,6 +201,12 @@ def test_scoring_joins_the_colocated_gpu(capsys):
     # weights 1.98 = 15.49 GB (15.50 from rounded parts)
     assert devices["GPU awake: vLLM + learner states + scoring"] == "82.15 GB"
     assert devices["GPU asleep: learner update + scoring weights"] == "15.49 GB"
+    # a judge on its own vLLM engine never sleeps: its weights and KV cache (0.1 x 80 GB = 8 GB) stay, awake or not
+    judge = "{kind: judge, model_path: 'builtin://tiny-addition-gpt', judge_gpu_memory_utilization: 0.1}"
+    assert main(base + [f"reward.sources=[{{kind: math_answer}}, {judge}]"]) == 1
+    with_judge = _devices(capsys.readouterr().out)
+    assert with_judge["GPU asleep: learner update + scoring weights"] == "23.49 GB"
+    assert with_judge["GPU awake: vLLM + learner states + scoring"] == "90.15 GB"
     # without a GPU it is back in host memory, next to nothing else
     assert main(base + ["cluster.gpus_per_scoring=0"]) == 0
     devices = _devices(capsys.readouterr().out)
