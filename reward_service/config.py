@@ -72,7 +72,10 @@ class RewardSource:
     probability (the choices' scores weighted by its probability of each as its first token, among its 20
     likeliest: a judge's confidence, finer than its greedy word)"""
     choices: dict[str, float] = field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
-    """judge, verdict choice or probability: each word's score"""
+    """judge, verdict choice or probability: each word's score (probability: each must be one token)"""
+    judge_min_choice_mass: float = 0.5
+    """judge, verdict probability: the least probability the choices must have together at the first token,
+    else the sample is not judged (the judge meant to say something else)"""
     score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
     """judge, verdict number: the scale, mapped to [0, 1]; a number outside it cannot be judged"""
     judge_max_tokens: int = 8

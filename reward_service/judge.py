@@ -4,7 +4,7 @@ verdict is parsed: a number in `score_range` (scaled to [0, 1]) or one of `choic
 
 A verdict that cannot be parsed, and a judge that fails or runs past the source's deadline
 (combine.run_source), make the sample "could not judge", never a score. Verdicts are cached by
-(prompt, response): a sample judged once is not judged again (the judge is frozen and greedy).
+question (the filled template): one asked once is not asked again (the judge is frozen and greedy).
 The judge is a model folder (`model_path`) on its own frozen vLLM engine (`judge_engine: vllm`, the
 default: the engine core in a child process of the scoring service, the template's shared prefix in its
 prefix cache) or run by transformers in the scoring service's process; or any OpenAI-compatible server
@@ -29,6 +29,7 @@ from reward_service.config import RewardSource
 CACHE_SIZE = 100_000  # verdicts kept
 TOP_TOKENS = 20  # verdict probability: the first tokens read (vLLM's default max_logprobs)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_SLOT = re.compile(r"\{(prompt|response|answer)\}")
 
 
 @dataclass
@@ -40,8 +41,10 @@ class JudgeResult:
 
 
 def judge_prompt(template: str, prompt: str, response: str, answer) -> str:
-    """The template filled in: {prompt}, {response} and {answer} ("none" where the data has no answer)."""
-    return template.replace("{prompt}", prompt).replace("{response}", response).replace("{answer}", str(answer))
+    """The template filled in one pass: {prompt}, {response} and {answer} ("None" where the data has no answer).
+    One pass: a response that itself holds "{answer}" must not have the reference put into it."""
+    values = {"prompt": prompt, "response": response, "answer": str(answer)}
+    return _SLOT.sub(lambda m: values[m[1]], template)
 
 
 def parse_verdict(text: str | dict[str, float], cfg: RewardSource) -> float | None:
@@ -49,7 +52,7 @@ def parse_verdict(text: str | dict[str, float], cfg: RewardSource) -> float | No
     outside it), or the choice that appears first (whole words, any case); None if there is none. Under
     verdict probability the answer is the judge's top first tokens and their probabilities (top_tokens)."""
     if cfg.verdict == "probability":
-        return choice_probability(text, cfg.choices)
+        return choice_probability(text, cfg.choices, cfg.judge_min_choice_mass)
     if cfg.verdict == "number":
         m = _NUMBER.search(text)
         low, high = cfg.score_range
@@ -60,16 +63,28 @@ def parse_verdict(text: str | dict[str, float], cfg: RewardSource) -> float | No
     return cfg.choices[min(found)[1]] if found else None
 
 
-def choice_probability(tokens: dict[str, float], choices: dict[str, float]) -> float | None:
+def choice_probability(tokens: dict[str, float], choices: dict[str, float], min_mass: float = 0.0) -> float | None:
     """The choices' scores weighted by the judge's probability of each as its first token (a token read
-    stripped, any case), over the choices among its top tokens; None if none of them is."""
+    stripped, any case), over the choices among its top tokens; None if their probabilities sum to less than
+    min_mass (or to 0): the judge meant to say something else, and a ratio of two small numbers is no verdict."""
     mass = dict.fromkeys(choices, 0.0)
     for token, p in tokens.items():
         for c in choices:
             if token.strip().lower() == c.lower():
                 mass[c] += p
     total = sum(mass.values())
-    return sum(p * choices[c] for c, p in mass.items()) / total if total > 0 else None
+    return sum(p * choices[c] for c, p in mass.items()) / total if total > 0 and total >= min_mass else None
+
+
+def check_choice_tokens(tokenizer, choices: dict[str, float]) -> None:
+    """verdict probability reads single first tokens: each choice must be one token of the judge's tokenizer,
+    bare or after a space, else its probability would never be counted and the others' would win."""
+    for c in choices:
+        if not any(len(tokenizer(v, add_special_tokens=False).input_ids) == 1 for v in (c, " " + c)):
+            raise ValueError(
+                f"judge choices: {c!r} is several tokens of the judge's tokenizer (verdict probability reads one "
+                "first token); pick one-token words, or verdict: choice"
+            )
 
 
 class JudgeSource:
@@ -203,7 +218,7 @@ class VLLMJudge:
         self.params = SamplingParams(temperature=0.0, max_tokens=cfg.judge_max_tokens)
         self.first = SamplingParams(temperature=0.0, max_tokens=1, logprobs=TOP_TOKENS)
         self.tokenizer, self.chat = self.llm.get_tokenizer(), cfg.judge_chat_template
-        self.max_prompt = self.llm.llm_engine.model_config.max_model_len - cfg.judge_max_tokens
+        self.context = self.llm.llm_engine.model_config.max_model_len
         # one call at a time: a call abandoned at its deadline still runs, and vLLM's LLM hands each call the
         # requests that finish while it runs, whichever call made them
         self.lock = threading.Lock()
@@ -215,7 +230,7 @@ class VLLMJudge:
 
         chat = self.chat and bool(self.tokenizer.chat_template)
         ids = [self.tokenizer(t, add_special_tokens=not chat).input_ids for t in as_chat(self.tokenizer, texts, chat)]
-        fits = [len(x) <= self.max_prompt for x in ids]
+        fits = [len(x) + params.max_tokens <= self.context for x in ids]
         with self.lock:
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=x) for x, ok in zip(ids, fits) if ok], params, use_tqdm=False

@@ -17,7 +17,7 @@ import torch
 
 from reward_service import rules
 from reward_service.config import RewardSource, SourceKind
-from reward_service.judge import JudgeSource, LocalJudge, OpenAIJudge, VLLMJudge
+from reward_service.judge import JudgeSource, LocalJudge, OpenAIJudge, VLLMJudge, check_choice_tokens
 from reward_service.remote import RemoteReward
 from reward_service.rm_input import pad_right, rm_input_ids
 from runtime.device import to_device
@@ -193,5 +193,7 @@ def build_source(
             )
         else:
             backend = OpenAIJudge(cfg.url, cfg.judge_model, cfg.judge_max_tokens, cfg.timeout_s)
+        if cfg.verdict == "probability" and cfg.model_path:  # a url judge's tokenizer is the server's
+            check_choice_tokens(backend.tokenizer, cfg.choices)
         return JudgeSource(cfg, backend)
     return RemoteSource(cfg)

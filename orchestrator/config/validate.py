@@ -280,6 +280,10 @@ def _judge(src, key: str):
         yield f"{key}.score_range", f"must be [low, high] with low < high, got {list(src.score_range)}"
     if src.timeout_s <= 0:
         yield f"{key}.timeout_s", "a judge needs a deadline > 0"
+    if src.judge_max_tokens < 1:
+        yield f"{key}.judge_max_tokens", f"must be >= 1, got {src.judge_max_tokens}"
+    if not 0 <= src.judge_min_choice_mass <= 1:
+        yield f"{key}.judge_min_choice_mass", f"must be in [0, 1], got {src.judge_min_choice_mass}"
     if src.judge_engine not in ("vllm", "transformers"):
         yield f"{key}.judge_engine", f"must be vllm or transformers, got {src.judge_engine!r}"
     if src.model_path and src.judge_engine == "vllm":

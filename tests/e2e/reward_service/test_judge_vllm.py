@@ -26,7 +26,11 @@ JUDGE = dict(
 )
 # the same model's first digit, read as a score: 1 -> 1, 4 -> 0.5, 9 -> 0, by its probability of each
 PROBABILITY = JUDGE | dict(
-    name="first_digit", verdict="probability", choices={"1": 1.0, "4": 0.5, "9": 0.0}, weight=0.0
+    name="first_digit",
+    verdict="probability",
+    choices={"1": 1.0, "4": 0.5, "9": 0.0},
+    judge_min_choice_mass=0.0,  # these three digits are not all of its mass: the ratio, compared exactly
+    weight=0.0,
 )
 PROMPTS = ["12+34=", "37+18=", "55+44=", "61+27=", "1+" * 12 + "1="]  # the last: 26 characters, over 24 - 4
 

@@ -453,6 +453,8 @@ def test_every_shipped_configs_task_split_fits(path):
         ("{kind: judge, model_path: m, judge_max_tokens: 8, judge_max_model_len: 8}", "judge_max_model_len: must"),
         ("{kind: judge, url: 'http://j', timeout_s: 0}", "reward.sources.0.timeout_s: a judge needs a deadline"),
         ("{kind: judge, model_path: m, judge_kv_cache_gb: 0}", "reward.sources.0.judge_kv_cache_gb: must be >= 1"),
+        ("{kind: judge, url: 'http://j', judge_max_tokens: 0}", "reward.sources.0.judge_max_tokens: must be >= 1"),
+        ("{kind: judge, url: 'http://j', judge_min_choice_mass: 2}", "judge_min_choice_mass: must be in [0, 1]"),
         ("{kind: judge, model_path: m, judge_gpu_memory_utilization: 5}", "judge_gpu_memory_utilization: must be in"),
     ],
 )

@@ -35,6 +35,25 @@ def test_a_probability_verdict_weighs_the_choices_by_the_judges_first_token():
     assert choice_probability({}, {"yes": 1.0}) is None  # a prompt too long for the judge
     cfg = RewardSource(kind=SourceKind.judge, url="http://x", verdict="probability")
     assert parse_verdict({"no": 0.25, "yes": 0.75}, cfg) == 0.75
+    # the choices hold 0.5% of its first token: it meant something else, and 0.004 / 0.005 is no verdict
+    assert parse_verdict({" yes": 0.004, " no": 0.001, "The": 0.9}, cfg) is None  # judge_min_choice_mass 0.5
+    assert choice_probability({" yes": 0.004, " no": 0.001}, {"yes": 1.0, "no": 0.0}, 0.0) == pytest.approx(0.8)
+
+
+def test_a_choice_of_several_tokens_is_refused_for_a_probability_verdict():
+    from learner.tiny_gpt import char_tokenizer
+    from reward_service.judge import check_choice_tokens
+
+    tok = char_tokenizer()  # one token per character
+    check_choice_tokens(tok, {"4": 1.0, "5": 0.0})
+    with pytest.raises(ValueError, match="'45' is several tokens"):  # its probability would never be counted
+        check_choice_tokens(tok, {"4": 1.0, "45": 0.0})
+
+
+def test_a_response_cannot_put_the_reference_into_the_question():
+    # filled in one pass: a response "{answer}" stays as written, not the reference answer
+    filled = judge_prompt("Reference: {answer} Proposed: {response}", "2+2=", "{answer}", "4")
+    assert filled == "Reference: 4 Proposed: {answer}"
 
 
 class Judge:
