@@ -250,8 +250,13 @@ def _serve_reward(args) -> int:
     from reward_service.remote import serve
     from reward_service.service import RewardFunction
 
+    from orchestrator.config.schema import TrainConfig
+    from orchestrator.data.builtin_models import resolve_judges
+
     path, overrides = _split(args)
-    reward = RewardFunction(load_config(path, overrides, section="reward"))
+    cfg = load_config(path, overrides, section="reward")
+    cfg.sources = resolve_judges(cfg.sources, TrainConfig.run_root)  # the section alone has no run_root: the default
+    reward = RewardFunction(cfg)
     server = serve(reward, args.host, args.port)
     host, port = server.server_address[:2]
     print(f"relay serve-reward: {', '.join(reward.names)} on http://{host}:{port}/score", flush=True)

@@ -66,6 +66,11 @@ def _clean(x) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def _scores_of(out) -> list[float | None]:
+    """A source's scores, unwrapped from a judge's or a remote source's result; None: could not score."""
+    return [_clean(s) for s in (out.scores if isinstance(out, (JudgeResult, RemoteResult)) else out)]
+
+
 def run_source(source, prompts: list[str], responses: list[str], metadata: list[dict], timeout_s: float) -> SourceRun:
     """`timeout_s`: the whole call's deadline (for a remote source, all its attempts: see
     sources.deadline_s); a remote source keeps the scores of every chunk that answered."""
@@ -78,13 +83,11 @@ def run_source(source, prompts: list[str], responses: list[str], metadata: list[
         error = f"{type(e).__name__}: {e}"
     else:
         if isinstance(out, JudgeResult):
-            return SourceRun([_clean(s) if s is not None else None for s in out.scores], counts=out.counts)
+            return SourceRun(_scores_of(out), counts=out.counts)
         if isinstance(out, RemoteResult):
-            return SourceRun(
-                [_clean(s) if s is not None else None for s in out.scores], out.timeouts, out.errors, out.retried
-            )
+            return SourceRun(_scores_of(out), out.timeouts, out.errors, out.retried)
         if len(out) == n:
-            return SourceRun([_clean(s) for s in out])
+            return SourceRun(_scores_of(out))
         error = f"returned {len(out)} scores for {n} samples"
     return _one_by_one(source, prompts, responses, metadata, timeout_s, error)
 
@@ -99,8 +102,8 @@ def _one_by_one(source, prompts, responses, metadata, timeout_s, first_error: st
             out = call_with_deadline(
                 lambda i=i: source.score(prompts[i : i + 1], responses[i : i + 1], metadata[i : i + 1]), timeout_s
             )
-            out = out.scores if isinstance(out, (JudgeResult, RemoteResult)) else out
-            run.scores.append(_clean(out[0]) if out is not None and len(out) == 1 and out[0] is not None else None)
+            scores = _scores_of(out) if out is not None else []
+            run.scores.append(scores[0] if len(scores) == 1 else None)
         except Deadline as e:
             run.timeouts += 1
             run.errors.append(str(e))

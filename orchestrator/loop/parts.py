@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig
-from orchestrator.data.builtin_models import resolve_judges, resolve_model_path
+from orchestrator.data.builtin_models import resolve_model_path, resolve_run_judges
 from orchestrator.data.prompts import load_split
 from orchestrator.loop.batches import EndpointBatches, PromptBatches
 from orchestrator.loop.evaluator import Evaluator
@@ -30,9 +30,7 @@ def start_parts(cfg: TrainConfig, run_dir: Path) -> LoopParts:
     train, held_out, skipped_lines = load_split(cfg.data, cfg.seed)
     suites = load_suites(cfg, train)
     model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
-    cfg.reward.sources = resolve_judges(cfg.reward.sources, cfg.run_root)
-    for i, suite in enumerate(cfg.eval.suites):
-        suite.sources = resolve_judges(suite.sources, cfg.run_root, f"eval.suites.{i}.sources")
+    resolve_run_judges(cfg)
     init_ray(cfg)
     r = start_roles(cfg, model_path)
     if r.gateway is not None:  # an agent program's finished episodes, not data prompts

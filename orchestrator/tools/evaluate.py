@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig, eval_samples
-from orchestrator.data.builtin_models import resolve_judges
+from orchestrator.data.builtin_models import resolve_run_judges
 from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
 from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, prompt_text, reward_metrics
 from orchestrator.tools.pass_at_k import sample_metrics
@@ -261,6 +261,7 @@ def _eval_scoring(cfg: TrainConfig, reference: str, reward_model: str):
     left without a path (as in a pipeline config) scores with --reward-model."""
     from reward_service.service import ScoringService
 
+    resolve_run_judges(cfg)
     sources = [
         dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
         for s in cfg.reward.sources
@@ -268,15 +269,8 @@ def _eval_scoring(cfg: TrainConfig, reference: str, reward_model: str):
     for i, s in enumerate(sources):
         if s.kind == SourceKind.reward_model and not s.model_path:
             raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
-    reward = dataclasses.replace(
-        cfg.reward, sources=resolve_judges(sources, cfg.run_root), reference_model_path=reference
-    )
-    where = {suite.name: i for i, suite in enumerate(cfg.eval.suites)}
-    suites = {
-        name: resolve_judges(s, cfg.run_root, f"eval.suites.{where[name]}.sources")
-        for name, s in suite_sources(cfg).items()
-    }
-    return ScoringService(reward, reference, suites=suites)
+    reward = dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference)
+    return ScoringService(reward, reference, suites=suite_sources(cfg))
 
 
 def evaluate_roles(

@@ -36,3 +36,23 @@ def test_a_judges_builtin_model_is_resolved_and_only_a_judges(tmp_path):
         resolve_judges(
             [sources[2], RewardSource(kind=SourceKind.judge, model_path="builtin://nope")], "r", "eval.suites.0.sources"
         )
+
+
+def test_a_run_configs_judges_are_resolved_in_its_sources_and_its_suites(tmp_path):
+    """relay train and relay eval share resolve_run_judges: the run's judges and each suite's, errors by key."""
+    from orchestrator.config.schema import EvalSuite, TrainConfig
+    from orchestrator.data.builtin_models import builtin_folder, resolve_run_judges
+    from reward_service.config import RewardSource, SourceKind
+
+    name = "builtin://tiny-addition-gpt"
+    folder = str(builtin_folder(name, str(tmp_path)))
+    builtin_folder(name, str(tmp_path)).mkdir(parents=True)
+    cfg = TrainConfig(run_root=str(tmp_path))
+    cfg.reward.sources = [RewardSource(kind=SourceKind.judge, model_path=name)]
+    cfg.eval.suites = [EvalSuite(name="a"), EvalSuite(name="b", sources=[RewardSource(), cfg.reward.sources[0]])]
+    resolve_run_judges(cfg)
+    assert cfg.reward.sources[0].model_path == folder and cfg.eval.suites[1].sources[1].model_path == folder
+    assert cfg.eval.suites[0].sources == [] and cfg.eval.suites[1].sources[0] == RewardSource()
+    cfg.eval.suites[0].sources = [RewardSource(kind=SourceKind.judge, model_path="builtin://nope")]
+    with pytest.raises(ValueError, match=r"eval.suites.0.sources.0.model_path: unknown built-in model 'nope'"):
+        resolve_run_judges(cfg)
