@@ -1,5 +1,6 @@
-"""The three RLHF stages end to end on the real stack, test-sized: SFT from scratch -> RM -> PPO with
-the RM as reward and critic, then `relay eval` against the SFT reference and `relay plot`."""
+"""The three RLHF stages end to end on the real stack, test-sized: SFT from scratch -> RM -> PPO (the
+preset's: clipped loss, RLOO baseline) with the RM as reward, then `relay eval` against the SFT reference
+and `relay plot`."""
 
 import json
 import random
@@ -78,7 +79,6 @@ def test_ppo_on_the_reward_model_raises_its_reward_with_bounded_kl(pipeline):
     assert after["eval/sampled/reward/mean"] > before["eval/sampled/reward/mean"], (before, after)
     steps = [r for r in rows(pipeline / "ppo" / "metrics.jsonl") if "timing/total" in r]
     assert len(steps) == 40 and all(r["kl/ref"] < 0.5 for r in steps)  # bounded: the adaptive controller holds it
-    assert steps[-1]["learner/explained_variance"] is not None  # the critic (from the RM) is trained
 
 
 def test_relay_eval_reports_policy_against_reference(pipeline, tmp_path):

@@ -349,7 +349,12 @@ def test_a_model_folder_that_is_not_here_is_a_config_error_naming_the_key(tmp_pa
     with pytest.raises(ConfigError, match="ppo.learner.critic_model_path: .*no such folder"):
         load_config(
             REPO / "configs" / "pipeline_tiny_cpu.yaml",
-            [f"ppo.learner.critic_model_path={missing}"],
+            [
+                "ppo.algorithm.estimator=gae",  # the preset is critic-free (RLOO): a critic path is read with a critic
+                "ppo.learner.value_head=separate",
+                "ppo.learner.critic_init=reward_model",
+                f"ppo.learner.critic_model_path={missing}",
+            ],
             root=PipelineConfig,
             local=True,
         )

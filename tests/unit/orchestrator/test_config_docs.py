@@ -154,7 +154,7 @@ def test_record_launch_of_stages_and_pipeline(tmp_path):
     pipe = load_config(PIPELINE, [f"run_root={tmp_path}", "ppo.algorithm.init_kl_coef=0"], root=PipelineConfig)
     lines = record_launch(pipe, "pipeline").splitlines()
     assert lines[3] == "  rm          2400 steps x 64 pairs, model the SFT model"
-    assert lines[4] == "  ppo         gae, no KL penalty; 15 steps x 32 prompts x 4 samples"
+    assert lines[4] == "  ppo         rloo, no KL penalty; 15 steps x 32 prompts x 4 samples"
     assert load_config(tmp_path / "pipeline_tiny_cpu" / "config.yaml", root=PipelineConfig) == pipe
 
 
