@@ -372,6 +372,23 @@ def test_a_critic_path_is_checked_only_where_a_critic_reads_it(tmp_path):
         load_config(DEFAULT, ppo + ["learner.value_head=separate", "learner.critic_init=reward_model"], local=True)
 
 
+def test_the_pipeline_fills_the_rl_stages_paths_and_a_critic_only_where_one_reads_it(tmp_path):
+    """The preset is critic-free (RLOO): its RM is the reward; with a critic from the RM, that is the RM too."""
+    from orchestrator.config.schema import PipelineConfig
+    from orchestrator.stages.pipeline import ppo_stage
+    from reward_service.config import SourceKind
+
+    sft, rm = tmp_path / "sft", tmp_path / "rm"
+    cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [f"run_root={tmp_path}"], root=PipelineConfig)
+    ppo = ppo_stage(cfg, sft, rm)
+    assert ppo.algorithm.estimator == "rloo" and ppo.learner.critic_model_path == ""
+    assert ppo.learner.model_path == str(sft) and ppo.name == "pipeline_tiny_cpu/ppo"
+    assert [s.model_path for s in ppo.reward.sources if s.kind == SourceKind.reward_model] == [str(rm)]
+    critic = ["ppo.algorithm.estimator=gae", "ppo.learner.value_head=separate", "ppo.learner.critic_init=reward_model"]
+    cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", critic, root=PipelineConfig)
+    assert ppo_stage(cfg, sft, rm).learner.critic_model_path == str(rm)
+
+
 def test_the_unjudged_steps_limit_is_checked_by_key():
     assert load_config(DEFAULT).reward.max_unjudged_steps == 3
     with pytest.raises(ConfigError, match="reward.max_unjudged_steps: must be >= 0"):
