@@ -155,6 +155,17 @@ class LocalJudge:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
         self.max_new_tokens, self.micro_batch_size, self.device = max_new_tokens, micro_batch_size, device
         self.chat = chat
+        config = self.model.config  # GPT-2 names its context n_positions
+        self.context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+    def _fits(self, texts: list[str], max_new_tokens: int) -> list[bool]:
+        """Which texts, with the answer's tokens, fit the model's context (the others are not judged)."""
+        chat = self.chat and bool(self.tokenizer.chat_template)
+        if not self.context:
+            return [True] * len(texts)
+        rendered = as_chat(self.tokenizer, texts, chat)
+        return [len(self.tokenizer(t, add_special_tokens=not chat).input_ids) + max_new_tokens <= self.context
+                for t in rendered]
 
     def _run(self, texts: list[str], **kwargs):
         """(batch, output) of model.generate per micro-batch: it derives positions from the left-padded mask."""
@@ -177,20 +188,30 @@ class LocalJudge:
                     ),
                 )
 
-    def generate(self, texts: list[str]) -> list[str]:
-        out = []
-        for batch, gen in self._run(texts, max_new_tokens=self.max_new_tokens):
+    def generate(self, texts: list[str]) -> list[str | None]:
+        fits, out = self._fits(texts, self.max_new_tokens), []
+        for batch, gen in self._run(kept(texts, fits), max_new_tokens=self.max_new_tokens):
             out += self.tokenizer.batch_decode(gen.sequences[:, batch.input_ids.shape[1] :], skip_special_tokens=True)
-        return out
+        return in_place(fits, out)
 
-    def top_tokens(self, texts: list[str]) -> list[dict[str, float]]:
-        out = []
-        for _, gen in self._run(texts, max_new_tokens=1, output_logits=True):
+    def top_tokens(self, texts: list[str]) -> list[dict[str, float] | None]:
+        fits, out = self._fits(texts, 1), []
+        for _, gen in self._run(kept(texts, fits), max_new_tokens=1, output_logits=True):
             first = gen.logits[0].float().softmax(-1)  # the first new token's distribution, one row per text
             top = first.topk(min(TOP_TOKENS, first.shape[-1]), -1)
             for ids, row in zip(top.indices.tolist(), top.values.tolist()):
                 out.append(token_probs([self.tokenizer.decode([i]) for i in ids], row))
-        return out
+        return in_place(fits, out)
+
+
+def kept(texts: list, fits: list[bool]) -> list:
+    return [t for t, ok in zip(texts, fits) if ok]
+
+
+def in_place(fits: list[bool], results: list) -> list:
+    """One result per fitting text, put back in the texts' order; None where a text did not fit (not judged)."""
+    results = iter(results)
+    return [next(results) if ok else None for ok in fits]
 
 
 class VLLMJudge:
@@ -232,13 +253,11 @@ class VLLMJudge:
         ids = [self.tokenizer(t, add_special_tokens=not chat).input_ids for t in as_chat(self.tokenizer, texts, chat)]
         fits = [len(x) + params.max_tokens <= self.context for x in ids]
         with self.lock:
-            outs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=x) for x, ok in zip(ids, fits) if ok], params, use_tqdm=False
-            )
+            prompts = [TokensPrompt(prompt_token_ids=x) for x in kept(ids, fits)]
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
         if len(outs) != sum(fits):
             raise ValueError(f"the judge's engine gave {len(outs)} completions for {sum(fits)} prompts")
-        outs = iter(outs)
-        return [next(outs).outputs[0] if ok else None for ok in fits]
+        return in_place(fits, [o.outputs[0] for o in outs])
 
     def generate(self, texts: list[str]) -> list[str | None]:
         return [o.text if o else None for o in self._run(texts, self.params)]

@@ -229,3 +229,24 @@ def test_a_model_folders_first_token_probabilities_are_its_softmax(tiny_model):
             assert p == pytest.approx(
                 sum(probs[i].item() for i in range(len(probs)) if tok.decode([i]) == token), abs=1e-5
             )
+
+
+@pytest.mark.parametrize("verdict", ["choice", "probability"])
+def test_a_model_folders_judge_leaves_a_question_over_its_context_unjudged(tiny_model, verdict):
+    """transformers would fail the whole batch (or read past its positions): a too-long question is not sent."""
+    from transformers import AutoConfig
+
+    context = AutoConfig.from_pretrained(tiny_model).n_positions
+    cfg = RewardSource(
+        kind=SourceKind.judge, model_path=tiny_model, judge_engine="transformers", template="{prompt}", verdict=verdict
+    )
+    cfg.choices = {"1": 1.0, "0": 0.0}  # one token each of the character tokenizer
+    source = build_source(cfg, micro_batch_size=2)
+    long = "1+" * context + "1="
+    out = source.score(["2+2=", long, "3+3="], ["4", "2", "6"], [{}, {}, {}])
+    assert out.counts["judge/too_long"] == 1 and out.counts["judge/judged"] == 2 and out.scores[1] is None
+    ask = source.backend.top_tokens if verdict == "probability" else source.backend.generate
+    answers = ask(["2+2=", long, "3+3="])
+    assert answers[1] is None and answers[0] is not None and answers[2] is not None
+    alone = ask(["2+2="])[0]  # the fitting questions' answers are theirs, in their places (unpadded: ~1e-8 apart)
+    assert answers[0] == (pytest.approx(alone, abs=1e-6) if verdict == "probability" else alone)
