@@ -246,16 +246,27 @@ def resume_command(args) -> str:
     return " ".join(["relay train", str(path), *kept, "checkpoint.resume=auto"])
 
 
+def _run_root(path, overrides: list[str]) -> str:
+    """The run_root a command that loads one section still needs (where builtin:// models are built): the
+    command line's, else the file's, else the default."""
+    import yaml
+
+    from orchestrator.config.schema import TrainConfig
+
+    given = [o.partition("=")[2].strip() for o in overrides if o.partition("=")[0].strip() == "run_root"]
+    data = yaml.safe_load(Path(path).read_text()) if path else {}
+    return (given or [None])[-1] or (data if isinstance(data, dict) else {}).get("run_root") or TrainConfig.run_root
+
+
 def _serve_reward(args) -> int:
     from reward_service.remote import serve
     from reward_service.service import RewardFunction
 
-    from orchestrator.config.schema import TrainConfig
     from orchestrator.data.builtin_models import resolve_judges
 
     path, overrides = _split(args)
     cfg = load_config(path, overrides, section="reward")
-    cfg.sources = resolve_judges(cfg.sources, TrainConfig.run_root)  # the section alone has no run_root: the default
+    cfg.sources = resolve_judges(cfg.sources, _run_root(path, overrides))
     reward = RewardFunction(cfg)
     server = serve(reward, args.host, args.port)
     host, port = server.server_address[:2]

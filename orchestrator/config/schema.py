@@ -351,7 +351,8 @@ class StageConfig:
 @dataclass
 class PipelineConfig:
     """`relay pipeline CONFIG`: SFT -> RM -> PPO. Each stage's output feeds the next by path: the RM
-    starts from the SFT model, PPO's policy is the SFT model, its reward and critic the RM."""
+    starts from the SFT model, PPO's policy is the SFT model, its reward the RM (and a critic initialised from
+    the RM, where the RL stage has one)."""
 
     name: str = "pipeline"
     """run folder: <run_root>/<name>, holding sft/, rm/ and ppo/"""

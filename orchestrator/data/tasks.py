@@ -91,7 +91,7 @@ def make_task(name: str, n: int, seed: int) -> list[dict]:
 # One prompt in RESERVE_ONE_IN of a generated task is held-out only, whatever the seed, stage or command:
 # no run, SFT/RM stage or built-in starting policy ever trains on it, so a held-out set drawn from these
 # is unseen by everything that came before (the pipeline's stages, `relay data`, builtin://). 1 in 8
-# leaves ~1000 of the 8100 two-digit sums for held-out sets (the presets hold out at most 200).
+# leaves ~1000 of the 8100 two-digit sums for held-out sets (the presets hold out at most 512).
 RESERVE_ONE_IN = 8
 
 

@@ -2,7 +2,7 @@
 
 SFT (demonstrations)           -> runs/<name>/sft/model
 RM  (preference pairs), from the SFT model          -> runs/<name>/rm/model
-PPO: policy = SFT model, reward = the RM, critic initialised from the RM -> runs/<name>/ppo
+PPO: policy = SFT model, reward = the RM (a critic, if any, may start from the RM) -> runs/<name>/ppo
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def ppo_stage(cfg: PipelineConfig, sft_model: Path, rm_model: Path) -> TrainConf
         for s in ppo.reward.sources
     ]
     learner = dataclasses.replace(ppo.learner, model_path=ppo.learner.model_path or str(sft_model))
-    if ppo.learner.critic_init == CriticInit.reward_model and ppo.learner.value_head == ValueHead.separate:
+    lc = ppo.learner
+    if ppo.algorithm.needs_critic and lc.critic_init == CriticInit.reward_model and lc.value_head == ValueHead.separate:
         learner = dataclasses.replace(learner, critic_model_path=learner.critic_model_path or str(rm_model))
     ppo = dataclasses.replace(
         ppo,

@@ -261,14 +261,14 @@ def _eval_scoring(cfg: TrainConfig, reference: str, reward_model: str):
     left without a path (as in a pipeline config) scores with --reward-model."""
     from reward_service.service import ScoringService
 
-    resolve_run_judges(cfg)
+    for i, s in enumerate(cfg.reward.sources):
+        if s.kind == SourceKind.reward_model and not (s.model_path or reward_model):
+            raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
+    resolve_run_judges(cfg)  # after the cheap check: it may build a builtin:// judge's model
     sources = [
         dataclasses.replace(s, model_path=s.model_path or reward_model) if s.kind == SourceKind.reward_model else s
         for s in cfg.reward.sources
     ]
-    for i, s in enumerate(sources):
-        if s.kind == SourceKind.reward_model and not s.model_path:
-            raise ValueError(f"reward.sources.{i}.model_path: empty; give the reward model with --reward-model")
     reward = dataclasses.replace(cfg.reward, sources=sources, reference_model_path=reference)
     return ScoringService(reward, reference, suites=suite_sources(cfg))
 

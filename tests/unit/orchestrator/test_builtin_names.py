@@ -56,3 +56,15 @@ def test_a_run_configs_judges_are_resolved_in_its_sources_and_its_suites(tmp_pat
     cfg.eval.suites[0].sources = [RewardSource(kind=SourceKind.judge, model_path="builtin://nope")]
     with pytest.raises(ValueError, match=r"eval.suites.0.sources.0.model_path: unknown built-in model 'nope'"):
         resolve_run_judges(cfg)
+
+
+def test_serve_reward_builds_builtin_judges_under_the_configs_run_root(tmp_path):
+    """It loads the reward section alone; the run_root it builds builtin:// models under is still the config's."""
+    from orchestrator.cli import _run_root
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_root: {tmp_path / 'mine'}\nreward:\n  sources: [{{kind: math_answer}}]\n")
+    assert _run_root(config, []) == str(tmp_path / "mine")
+    assert _run_root(config, ["reward.clip=1", "run_root=elsewhere"]) == "elsewhere"  # the command line wins
+    config.write_text("reward:\n  sources: [{kind: math_answer}]\n")
+    assert _run_root(config, []) == "runs"  # TrainConfig's default, as relay train

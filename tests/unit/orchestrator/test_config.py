@@ -382,6 +382,9 @@ def test_the_pipeline_fills_the_rl_stages_paths_and_a_critic_only_where_one_read
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [f"run_root={tmp_path}"], root=PipelineConfig)
     ppo = ppo_stage(cfg, sft, rm)
     assert ppo.algorithm.estimator == "rloo" and ppo.learner.critic_model_path == ""
+    leftover = ["ppo.learner.value_head=separate", "ppo.learner.critic_init=reward_model"]  # read by no critic here
+    cfg_left = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", leftover, root=PipelineConfig)
+    assert ppo_stage(cfg_left, sft, rm).learner.critic_model_path == ""
     assert ppo.learner.model_path == str(sft) and ppo.name == "pipeline_tiny_cpu/ppo"
     assert [s.model_path for s in ppo.reward.sources if s.kind == SourceKind.reward_model] == [str(rm)]
     critic = ["ppo.algorithm.estimator=gae", "ppo.learner.value_head=separate", "ppo.learner.critic_init=reward_model"]
