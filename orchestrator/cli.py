@@ -254,15 +254,16 @@ def _run_root(path, overrides: list[str]) -> str:
     from orchestrator.config.schema import TrainConfig
 
     given = [o.partition("=")[2].strip() for o in overrides if o.partition("=")[0].strip() == "run_root"]
-    data = yaml.safe_load(Path(path).read_text()) if path else {}
-    return (given or [None])[-1] or (data if isinstance(data, dict) else {}).get("run_root") or TrainConfig.run_root
+    if given:  # the last one wins, its value read as load_config reads it
+        return str(yaml.safe_load(given[-1]) if given[-1] else "")
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return str(data["run_root"]) if isinstance(data, dict) and "run_root" in data else TrainConfig.run_root
 
 
 def _serve_reward(args) -> int:
+    from orchestrator.data.builtin_models import resolve_judges
     from reward_service.remote import serve
     from reward_service.service import RewardFunction
-
-    from orchestrator.data.builtin_models import resolve_judges
 
     path, overrides = _split(args)
     cfg = load_config(path, overrides, section="reward")

@@ -164,8 +164,10 @@ class LocalJudge:
         if not self.context:
             return [True] * len(texts)
         rendered = as_chat(self.tokenizer, texts, chat)
-        return [len(self.tokenizer(t, add_special_tokens=not chat).input_ids) + max_new_tokens <= self.context
-                for t in rendered]
+        return [
+            len(self.tokenizer(t, add_special_tokens=not chat).input_ids) + max_new_tokens <= self.context
+            for t in rendered
+        ]
 
     def _run(self, texts: list[str], **kwargs):
         """(batch, output) of model.generate per micro-batch: it derives positions from the left-padded mask."""

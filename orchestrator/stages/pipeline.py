@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from learner.config import CriticInit, ValueHead
 from learner.supervised import RM, SFT
 from orchestrator.config.load import ConfigError
 from orchestrator.config.schema import PipelineConfig, TrainConfig
-from orchestrator.config.validate import validate
+from orchestrator.config.validate import critic_path_used, validate
 from orchestrator.stages.supervised import run_stage
 from reward_service.config import SourceKind
 
@@ -48,8 +47,7 @@ def ppo_stage(cfg: PipelineConfig, sft_model: Path, rm_model: Path) -> TrainConf
         for s in ppo.reward.sources
     ]
     learner = dataclasses.replace(ppo.learner, model_path=ppo.learner.model_path or str(sft_model))
-    lc = ppo.learner
-    if ppo.algorithm.needs_critic and lc.critic_init == CriticInit.reward_model and lc.value_head == ValueHead.separate:
+    if critic_path_used(ppo):
         learner = dataclasses.replace(learner, critic_model_path=learner.critic_model_path or str(rm_model))
     ppo = dataclasses.replace(
         ppo,

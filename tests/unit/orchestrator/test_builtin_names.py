@@ -58,7 +58,7 @@ def test_a_run_configs_judges_are_resolved_in_its_sources_and_its_suites(tmp_pat
         resolve_run_judges(cfg)
 
 
-def test_serve_reward_builds_builtin_judges_under_the_configs_run_root(tmp_path):
+def test_serve_reward_reads_the_run_root_as_relay_train_does(tmp_path):
     """It loads the reward section alone; the run_root it builds builtin:// models under is still the config's."""
     from orchestrator.cli import _run_root
 
@@ -66,5 +66,9 @@ def test_serve_reward_builds_builtin_judges_under_the_configs_run_root(tmp_path)
     config.write_text(f"run_root: {tmp_path / 'mine'}\nreward:\n  sources: [{{kind: math_answer}}]\n")
     assert _run_root(config, []) == str(tmp_path / "mine")
     assert _run_root(config, ["reward.clip=1", "run_root=elsewhere"]) == "elsewhere"  # the command line wins
+    assert _run_root(config, ["run_root=x", "run_root='my runs'"]) == "my runs"  # the last, read as YAML
+    assert _run_root(config, ["run_root="]) == ""  # as load_config: the current directory
     config.write_text("reward:\n  sources: [{kind: math_answer}]\n")
     assert _run_root(config, []) == "runs"  # TrainConfig's default, as relay train
+    config.write_text("run_root: 12\nreward:\n  sources: [{kind: math_answer}]\n")
+    assert _run_root(config, []) == "12"
