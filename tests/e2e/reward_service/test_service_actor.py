@@ -39,6 +39,21 @@ def test_scoring_service_as_a_ray_actor(ray_cluster, tiny_model):
     ray.kill(service)
 
 
+def killed(actor, instance: str, polls: int = 600) -> None:
+    """Until the killed actor is gone: ray.kill only sends the kill, and under load the old actor could still
+    answer the pool's next calls (CI, 2026-12-05: restarts 0). A call that fails or a new instance says so."""
+    import time
+
+    for _ in range(polls):
+        try:
+            if ray.get(actor.instance_id.remote()) != instance:
+                return
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor still answers after {polls} polls")
+
+
 def test_the_pool_finishes_a_batch_judged_ahead_and_rescores_it_if_the_service_died(ray_cluster, tiny_model):
     from reward_service.pool import ScoringPool
 
@@ -55,6 +70,7 @@ def test_the_pool_finishes_a_batch_judged_ahead_and_rescores_it_if_the_service_d
     judged = pool.judge_ahead(parts, meta, 1.0)
     ray.get([judged.judged, judged.reference])
     ray.kill(pool.actor, no_restart=False)  # the judged batch died with the service: scored whole again
+    killed(pool.actor, pool.instance)
     assert same(pool.score(batch, meta, 1.0, judged), direct.score(batch, meta)) and pool.restarts == 1
     # its reference call died with it too: computed again on the new actor, and the one death counted once
     assert pool.reference(batch, 1.0, judged) == want and pool.restarts == 1
