@@ -79,7 +79,7 @@ class PolicyLoss(str, Enum):
 
 
 class OffPolicyKind(str, Enum):
-    """The correction from the behaviour policy mu to the proximal policy (algorithms.OFF_POLICY_CORRECTIONS)."""
+    """The correction from the behaviour policy mu to the proximal policy (off_policy.OFF_POLICY_CORRECTIONS)."""
 
     none = "none"  # plain PPO on the ratio to the proximal policy (the learner at the update's start)
     tis = "tis"  # truncated importance sampling: each token's loss times min(pi_prox/mu, cap)
@@ -88,7 +88,7 @@ class OffPolicyKind(str, Enum):
 
 
 class RatioLevel(str, Enum):
-    """At which level the ratio pi_prox/mu is taken (algorithms.behaviour_ratio)."""
+    """At which level the ratio pi_prox/mu is taken (off_policy.behaviour_ratio)."""
 
     token = "token"  # each token's own ratio
     sequence = "sequence"  # the product of the sequence's token ratios, for all its tokens
@@ -101,7 +101,7 @@ class OffPolicyConfig:
     (async_training) and numerically apart (another kernel or dtype). mu = the engine's logprobs."""
 
     correction: OffPolicyKind = OffPolicyKind.none
-    """none, tis, icepop or decoupled (see learner/algorithms.py)"""
+    """none, tis, icepop or decoupled (see learner/off_policy.py)"""
     level: RatioLevel = RatioLevel.token
     """the ratio pi_prox/mu per token, per sequence (product) or geometric mean"""
     cap: float = 2.0

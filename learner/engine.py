@@ -140,7 +140,7 @@ PER_TOKEN = ("learner/entropy", "learner/clip_frac", "learner/approx_kl", "loss/
 
 
 def update_metrics(sums: dict[str, float], n_mini: int) -> dict[str, float]:
-    """The update's metrics from their sums over micro-batches and ranks (worker.micro_metrics): the
+    """The update's metrics from their sums over micro-batches and ranks (micro_batch_loss.micro_metrics): the
     per-token ones divided by every response token of the update (a 1-row mini-batch weighs its
     tokens, not half), the non-finite loss count as a count, a loss (one per mini-batch) averaged."""
     tokens = sums.get(TOKENS, 0.0)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
+from learner.off_policy import filter_inside, ratio_stats
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch, pack
 from runtime.device import to_device
@@ -282,8 +283,8 @@ def experience_metrics(exp: Experience, algo: AlgorithmConfig, kl_coef: float) -
     empty = not bool(mask.any())
     # the sampler's and the learner's logprob of each sampled token, under the same top-k/top-p
     # filter; tokens the learner's filter excludes are counted apart, not averaged as -inf
-    inside = A.filter_inside(exp.sampler_logprobs, mask)
-    ratio = A.ratio_stats(
+    inside = filter_inside(exp.sampler_logprobs, mask)
+    ratio = ratio_stats(
         exp.sampler_logprobs, exp.behaviour_logprobs, mask, o.correction.value, o.level.value, o.cap, o.low, o.high
     )
     m = {

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,16 +15,7 @@ import torch
 import torch.distributed as dist
 
 from learner import algorithms as A
-from learner import losses as L
-from learner.config import (
-    AlgorithmConfig,
-    KLControllerKind,
-    KLPlacement,
-    LearnerConfig,
-    OffPolicyKind,
-    PolicyLoss,
-    ValueHead,
-)
+from learner.config import AlgorithmConfig, KLControllerKind, LearnerConfig, ValueHead
 from learner.engine import (
     TOKENS,
     RankAddress,
@@ -40,35 +29,14 @@ from learner.engine import (
 )
 from learner.experience import Experience, ForwardSettings, MicroBatch, experience_metrics, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
+from learner.micro_batch_loss import LossSettings, loss_norm_tokens, micro_metrics, policy_loss
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
+from learner.weight_sender import WeightSender
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
-from rollout.weight_sync import (
-    BACKENDS,
-    GLOO_BACKEND,
-    IPC_BACKEND,
-    GroupAddress,
-    NcclSender,
-    SyncGroup,
-    TensorMeta,
-    broadcast_staged,
-    decode_plan,
-    free_port,
-    ipc_update_info,
-    plan_buckets,
-    send_weights,
-    stage_buckets,
-    staged_tensors,
-    wire_tensors,
-)
+from rollout.weight_sync import free_port
 from runtime.device import collective_backend, process_device, to_device
-from runtime.logprobs import (
-    SamplerSettings,
-    chunked_logprobs,
-    chunked_logprobs_entropy,
-    filtered_logprobs,
-    map_chunks,
-)
+from runtime.logprobs import SamplerSettings, chunked_logprobs
 from runtime.profiling import Profiled
 from runtime.seeds import stream_seed
 
@@ -88,10 +56,10 @@ def node_address() -> tuple[str, str, int]:
     return ray.get_runtime_context().get_node_id(), ip, free_port(ip)
 
 
-class Learner(Profiled):
+class Learner(WeightSender, Profiled):
     """One data-parallel learner rank (a Ray actor). Owns its device, its process group, the policy (with a
     value head when the critic is shared), the optional separate critic, their DeepSpeed engines and
-    optimizers, the KL controller, and the weight-sync sender (rank 0). The update reads a scored
+    optimizers, the KL controller, and the weight-sync sender (rank 0; WeightSender). The update reads a scored
     rollout batch: experience (old logprobs, values, advantages), then epochs of mini-batches."""
 
     def __init__(
@@ -129,11 +97,7 @@ class Learner(Profiled):
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.sync_group: SyncGroup | NcclSender | None = None  # rank 0: relay_gloo's group, or vLLM's NCCL
-        self.sync_backend = GLOO_BACKEND
-        self._ipc_kept: list[torch.Tensor] = []  # what the engines' IPC handles point into, until the next sync
-        self._sending: _Sending | None = None  # a background weight broadcast (send_weights)
-        self._staged: list[torch.Tensor] = []  # its copy of the weights, reused from sync to sync
+        self._init_sender()
         self.updates = 0
         self.pending: PendingUpdate | None = None  # the experience of the batch being trained (experience -> train)
         self.single_pass = True  # skip the recompute forward where experience.single_pass allows (tests turn it off)
@@ -286,107 +250,10 @@ class Learner(Profiled):
         return self.kl_ctl.value
 
     # ------------------------------------------------------------------ weights to the rollout engines
-    def weight_buckets(self, bucket_mb: int) -> list[list[TensorMeta]]:
-        # sent in the engines' dtype (rollout.dtype = learner.dtype): bf16 runs cast the float32 master
-        # weights on the way, as autocast casts them for the learner's own matmuls
-        metas = [
-            TensorMeta(
-                n,
-                tuple(getattr(p, "ds_shape", p.shape)),
-                self.cfg.dtype.value if p.is_floating_point() else str(p.dtype).removeprefix("torch."),
-            )
-            for n, p in rollout_weights(self.policy)
-        ]
-        return plan_buckets(metas, bucket_mb << 20)
-
     def sync_address(self) -> tuple[str, int]:
         """Where the weight-sync store will listen: rank 0 serves it (SyncGroup rank 0 is its master),
         so its node's IP and a port free on that node."""
         return node_address()[1:]
-
-    def init_weight_sync(self, address: GroupAddress, backend: str) -> None:
-        """Rank 0 joins the rollout side's group at `address` as its sender (rank 0), on the rollout
-        side's `backend` (rollout.weight_sync.BACKENDS)."""
-        self._sending = None  # a background sync of the old group died with it (an engine restarted)
-        self.sync_backend, self._ipc_kept = backend, []
-        if self.rank == 0:
-            if BACKENDS.get(backend) != self.device.type:
-                raise ValueError(
-                    f"weight sync: the rollout engines use {backend}, but learner rank 0 is on "
-                    f"{self.device}; give the learner GPUs too (cluster.gpus_per_learner) or neither"
-                )
-            if backend == GLOO_BACKEND:
-                a = address
-                self.sync_group = SyncGroup(a.host, a.port, 0, a.world_size, "gloo", a.timeout_s)
-            elif backend != IPC_BACKEND:  # vLLM's NCCL engine: its trainer side
-                self.sync_group = NcclSender(address.host, address.port, address.world_size, address.bucket_bytes)
-
-    def send_weights(self, plan: bytes, background: bool = False) -> int | dict:
-        """Every rank calls this (ZeRO-3 gathers need all of them); rank 0 sends the buckets of
-        `plan` (weight_sync.encode_plan). background (asynchronous training, ZeRO 0-2): rank 0
-        returns once it has staged a copy, and a thread broadcasts it while the next update runs;
-        the next call (or a reconnect) waits for it first. Returns the bytes sent; on IPC, each
-        rank's update_info with handles to its own GPU's copy (the channel merges them)."""
-        self._await_sent()
-        buckets = decode_plan(plan)
-        params = dict(rollout_weights(self.policy))
-        with merged_lora(self.policy):
-            if self.sync_backend == IPC_BACKEND:
-                info, self._ipc_kept = ipc_update_info(self._gathered(buckets, params))
-                return info
-            if background and self.cfg.zero_stage != 3:
-                return self._send_in_background(buckets, params)
-            if self.sync_backend != GLOO_BACKEND:
-                return self._send_nccl(buckets, params)
-            if self.cfg.zero_stage == 3:
-                import deepspeed
-
-                sent = 0
-                for bucket in buckets:
-                    with deepspeed.zero.GatheredParameters([params[m.name] for m in bucket]):
-                        if self.rank == 0:
-                            sent += send_weights(self.sync_group, [bucket], params.__getitem__)
-                return sent
-            return send_weights(self.sync_group, buckets, params.__getitem__) if self.rank == 0 else 0
-
-    def _send_in_background(self, buckets: list[list[TensorMeta]], params: dict) -> int:
-        """Rank 0 stages a copy and a thread sends it (relay_gloo: bucket by bucket; nccl: packed)."""
-        if self.rank != 0:
-            return 0
-        self._staged = stage_buckets(buckets, params.__getitem__, self._staged)
-        group, staged = self.sync_group, self._staged
-        if self.sync_backend == GLOO_BACKEND:
-            self._sending = _Sending(lambda: broadcast_staged(group, staged))
-        else:
-            self._sending = _Sending(lambda: group.send(staged_tensors(buckets, staged)))
-        return sum(t.numel() * t.element_size() for t in self._staged)
-
-    def _send_nccl(self, buckets: list[list[TensorMeta]], params: dict) -> int:
-        """vLLM's NCCL engine takes one packed stream of every tensor; every rank walks it (ZeRO-3's
-        gathers), rank 0 sends."""
-        tensors = self._gathered(buckets, params)
-        if self.rank == 0:
-            return self.sync_group.send(tensors)
-        for _ in tensors:
-            pass
-        return 0
-
-    def _gathered(self, buckets: list[list[TensorMeta]], params: dict):
-        """wire_tensors of `buckets`; under ZeRO-3 each bucket gathered in turn and copied out (the
-        gathered parameters are freed when the next bucket is gathered)."""
-        if self.cfg.zero_stage != 3:
-            yield from wire_tensors(buckets, params.__getitem__)
-            return
-        import deepspeed
-
-        for bucket in buckets:
-            with deepspeed.zero.GatheredParameters([params[m.name] for m in bucket]):
-                yield from ((n, t.clone()) for n, t in wire_tensors([bucket], params.__getitem__))
-
-    def _await_sent(self) -> None:
-        sending, self._sending = self._sending, None
-        if sending is not None:
-            sending.wait()
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """Full policy weights by Hugging Face name, on CPU (for the in-process sync path and tests)."""
@@ -444,132 +311,3 @@ class PendingUpdate:
     one_pass: bool
     start: float  # time.perf_counter() when the experience began
     skipped_before: int  # optimizer steps skipped before this update
-
-
-class _Sending:
-    """A weight broadcast on a thread of its own; wait() joins it and raises what it raised."""
-
-    def __init__(self, send: Callable[[], object]):
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(send,), daemon=True, name="relay-weight-sync")
-        self.thread.start()
-
-    def _run(self, send: Callable[[], object]) -> None:
-        try:
-            send()
-        except BaseException as e:  # noqa: BLE001 - re-raised by wait(), in the caller's thread
-            self.error = e
-
-    def wait(self) -> None:
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError(f"the background weight sync failed: {self.error}") from self.error
-
-
-@dataclass
-class LossSettings:
-    """How policy_loss reads a micro-batch, beside the algorithm config: the sampler's distribution
-    (temperature, top-k/top-p filter), the logprob chunking, and the aggregation over the mini-batch."""
-
-    temperature: float  # the sampler's: logprobs are of logits / temperature
-    chunk_tokens: int  # tokens whose logits are upcast to float32 at once
-    total: float  # aggregate's denominator for the whole mini-batch
-    aggregation: str  # algorithm.loss_aggregation
-    norm_tokens: float | None = None  # seq_sum_norm's constant (loss_norm_tokens)
-    top_k: int = -1  # the sampler's filter, under which pi_prox meets mu (terms["sampler_logprobs"])
-    top_p: float = 1.0
-    old_from_forward: bool = False  # experience.single_pass: the old logprobs are this forward's, detached
-
-
-def policy_loss(
-    logits: torch.Tensor, mb: MicroBatch, algo: AlgorithmConfig, kl_coef: float, how: LossSettings
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A micro-batch's loss from its logits (B, L-1, V) (the policy loss is algorithm.policy_loss's, from
-    learner/losses.py's table), and its terms (policy, entropy, clip_frac, approx_kl, kl when placed in
-    the loss, and the detached logprobs). Logprobs and entropy come chunk by chunk (no float32
-    (B, L-1, V) tensor); the entropy enters the graph only when entropy_coef uses it.
-    how.old_from_forward (experience.single_pass): the old logprobs are these logprobs, detached, instead
-    of mb.old_logprobs. *_token terms: per-token means (metrics), whatever the aggregation."""
-    mask, use_entropy = mb.mask, algo.entropy_coef != 0
-    agg, total, norm_tokens = how.aggregation, how.total, how.norm_tokens
-    logprobs, entropy = chunked_logprobs_entropy(
-        logits, mb.input_ids[:, 1:], how.temperature, how.chunk_tokens, entropy_grad=use_entropy
-    )
-    old = logprobs.detach() if how.old_from_forward else mb.old_logprobs  # the proximal policy's
-    sampled, weights = off_policy_terms(logits, mb, algo, how, old)
-    # cispo's lower bound has its own key: the paper has none, and PPO's clip_eps would impose one
-    low = (algo.cispo.clip_low or None) if algo.policy_loss == PolicyLoss.cispo else algo.clip_eps
-    pg, pm = L.POLICY_LOSSES[algo.policy_loss.value](
-        A.PolicyLossInput(logprobs, old, mb.advantages, mask, agg, total, weights, norm_tokens),
-        low,
-        algo.clip_eps_high or algo.clip_eps,
-    )
-    ent_token, entropy = entropy, A.aggregate(entropy, mask, agg, total, norm_tokens)
-    loss = pg - algo.entropy_coef * entropy if use_entropy else pg
-    terms = {
-        "policy": pg,
-        "entropy": entropy,
-        "entropy_token": A.masked_mean(ent_token.detach(), mask),
-        "clip_frac": pm["clip_frac"],
-        "approx_kl": pm["approx_kl"],
-        "logprobs": logprobs.detach(),
-        "sampler_logprobs": sampled,
-    }
-    if algo.kl_placement == KLPlacement.loss:
-        kl = A.kl_penalty(logprobs, mb.ref_logprobs, algo.kl_estimator.value, mask)
-        terms["kl"] = A.aggregate(kl, mask, agg, total, norm_tokens)
-        terms["kl_token"] = A.masked_mean(kl.detach(), mask)
-        loss = loss + kl_coef * terms["kl"]
-    return loss, terms
-
-
-def off_policy_terms(
-    logits: torch.Tensor, mb: MicroBatch, algo: AlgorithmConfig, how: LossSettings, old: torch.Tensor
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(pi_prox's logprobs under the sampler's filter, or None where nothing reads them; the off-policy
-    correction's weights, or None without one). pi_prox as the sampler saw it: mu (the engine's processed
-    logprobs) is renormalised inside the filter, so an unfiltered pi_prox would put the ratio below 1 in
-    sync mode."""
-    o, mask = algo.off_policy, mb.mask
-    sampled = mb.sampler_logprobs if not how.old_from_forward and o.correction != OffPolicyKind.none else None
-    if how.old_from_forward:
-        sampled = (
-            map_chunks(
-                lambda x, y: filtered_logprobs(x, y, how.top_k, how.top_p),
-                logits.detach(),
-                mb.input_ids[:, 1:],
-                how.temperature,
-                how.chunk_tokens,
-            )
-            if how.top_k > 0 or how.top_p < 1.0
-            else old
-        )
-    weights = (
-        A.off_policy_weights(
-            sampled, mb.behaviour_logprobs, mask, o.correction.value, o.level.value, o.cap, o.low, o.high
-        )
-        if o.correction != OffPolicyKind.none
-        else None
-    )
-    return sampled, weights
-
-
-def micro_metrics(terms: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
-    """A micro-batch's metrics for engine.update_metrics: its loss, and its per-token means times its
-    response tokens (summed, then divided by the update's tokens: one unit in every aggregation)."""
-    tokens = float(mask.sum())
-    m = {"loss/policy": terms["policy"].item(), TOKENS: tokens}
-    names = {
-        "learner/entropy": "entropy_token",
-        "learner/clip_frac": "clip_frac",
-        "learner/approx_kl": "approx_kl",
-        "loss/kl": "kl_token",
-    }
-    m.update({k: terms[t].item() * tokens for k, t in names.items() if t in terms})
-    return m
-
-
-def loss_norm_tokens(algo: AlgorithmConfig, sampling: SamplerSettings) -> int:
-    """seq_sum_norm's constant (Dr. GRPO): algorithm.loss_norm_tokens (the trainer sets 0 to the sample's
-    whole budget, orchestrator.loop.roles.learner_algorithm), else one response's max_new_tokens."""
-    return algo.loss_norm_tokens or sampling.max_new_tokens

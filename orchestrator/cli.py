@@ -304,7 +304,7 @@ def _stage(args) -> int:
 
 
 def _eval(args) -> int:
-    from orchestrator.tools.evaluate import evaluate_checkpoint
+    from orchestrator.tools.eval_checkpoint import evaluate_checkpoint
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out or Path(args.checkpoint) / "eval")
@@ -323,7 +323,7 @@ def _eval(args) -> int:
 
 
 def _plot(args) -> int:
-    from orchestrator.tools.evaluate import plot_run
+    from orchestrator.tools.eval_report import plot_run
 
     print(plot_run(args.run_dir, args.out or str(Path(args.run_dir) / "curves.png")))
     return 0

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from orchestrator.config.schema import TrainConfig
 from orchestrator.data.prompts import policy_prompt, reward_metadata
-from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy, evaluate_suites, sample_rows, shown
+from orchestrator.tools.eval_report import sample_rows, shown
+from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy, evaluate_suites
 from rollout.types import RolloutBatch
 from runtime.seeds import EVALUATION
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from learner.supervised import RM, SFT
 from orchestrator.config.load import ConfigError
+from orchestrator.config.rules_learner import critic_path_used
 from orchestrator.config.schema import PipelineConfig, TrainConfig
-from orchestrator.config.validate import critic_path_used, validate
+from orchestrator.config.validate import validate
 from orchestrator.stages.supervised import run_stage
 from reward_service.config import SourceKind
 

@@ -41,7 +41,7 @@ def within(name: str, entry: str) -> bool:
 
 
 # the math modules (tensors in, tensors out) and the one each may import of relay: one another
-PURE_MATH = ("learner.algorithms", "learner.losses", "runtime.logprobs")
+PURE_MATH = ("learner.algorithms", "learner.off_policy", "learner.losses", "runtime.logprobs")
 
 
 @pytest.mark.parametrize("module", PURE_MATH)
@@ -229,3 +229,23 @@ def test_no_source_line_is_over_120_characters():
         if len(line) > 120
     ]
     assert not long, long
+
+
+MAX_FILE_LINES = 400  # beyond it a module holds more than one responsibility: split it by what each part holds
+MAX_TRAINER_LINES = (
+    250  # the Trainer is the loop; recovery, restore, incidents and checkpoints are objects of their own
+)
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_source_file_is_over_400_lines():
+    files = [p for pkg in (*PACKAGES, "scripts", "bench", "examples") for p in (REPO / pkg).rglob("*.py")]
+    long = {str(p.relative_to(REPO)): n for p in files if (n := line_count(p)) > MAX_FILE_LINES}
+    assert not long, f"split these by responsibility: {long}"
+
+
+def test_the_trainer_is_the_loop():
+    assert line_count(REPO / "orchestrator" / "loop" / "trainer.py") < MAX_TRAINER_LINES

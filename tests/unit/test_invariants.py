@@ -1,7 +1,7 @@
 """Invariant sweeps (unit tier: no Ray, no model, small synthetic batches): the promises relay makes in
 every combination of estimator x policy loss x loss aggregation x off-policy correction x named recipe
 x mask shape x seed, checked through the functions the learner calls (learner.experience.advantages,
-learner.worker.policy_loss and micro_metrics, learner.engine.update_metrics).
+learner.micro_batch_loss.policy_loss and micro_metrics, learner.engine.update_metrics).
 
 Mask shapes: "single_turn" (right padding of ragged responses, one invalid sample whose row is all 0)
 and "episode" (the same, with observation tokens inside the responses masked out, as
@@ -35,7 +35,8 @@ from learner.config import (
 )
 from learner.engine import update_metrics
 from learner.experience import MicroBatch, advantages
-from learner.worker import LossSettings, micro_metrics, policy_loss
+from learner.micro_batch_loss import LossSettings, micro_metrics, policy_loss
+from learner.off_policy import off_policy_weights, ratio_stats
 from orchestrator.config.methods import RECIPES
 from orchestrator.config.schema import DataConfig
 from orchestrator.data.prompts import PromptSampler, load_split
@@ -288,10 +289,10 @@ def test_a_token_outside_the_learners_filter_gets_weight_zero_counts_cut_and_lea
     prox = mu.clone()
     prox[torch.arange(B), mask.argmax(-1)] = -math.inf
     outside = (mask > 0) & ~torch.isfinite(prox)
-    w = A.off_policy_weights(prox, mu, mask, correction.value, level.value, 2.0, 0.5, 2.0)
+    w = off_policy_weights(prox, mu, mask, correction.value, level.value, 2.0, 0.5, 2.0)
     assert torch.equal(w[outside], torch.zeros(int(outside.sum())))
     assert torch.allclose(w[(mask > 0) & ~outside], torch.ones(int(((mask > 0) & ~outside).sum())))
-    stats = A.ratio_stats(prox, mu, mask, correction.value, level.value, 2.0, 0.5, 2.0)
+    stats = ratio_stats(prox, mu, mask, correction.value, level.value, 2.0, 0.5, 2.0)
     assert stats["ratio_mean"] == pytest.approx(1.0) and stats["ratio_max"] == pytest.approx(1.0)
     assert stats["clipped_frac"] == pytest.approx(float(outside.sum() / mask.sum()))
 

@@ -11,7 +11,8 @@ import torch
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.engine import RankAddress
-from learner.worker import Learner, LossSettings, loss_norm_tokens, policy_loss
+from learner.micro_batch_loss import LossSettings, loss_norm_tokens, policy_loss
+from learner.worker import Learner
 from rollout.weight_sync import free_port
 from runtime.logprobs import SamplerSettings
 from tests.helpers import make_scored_batch

@@ -83,7 +83,7 @@ def test_ppo_on_the_reward_model_raises_its_reward_with_bounded_kl(pipeline):
 
 
 def test_relay_eval_reports_policy_against_reference(pipeline, tmp_path):
-    from orchestrator.tools.evaluate import evaluate_checkpoint
+    from orchestrator.tools.eval_checkpoint import evaluate_checkpoint
 
     cfg = load_config(REPO / "configs" / "pipeline_tiny_cpu.yaml", [], root=PipelineConfig).ppo
     cfg.data.eval_size = 32

@@ -9,8 +9,8 @@ from torch.utils._pytree import tree_flatten
 
 from learner import algorithms as A
 from learner.config import AlgorithmConfig, KLPlacement, LearnerConfig
+from learner.micro_batch_loss import LossSettings, policy_loss
 from learner.supervised import RM, SFT, build_model
-from learner.worker import LossSettings, policy_loss
 from runtime.logprobs import (
     chunk_spans,
     chunked_logprobs,

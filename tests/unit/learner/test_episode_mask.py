@@ -6,8 +6,8 @@ import torch
 
 from learner.config import AlgorithmConfig, KLPlacement, LearnerConfig, PolicyLoss
 from learner.experience import ForwardSettings, make_experience
+from learner.micro_batch_loss import LossSettings, policy_loss
 from learner.models import build_policy
-from learner.worker import LossSettings, policy_loss
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from runtime.logprobs import SamplerSettings

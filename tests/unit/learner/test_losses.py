@@ -20,7 +20,7 @@ from learner.config import (
     ReinforcePPConfig,
 )
 from learner.experience import ForwardSettings, advantages, make_experience
-from learner.worker import LossSettings, loss_norm_tokens, policy_loss
+from learner.micro_batch_loss import LossSettings, loss_norm_tokens, policy_loss
 from rollout.config import SamplingConfig
 from runtime.logprobs import SamplerSettings, logprobs_from_logits
 from tests.helpers import close, make_micro_batch

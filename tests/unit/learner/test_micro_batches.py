@@ -6,8 +6,8 @@ from transformers import AutoModelForCausalLM
 
 from learner.config import AlgorithmConfig
 from learner.experience import ForwardSettings, MicroBatch, make_experience
+from learner.micro_batch_loss import LossSettings, policy_loss
 from learner.models import PolicyValue
-from learner.worker import LossSettings, policy_loss
 from runtime.logprobs import SamplerSettings, chunked_logprobs
 from tests.helpers import make_scored_batch
 

@@ -15,7 +15,7 @@ import torch
 from learner import algorithms as A
 from learner.config import Estimator, KLEstimator, KLPlacement, Method, PolicyLoss
 from learner.experience import advantages
-from learner.worker import LossSettings, policy_loss
+from learner.micro_batch_loss import LossSettings, policy_loss
 from orchestrator.config.load import ConfigError, load_config
 from orchestrator.config.methods import RECIPES
 from tests.helpers import close, make_micro_batch
@@ -49,7 +49,7 @@ def load(tmp_path, method: str, *overrides: str, yaml_extra: str = ""):
 
 
 def advantages_and_loss(cfg, kl_coef: float = 0.0):
-    """What the learner computes from this config: experience.advantages, then worker.policy_loss
+    """What the learner computes from this config: experience.advantages, then micro_batch_loss.policy_loss
     (kl_coef: the KL term's coefficient in the loss, where the recipe places it there)."""
     a = cfg.algorithm
     kl = A.kl_penalty(OLD, REF, a.kl_estimator.value, MASK)

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from orchestrator.cli import main
-from orchestrator.config.load import load_config
-from orchestrator.tools import plan as P
+from orchestrator.config.load import ConfigError, load_config
+from orchestrator.tools import plan_model as P
+from orchestrator.tools.plan_devices import plan_train
+from orchestrator.tools.plan_roles import total
 from tests.helpers import REPO
 
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
@@ -34,7 +36,7 @@ def test_lora_adapter_count_by_hand():
     # hidden 64, 4 heads of 16, 2 kv heads -> k/v out 32; rank 8: q,o 8*(64+64)=1024, k,v 8*(64+32)=768
     s = P.ModelShape("llama", 2, 64, 4, 2, 128, 100, True)
     assert P.lora_params(s, 8, ["q_proj", "k_proj", "v_proj", "o_proj"]) == 2 * (1024 + 768 + 768 + 1024)
-    with pytest.raises(P.ConfigError, match="learner.lora.target_modules"):
+    with pytest.raises(ConfigError, match="learner.lora.target_modules"):
         P.lora_params(s, 8, ["qkv"])
 
 
@@ -303,8 +305,8 @@ def test_learner_figure_within_20_percent_of_measured_peak(tmp_path):
             "learner.logprob_chunk_tokens=256",
         ],
     )
-    learner = dict(P.plan_train(cfg, 80 * P.GB, None).sections)["learner rank (x1)"]
-    planned, chunk = P.total(learner), cfg.learner.logprob_chunk_tokens
+    learner = dict(plan_train(cfg, 80 * P.GB, None).sections)["learner rank (x1)"]
+    planned, chunk = total(learner), cfg.learner.logprob_chunk_tokens
 
     torch.manual_seed(0)
     b, t = 8, 128
@@ -314,7 +316,9 @@ def test_learner_figure_within_20_percent_of_measured_peak(tmp_path):
         model = PolicyValue(GPT2LMHeadModel(GPT2Config.from_pretrained(tmp_path)), value_head=False).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         for _ in range(2):  # the second step runs with AdamW's moments allocated
-            logits = model(ids, mask, pos)[0]  # the model's own (B, L-1, V), as learner.worker.policy_loss gets them
+            logits = model(ids, mask, pos)[
+                0
+            ]  # the model's own (B, L-1, V), as learner.micro_batch_loss.policy_loss gets them
             loss = -chunked_logprobs(logits, ids[:, 1:], 1.0, chunk).mean()  # entropy_coef 0: no entropy term
             del logits
             loss.backward()
@@ -340,7 +344,7 @@ def test_episodes_are_planned_at_their_token_budget_not_one_turn():
         load_config(REPO / "configs" / "calculator_tiny_cpu.yaml", over)
         for over in ([], single, single + ["rollout.sampling.max_new_tokens=48"])  # 3 turns x 16 tokens
     ]
-    lines = [{k: v for k, v, _ in dict(P.plan_train(c, 80 * P.GB, None).sections)["learner rank (x1)"]} for c in cfgs]
+    lines = [{k: v for k, v, _ in dict(plan_train(c, 80 * P.GB, None).sections)["learner rank (x1)"]} for c in cfgs]
     episodes, one_turn, as_long = (x["policy logits"] for x in lines)
     assert episodes == as_long > one_turn  # planned as a response of the episode's 48 tokens
 

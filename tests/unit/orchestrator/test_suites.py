@@ -7,7 +7,8 @@ import pytest
 from orchestrator.config.load import load_config
 from orchestrator.data.prompts import DataError, load_split
 from orchestrator.data.tasks import prompt_id
-from orchestrator.tools.evaluate import evaluate_suites, summary_table
+from orchestrator.tools.eval_report import summary_table
+from orchestrator.tools.evaluate import evaluate_suites
 from orchestrator.tools.suites import Suite, load_suites, markdown_table
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch

@@ -20,9 +20,9 @@ import torch
 
 from learner.config import AlgorithmConfig, Estimator, GRPOConfig, LearnerConfig
 from learner.experience import ForwardSettings, make_experience
+from learner.micro_batch_loss import LossSettings, policy_loss
 from learner.models import build_policy
 from learner.tiny_gpt import char_tokenizer
-from learner.worker import LossSettings, policy_loss
 from orchestrator.loop.dynamic_sampling import informative
 from orchestrator.loop.step_metrics import batch_metrics
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind

@@ -1,0 +1,121 @@
+"""`relay plan`'s per-role arithmetic: the lines (what, bytes, how it was counted) of one learner rank, one
+rollout worker and the scoring service, from the models' shapes (plan_model.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.tools.plan_model import (
+    DTYPE_BYTES,
+    ModelShape,
+    activation_bytes,
+    fmt,
+    fmt_params,
+    kv_bytes_per_token,
+    layer_params,
+    logits_bytes,
+    lora_params,
+    param_count,
+    training_states,
+    vllm_gpu,
+)
+
+# ---------------------------------------------------------------- roles
+Lines = list[tuple[str, float, str]]  # (what, bytes, how it was counted)
+RESIDENT = ("weights", "gradients", "optimizer")  # what a learner keeps between updates
+
+
+@dataclass
+class RankLoad:
+    """What each learner rank trains on: `ranks` of them share the states (ZeRO), each runs micro-batches of
+    `micro_batch` sequences of `tokens` tokens."""
+
+    ranks: int
+    micro_batch: int
+    tokens: int
+
+
+def learner_lines(
+    s: ModelShape,
+    lc,
+    load: RankLoad,
+    who: str = "policy",
+    lm_head: bool = True,
+    scalar_head: bool = False,
+    entropy_grad: bool = False,
+) -> Lines:
+    """One trained model on one learner rank: states, activations and (with an LM head) logits."""
+    ranks, micro_batch, tokens = load.ranks, load.micro_batch, load.tokens
+    n = param_count(s, lm_head) + (s.hidden + 1 if scalar_head else 0)
+    trainable, how = n, f"ZeRO-{lc.zero_stage} over {ranks} rank(s), {lc.dtype.value}"
+    if lc.lora.rank:  # the base stays frozen: gradients and AdamW state for the adapters (and heads) only
+        adapters = lora_params(s, lc.lora.rank, list(lc.lora.target_modules))
+        trainable, n = adapters + n - param_count(s, lm_head), n + adapters
+        how += f", LoRA rank {lc.lora.rank}: {fmt_params(adapters)} of {fmt_params(n)} params trained"
+    lines = [
+        (f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, lc.zero_stage, ranks).items()
+    ]
+    if lc.zero_stage == 3:  # each layer's weights are gathered whole to compute it
+        lines.append(
+            (f"{who} gathered layer", layer_params(s) * DTYPE_BYTES["float32"], "ZeRO-3: one layer's full weights")
+        )
+    ckpt = lc.gradient_checkpointing
+    other = activation_bytes(s, micro_batch, tokens, lc.dtype.value, not ckpt)
+    lines.append(
+        (
+            f"{who} activations",
+            activation_bytes(s, micro_batch, tokens, lc.dtype.value, ckpt),
+            f"micro-batch {micro_batch} x {tokens} tokens, gradient checkpointing {'on' if ckpt else 'off'} "
+            f"({'off' if ckpt else 'on'}: {fmt(other)})",
+        )
+    )
+    if lm_head:  # the loss's logprobs (and entropy) come chunk by chunk: runtime/logprobs.py
+        temps = "backward with entropy" if entropy_grad else "backward"
+        lines.append(
+            (f"{who} logits", *logits_bytes(s, micro_batch, tokens, lc.dtype.value, lc.logprob_chunk_tokens, temps))
+        )
+    return lines
+
+
+def scoring_lines(
+    ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, dtype: str, chunk_tokens: int
+) -> Lines:
+    """The frozen scoring service in the learner's dtype: reference policy (float32 weights computed
+    in `dtype`, as the policy's, runtime.device.compute), reward models, and the reference's logits
+    (its peak: the layers' smaller temporaries are freed by then)."""
+    b = DTYPE_BYTES[dtype]
+    lines = [
+        ("reference weights", param_count(ref) * DTYPE_BYTES["float32"], f"float32, computed in {dtype}"),
+        ("reference logits", *logits_bytes(ref, micro_batch, tokens, dtype, chunk_tokens, "no grad")),
+    ]
+    lines += [
+        (f"reward model {i} weights", (param_count(s, lm_head=False) + s.hidden + 1) * b, dtype)
+        for i, s in enumerate(rms)
+    ]
+    return lines
+
+
+def rollout_lines(s: ModelShape, rc, gpu_bytes: float | None) -> Lines:
+    """One vLLM worker, per device: weights split by tensor parallelism, the rest KV cache."""
+    tp, per_token = rc.tensor_parallel_size, kv_bytes_per_token(s, rc.dtype, rc.tensor_parallel_size)
+    if gpu_bytes is None:  # CPU: the KV cache is a fixed size (VLLM_CPU_KVCACHE_SPACE)
+        weights, kv, how = (
+            param_count(s) * DTYPE_BYTES[rc.dtype] / tp,
+            rc.kv_cache_space_gb * 2**30,
+            "rollout.kv_cache_space_gb",
+        )
+    else:
+        v = vllm_gpu(s, rc.dtype, tp, rc.gpu_memory_utilization, gpu_bytes)
+        weights, kv, how = v["weights"], v["kv_cache"], f"{rc.gpu_memory_utilization} x GPU - weights"
+    return [
+        ("vLLM weights", weights, f"{rc.dtype}, tensor parallel {tp}"),
+        (
+            "vLLM KV cache",
+            kv,
+            f"{how}: {kv / per_token:,.0f} tokens at {per_token:,.0f} B/token (max_model_len {rc.max_model_len})",
+        ),
+    ]
+
+
+def total(lines: Lines, only: tuple[str, ...] = ()) -> float:
+    return sum(b for what, b, _ in lines if not only or what.split()[-1] in only)
