@@ -13,12 +13,14 @@ from orchestrator.loop.step_metrics import checkpoints, resume_path
 
 class Checkpointer:
     """Owns the checkpoint folder: step_N/learner (the learner's own files) and step_N/orchestrator.json
-    (the loop's state), the retention of the last checkpoint.keep_last, and which one to resume from."""
+    (the loop's state), the retention of the last checkpoint.keep_last, which one to resume from, and the
+    last one this run saved or resumed from (what a learner recovery goes back to)."""
 
     def __init__(self, run_dir: Path, keep_last: int, resume: str):
         self.root = run_dir / "checkpoints"
         self.keep_last = keep_last
         self.resume_from = resume_path(resume, self.root)  # None: a fresh start
+        self.last = self.resume_from
 
     def path(self, step: int) -> Path:
         return self.root / f"step_{step}"
@@ -35,6 +37,7 @@ class Checkpointer:
         publish(tmp, final)
         for _, old in checkpoints(self.root)[: -self.keep_last]:
             shutil.rmtree(old)
+        self.last = final
         return final
 
     def load(self, learner, path: Path) -> dict:

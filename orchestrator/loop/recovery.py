@@ -1,20 +1,66 @@
-"""What a learner recovery (Trainer.recover_learner) restores and how it gives up: the counts that go on
-after a restore, and LearnerLost, the end of a run whose learner died more often than cluster.max_restarts."""
+"""A learner rebuilt without ending the run (LearnerRecovery), and LearnerLost, the end of a run whose
+learner died more often than cluster.max_restarts."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
-RESTARTS = "restarts/"  # the counts of restarts: what happened, which no restore undoes
+import ray
+
+from orchestrator.loop.checkpointer import Checkpointer
+from orchestrator.loop.loop_state import LoopState
+from runtime import watchdog
 
 
-def restored_counters(now: dict, saved: dict, in_process: bool) -> dict:
-    """The counts to go on with after restoring a checkpoint whose counts are `saved`, `now` being the
-    loop's current ones: the checkpoint's (a count it lacks, as an older relay's checkpoint lacks a newer
-    one, keeps its current value), except, `in_process` (a learner recovery), the restarts: the
-    replayed steps do not undo the restarts that happened. A resumed run takes the checkpoint's restarts."""
-    kept = {k: v for k, v in now.items() if k not in saved or (in_process and k.startswith(RESTARTS))}
-    return saved | kept
+class LearnerRecovery:
+    """Owns what a dead learner goes back to, the last checkpoint this run saved or resumed from (or, with
+    none, the loop's state at a fresh start), and how often this process rebuilt it, against
+    cluster.max_restarts (a resume starts the count afresh; Ray's engine budget is the same number)."""
+
+    def __init__(self, roles, state: LoopState, checkpointer: Checkpointer, max_restarts: int, start: dict | None):
+        self.roles, self.state, self.checkpointer, self.max_restarts = roles, state, checkpointer, max_restarts
+        self.rebuilds = 0
+        self.start = None if start is None else json.dumps(start)  # a copy: the loop's state moves on
+
+    def recover(self, step: int, error: Exception, replayable: bool) -> int:
+        """A learner rank died (or the watchdog killed a stuck one; `error` says which) in the step after
+        `step`: start every rank again and restore the last checkpoint in process, as a resumed run would.
+        Returns the step restored; the loop replays the steps after it. Beyond max_restarts rebuilds, or
+        with the endpoint's episodes, which cannot be replayed (a resumed run, whose endpoint starts
+        empty, samples them anew from the restored policy): LearnerLost (resumable)."""
+        while True:
+            if self.rebuilds >= self.max_restarts or not replayable:
+                last = self.checkpointer.last
+                raise LearnerLost(self.rebuilds, step, last, error, replayable) from error
+            self.rebuilds += 1
+            began = time.perf_counter()
+            print(
+                f"relay: a learner rank died in step {step + 1} ({type(error).__name__}); restarting the "
+                f"learner ({self.rebuilds}/{self.max_restarts})",
+                flush=True,
+            )
+            try:
+                with watchdog.phase("recover"):
+                    self.roles.restart_learner()
+                    restored = self._restore_last()
+            except ray.exceptions.RayActorError as e:
+                if self.roles.rollout.lost(e):
+                    raise
+                error = e  # a new rank died too (its handle may not be the group's yet): again, within the limit
+                continue
+            took = time.perf_counter() - began
+            print(f"relay: learner restored at step {restored} in {took:.1f}s; going on from there", flush=True)
+            return restored
+
+    def _restore_last(self) -> int:
+        """The last checkpoint (or the start) back in the loop, its counts but the restarts; returns its step."""
+        if self.checkpointer.last is not None:
+            state = self.checkpointer.load(self.roles.learner, self.checkpointer.last)
+        else:  # the ranks were built anew from the model: the learner is at the start already
+            state = json.loads(self.start)
+        return self.state.load_state_dict(state, in_process=True)
 
 
 class LearnerLost(RuntimeError):

@@ -36,6 +36,17 @@ def staleness_metrics(
     return m
 
 
+def batch_staleness(batch: RolloutBatch, step: int, lead: int) -> dict[str, float]:
+    """staleness_metrics of a batch's samples and of its model-sampled tokens, at `step` under bound `lead`."""
+    return staleness_metrics(batch.version_first, step, lead, batch.model_token_versions(), batch.version_last)
+
+
+def throughput_metrics(batch: RolloutBatch, wall: float) -> dict[str, float]:
+    """Samples and tokens per second of a step taking `wall` seconds: the tokens the model sampled (an
+    episode's observation tokens are not generated)."""
+    return {"throughput/tokens_per_s": sum(batch.model_lengths) / wall, "throughput/samples_per_s": len(batch) / wall}
+
+
 def busy_metrics(
     timings: dict[str, float], before: dict[str, list[float]], after: dict[str, list[float]]
 ) -> dict[str, float]:

@@ -107,6 +107,14 @@ class Tracker:
             self.wandb.finish()
 
 
+def say(run_dir: Path, line: str) -> None:
+    """A line for the user: the terminal, and the run folder's relay.log."""
+    print(line, flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "relay.log").open("a") as log:
+        log.write(line + "\n")
+
+
 class WandbSteps:
     """Which steps the wandb run holds, so each step goes to it once: wandb drops a log to a step below
     its current one (with a warning) and merges one to its current step into that step's row. After an

@@ -60,7 +60,7 @@ def train(cfg, kill_after_step=None):
 
     try:
         trainer.run(on_step=kill_rank)
-        return trainer.all_counters(), {k: round(v, 1) for k, v in times.items() if k != "kill"}
+        return trainer.state.counts(), {k: round(v, 1) for k, v in times.items() if k != "kill"}
     finally:
         trainer.shutdown()
 

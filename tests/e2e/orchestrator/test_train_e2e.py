@@ -53,7 +53,7 @@ def train(cfg, kill_after_step=None, kill="rollout"):
 
     try:
         trainer.run(on_step=kill_role)
-        return trainer.all_counters()
+        return trainer.state.counts()
     finally:
         trainer.shutdown()
 
@@ -314,7 +314,7 @@ def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp
         groups = [[r for r, p in zip(kept_scored.rewards, kept.prompt_index) if p == j] for j in range(16)]
         informative = sum(len(set(g)) > 1 for g in groups)
         assert informative >= 16 - equal  # at least as informative as before, usually all 16
-        assert trainer.counters["rollout/dropped_groups"] >= equal
+        assert trainer.state.counters["rollout/dropped_groups"] >= equal
         for j, e in enumerate(kept_examples):  # every kept group still matches its own prompt's answer
             rows = [i for i, p in enumerate(kept.prompt_index) if p == j]
             want = [math_answer(kept.response_text[i], e["answer"]) for i in rows]

@@ -30,7 +30,7 @@ def run_stopping(cfg, role: str, at_step: int):
 
     try:
         trainer.run(on_step=stop_role)
-        return trainer.all_counters(), stopped["pid"], trainer.watchdog.incidents
+        return trainer.state.counts(), stopped["pid"], trainer.watchdog.incidents
     finally:
         trainer.shutdown()
 
@@ -98,7 +98,7 @@ def test_an_engine_stopped_in_the_weight_sync_is_named_restarted_and_the_sync_ma
     trainer.roles.channel.send = stop_then_send
     try:
         trainer.run()
-        counts, incidents = trainer.all_counters(), trainer.watchdog.incidents
+        counts, incidents = trainer.state.counts(), trainer.watchdog.incidents
     finally:
         trainer.shutdown()
     assert counts["restarts/rollout"] == 1 and counts["restarts/learner"] == 0

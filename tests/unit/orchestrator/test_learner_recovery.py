@@ -6,7 +6,8 @@ import pytest
 import ray
 
 from orchestrator.cli import _parser, resume_command
-from orchestrator.loop.recovery import LearnerLost, restored_counters
+from orchestrator.loop.loop_state import restored_counters
+from orchestrator.loop.recovery import LearnerLost
 from orchestrator.loop.tracking import WandbSteps
 from tests.helpers import REPO
 from tests.helpers import jsonl_rows as rows
@@ -73,7 +74,7 @@ def test_a_dead_learner_is_restarted_restored_and_its_steps_replayed_each_record
     assert (("load", "step_2") in calls) == bool(checkpoint_every)
     restart = calls.index("restart learner")
     assert next(c for c in calls[restart:] if c[0] == "sync") == ("sync", restored)  # the restored policy
-    assert t.step == 5 and t.all_counters()["restarts/learner"] == 1
+    assert t.step == 5 and t.state.counts()["restarts/learner"] == 1
     trained = [r for r in rows(t.run_dir / "metrics.jsonl") if "timing/total" in r]
     assert [r["step"] for r in trained] == [1, 2, 3, 4, 5]
     assert [r["restarts/learner"] for r in trained] == [0] * restored + [1] * (5 - restored)  # the replay's rows
