@@ -1,4 +1,4 @@
-"""Environments for multi-turn rollouts: the model acts, the environment answers, over several turns.
-
-The rollout workers run them (rollout/episodes.py); this package imports none of relay's others.
+"""Runs inside the rollout workers, which play its environments in multi-turn episodes (rollout/episodes.py).
+Owns the `Environment` interface, its deadlines, the built-in environments and lookup by name.
+Imports only runtime: never rollout, reward_service, learner or orchestrator.
 """

@@ -1,8 +1,4 @@
-"""What every process of relay needs at run time, whatever its role: the device and precision it
-computes in and its malloc environment (device), logprob and entropy math on logits (logprobs),
-profiling and busy time (profiling), the run's random streams (seeds), prompt encoding (prompts),
-and helpers for Ray actors (actors).
-
-Rollout workers, the scoring service, the learner ranks and the driver all import it; it imports
-none of relay's other packages (tests/unit/test_architecture.py), so any of them may.
+"""Imported by every process, whatever its role: rollout workers, scoring service, learner ranks and the driver.
+Owns device and precision, logprob/entropy math, profiling, seeds, prompt encoding, Ray actor helpers, the watchdog.
+Imports none of relay's other packages (tests/unit/test_architecture.py), so any of them may import it.
 """

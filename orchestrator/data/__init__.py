@@ -1,2 +1,4 @@
-"""Prompts and tasks: reading prompt files, generated tasks with their held-out prompts, task data for
-the SFT/RM stages, and the starting policies relay builds itself."""
+"""Runs in the driver.
+Owns prompt files, generated tasks with their held-out prompts, the SFT/RM stages' task data, and the starting
+policies relay builds itself. Of orchestrator, imports only config (tests/unit/test_architecture.py).
+"""
