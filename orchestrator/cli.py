@@ -18,7 +18,7 @@ and relay exits with status 3; `checkpoint.resume=auto` continues from it. Ctrl-
 without a checkpoint (status 130).
 A learner rank that dies is restarted and the lost steps replayed, up to cluster.max_restarts times;
 once more, relay exits with status 3 and `checkpoint.resume=auto` continues from the last checkpoint.
-A process that hangs is named by the watchdog and restarted (the README's "When a process hangs or dies").
+A process that hangs is named by the watchdog and restarted (docs/fault_tolerance.md).
 exit status: 0 done, 1 training error, 2 config or data error, 3 stopped by a signal, or a process lost
 beyond its restarts (resumable: the line printed says the command), 130 interrupted without a checkpoint.
 A failure's traceback goes to runs/<name>/relay.log."""

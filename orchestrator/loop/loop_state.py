@@ -3,6 +3,8 @@ on a resume, and after a learner recovery (orchestrator/loop/recovery.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 RESTARTS = "restarts/"  # the counts of restarts: what happened, which no restore undoes
 
 
@@ -20,8 +22,10 @@ class LoopState:
     count (the loop's, the roles' restarts, the batch source's), the scoring state, the health signs
     and the batches launched ahead (collected first: PromptBatches.collect_launched)."""
 
-    def __init__(self, roles, batches, health, skipped_lines: int):
-        self.roles, self.batches, self.health = roles, batches, health
+    def __init__(self, roles, batches, health, skipped_lines: int, set_step: Callable[[int], None]):
+        """set_step: moves the loop to a restored checkpoint's step, before the weights go to the engines
+        (a death or a stall in that sync is then reported at the restored step)."""
+        self.roles, self.batches, self.health, self.set_step = roles, batches, health, set_step
         self.counters = {"data/skipped_lines": skipped_lines, "rollout/dropped_groups": 0}
         self.counters |= {"learner/skipped_updates_in_a_row": 0, "reward/unjudged_steps_in_a_row": 0}
 
@@ -53,6 +57,7 @@ class LoopState:
         counts = restored_counters(self.counts(), state["counters"], in_process)
         self.roles.scoring.load_state_dict(state["scoring"])
         step = state["step"]
+        self.set_step(step)
         self.counters |= {k: counts[k] for k in self.counters}
         self.roles.rollout_restarts = counts["restarts/rollout"]
         self.roles.scoring.restarts = counts["restarts/scoring"]

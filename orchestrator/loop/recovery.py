@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 
 import ray
 
@@ -19,21 +20,25 @@ class LearnerRecovery:
     none, the loop's state at a fresh start), and how often this process rebuilt it, against
     cluster.max_restarts (a resume starts the count afresh; Ray's engine budget is the same number)."""
 
-    def __init__(self, roles, state: LoopState, checkpointer: Checkpointer, max_restarts: int, start: dict | None):
-        self.roles, self.state, self.checkpointer, self.max_restarts = roles, state, checkpointer, max_restarts
+    def __init__(self, roles, state: LoopState, checkpointer: Checkpointer, tracker, settings: tuple[int, dict | None]):
+        """settings: cluster.max_restarts, and the loop's state at a fresh start (None: resumed)."""
+        self.roles, self.state, self.checkpointer, self.tracker = roles, state, checkpointer, tracker
+        self.max_restarts, start = settings
         self.rebuilds = 0
         self.start = None if start is None else json.dumps(start)  # a copy: the loop's state moves on
 
-    def recover(self, step: int, error: Exception, replayable: bool) -> int:
+    def recover(self, loop_step: Callable[[], int], error: Exception, replayable: bool) -> None:
         """A learner rank died (or the watchdog killed a stuck one; `error` says which) in the step after
-        `step`: start every rank again and restore the last checkpoint in process, as a resumed run would.
-        Returns the step restored; the loop replays the steps after it. Beyond max_restarts rebuilds, or
-        with the endpoint's episodes, which cannot be replayed (a resumed run, whose endpoint starts
-        empty, samples them anew from the restored policy): LearnerLost (resumable)."""
+        the loop's: start every rank again, restore the last checkpoint in process as a resumed run would
+        (LoopState moves the loop to its step), and rewind the records (metrics.jsonl, samples.jsonl,
+        wandb) to it; the loop replays the steps after it. Beyond max_restarts rebuilds, or with the
+        endpoint's episodes, which cannot be replayed (a resumed run, whose endpoint starts empty, samples
+        them anew from the restored policy): the tracker closed, LearnerLost (resumable)."""
         while True:
+            step = loop_step()
             if self.rebuilds >= self.max_restarts or not replayable:
-                last = self.checkpointer.last
-                raise LearnerLost(self.rebuilds, step, last, error, replayable) from error
+                self.tracker.close()
+                raise LearnerLost(self.rebuilds, step, self.checkpointer.last, error, replayable) from error
             self.rebuilds += 1
             began = time.perf_counter()
             print(
@@ -45,6 +50,7 @@ class LearnerRecovery:
                 with watchdog.phase("recover"):
                     self.roles.restart_learner()
                     restored = self._restore_last()
+                    self.tracker.rewind(restored)
             except ray.exceptions.RayActorError as e:
                 if self.roles.rollout.lost(e):
                     raise
@@ -52,7 +58,7 @@ class LearnerRecovery:
                 continue
             took = time.perf_counter() - began
             print(f"relay: learner restored at step {restored} in {took:.1f}s; going on from there", flush=True)
-            return restored
+            return
 
     def _restore_last(self) -> int:
         """The last checkpoint (or the start) back in the loop, its counts but the restarts; returns its step."""

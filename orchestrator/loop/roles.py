@@ -198,7 +198,7 @@ class Roles:
     def restart_learner(self) -> None:
         """A learner rank died: start every rank again (LearnerGroup.restart) and reconnect the weight
         channel (the new rank 0 joins a new group with the engines). Restoring the learner's state and
-        giving the engines its weights is the loop's (Trainer.recover_learner)."""
+        giving the engines its weights is the loop's (LearnerRecovery, LoopState.load_state_dict)."""
         self.learner_restarts += 1
         self.learner.restart()
         self.channel.connect()

@@ -21,7 +21,7 @@ from orchestrator.loop.incident import IncidentContext
 from orchestrator.loop.loop_state import LoopState
 from orchestrator.loop.parts import LoopParts, start_parts
 from orchestrator.loop.profiling import profiled
-from orchestrator.loop.recovery import LearnerLost, LearnerRecovery
+from orchestrator.loop.recovery import LearnerRecovery
 from orchestrator.loop.signals import Stopped, StopRequest
 from orchestrator.loop.step_metrics import (
     batch_metrics,
@@ -57,19 +57,19 @@ class Trainer:
         self.incident.roles = self.roles
         self.wait_for_sync = ahead_bound(cfg) == 0  # asynchronous modes train while the engines take weights
         self.health = Health(cfg.health, functools.partial(say, self.run_dir), applicable(cfg))
-        self.state = LoopState(self.roles, self.batches, self.health, parts.skipped_lines)
+        self.state = LoopState(self.roles, self.batches, self.health, parts.skipped_lines, self._move_to)
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.resume)
         with watching(self.watchdog), self.watchdog.phase("start"):
             resumed_at = self.state.resume(self.checkpointer) if self.checkpointer.resume_from else None
-        self.step = resumed_at or 0
         # with no checkpoint, a learner recovery goes back to the start: the loop's state kept here as a
         # checkpoint keeps it (the learner's is the model, rebuilt)
         start = None if resumed_at is not None else self.state.state_dict(self.step)
-        self.recovery = LearnerRecovery(self.roles, self.state, self.checkpointer, cfg.cluster.max_restarts, start)
         self.finished = finished_before(self.run_dir, resumed_at, cfg.total_steps)
         self.tracker = Tracker(
             cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed_at, self.finished, cfg.total_steps
         )
+        settings = cfg.cluster.max_restarts, start
+        self.recovery = LearnerRecovery(self.roles, self.state, self.checkpointer, self.tracker, settings)
 
     def run(self, stop: StopRequest | None = None, on_step: StepHook | None = None) -> dict:
         """Train to total_steps (or until `on_step` returns true), then evaluate held out. A stop request
@@ -124,14 +124,13 @@ class Trainer:
 
     def recover_learner(self, error: Exception) -> None:
         """A learner rank died in the step after self.step: LearnerRecovery rebuilds it at the last
-        checkpoint (or the start), the records (metrics.jsonl, samples.jsonl, wandb) are rewound to that
-        step, and the loop replays the steps after it. Beyond cluster.max_restarts: LearnerLost."""
-        try:
-            self.step = self.recovery.recover(self.step, error, self.batches.replayable)
-        except LearnerLost:
-            self.tracker.close()
-            raise
-        self.tracker.rewind(self.step)
+        checkpoint (or the start) and the loop replays the steps after it. Beyond cluster.max_restarts:
+        LearnerLost."""
+        self.recovery.recover(lambda: self.step, error, self.batches.replayable)
+
+    def _move_to(self, step: int) -> None:
+        """The loop at a restored checkpoint's step (LoopState.load_state_dict, on resume and recovery)."""
+        self.step = step
 
     def evaluate(self) -> dict[str, float]:
         """The held-out evaluation at this step (Evaluator.evaluate), under its phase's deadline. If an

@@ -70,7 +70,7 @@ def recipe(method: Method, **extra) -> AlgorithmConfig:
 ZERO_RECIPES = [m for m in Method if RECIPES[m].get("algorithm.estimator") == Estimator.grpo]
 
 # estimators whose advantage is centred on a group mean: an all-equal group gets exactly 0 (KL not in the
-# reward). Not REINFORCE++-baseline: whitened over the batch, mean included, as its paper (README)
+# reward). Not REINFORCE++-baseline: whitened over the batch, mean included, as its paper (docs/algorithms.md)
 GROUP_CENTRED = {
     "grpo": dict(estimator=Estimator.grpo),
     "grpo_no_std": dict(estimator=Estimator.grpo, grpo=GRPOConfig(scale_by_std=False)),

@@ -244,3 +244,22 @@ def test_after_a_death_in_the_last_save_the_final_evaluation_still_reaches_wandb
     final = [data for data, step in logged if step == 4 and "timing/total" not in data]
     assert any(k.startswith("eval/") for data in final for k in data)
     assert [r["step"] for r in rows(t.run_dir / "metrics.jsonl") if "timing/total" in r] == [1, 2, 3, 4]
+
+
+def test_a_death_in_the_restores_weight_sync_is_reported_at_the_restored_step(tmp_path, fake_wandb):
+    # step 4 dies; the recovery restores step 2's checkpoint and sends its weights, and a rank dies in that
+    # send: the loop is at step 2 from the restore on, so the next try and LearnerLost name step 3
+    t, calls = dying_trainer(tmp_path, {3}, "cluster.max_restarts=1", "checkpoint.every_n_steps=2")
+    send, seen = t.roles.channel.send, []
+
+    def send_dying_after_restore(version, wait=True):
+        seen.append((version, t.step, t.incident()["step"]))  # what the loop and an incident folder say then
+        if "restart learner" in calls and len([s for s in seen if s[0] == 2]) == 2:
+            raise ray.exceptions.RayActorError("rank 0", "The actor died unexpectedly before finishing this task.")
+        return send(version, wait)
+
+    t.roles.channel.send = send_dying_after_restore
+    with pytest.raises(LearnerLost) as e:
+        t.run()
+    assert seen[-1] == (2, 2, 2)  # the restored checkpoint's weights, sent with the loop at its step
+    assert e.value.step == 2 and "a learner rank died in step 3" in str(e.value)
