@@ -85,8 +85,13 @@ def smollm2_tokenizer_path():
 def ray_cluster():
     import ray
 
+    # a cluster of this session's own ("local"), never one `ray start` left running, nor a parallel worker's
     ray.init(
-        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}}
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"RAY_DEDUP_LOGS": "0"}},
     )
     yield ray
     ray.shutdown()

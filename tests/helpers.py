@@ -10,9 +10,11 @@ import inspect
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -152,6 +154,36 @@ def cached_build(name: str, inputs: dict, build: Callable[[Path], object], root:
     return out
 
 
+class RayNode:
+    """`ray start --block` in its own process group: stopped by that group, so other Ray clusters on
+    this machine survive (`ray stop` would end every Ray process here, a parallel test worker's too)."""
+
+    def __init__(self, args: list[str], env: dict, log: Path):
+        self.log = log
+        self.proc = subprocess.Popen(
+            [RAY, "start", "--block", *args],
+            env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in log.read_text():
+            assert self.proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+
+
 def make_micro_batch(input_ids, mask, **tensors):
     """A learner.experience.MicroBatch for a loss test from `tensors` (by field name): attention_mask
     all ones, positions 0.., no critic, and NaN in each other (B, L-1) field it is not given, so a loss
@@ -175,7 +207,7 @@ def actor_pid(handle) -> int:
 
 
 # the forms of the lines relay itself writes to the terminal (orchestrator/cli.py, config/docs.py's launch
-# summary, tracking.py's progress bar, health.py, evaluate.py's tables); anything else is a library's
+# summary, tracking.py's progress bar, health.py, eval_report.py's tables); anything else is a library's
 RELAYS_OWN = [
     r"relay( \w+)?(:.*)?",  # "relay train", "relay: resumed from ...", "relay health: ..."
     r"  [a-z][a-z ]*  +\S.*",  # the launch summary's rows

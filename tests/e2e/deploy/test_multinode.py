@@ -3,47 +3,15 @@ weights crossing nodes. (The placement knobs alone: tests/unit/orchestrator/test
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from rollout.weight_sync import free_port
-from tests.helpers import RAY, REPO
-
-
-class Node:
-    """`ray start --block` in its own process group: stopped by that group, so other Ray clusters on
-    this machine survive (`ray stop` would end every Ray process here)."""
-
-    def __init__(self, args: list[str], env: dict, log: Path):
-        self.log = log
-        self.proc = subprocess.Popen(
-            [RAY, "start", "--block", *args],
-            env=env,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 180
-        while "Ray runtime started" not in log.read_text():
-            assert self.proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
-
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                pass
+from tests.helpers import RAY, REPO, RayNode
 
 
 def ray_list(kind: str, env: dict, dashboard: int) -> list[dict]:
@@ -70,14 +38,16 @@ def ray_list(kind: str, env: dict, dashboard: int) -> list[dict]:
 
 @pytest.mark.e2e
 def test_train_on_two_nodes_rollout_on_one_learner_on_the_other(policy, tmp_path):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = dict(
+        os.environ, RAY_ADDRESS="", RAY_AUTH_MODE="disabled", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    )
     port, dash = free_port(), free_port()
     ray_tmp = tempfile.mkdtemp(prefix="mn", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
     small = ["--num-cpus=2", "--object-store-memory=300000000", f"--dashboard-agent-listen-port={free_port()}"]
     nodes = []
     try:
         nodes.append(
-            Node(
+            RayNode(
                 [
                     "--head",
                     "--node-ip-address=127.0.0.1",
@@ -96,7 +66,7 @@ def test_train_on_two_nodes_rollout_on_one_learner_on_the_other(policy, tmp_path
         small[-1] = f"--dashboard-agent-listen-port={free_port()}"
         # 127.0.0.2 is loopback too, but another address: a rendezvous at the wrong node's IP fails
         nodes.append(
-            Node(
+            RayNode(
                 [
                     f"--address=127.0.0.1:{port}",
                     "--node-ip-address=127.0.0.2",

@@ -4,20 +4,24 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rollout.weight_sync import free_port
-from tests.helpers import RAY, REPO
+from tests.helpers import RAY, REPO, RayNode
+
+AGENT_TRIES = 30
+NO_AGENT_YET = "No available agent to submit job"
 
 
 def test_ray_job_submit_runs_two_steps_on_a_local_head(policy, tmp_path):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = dict(
+        os.environ, RAY_ADDRESS="", RAY_AUTH_MODE="disabled", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    )
     port, dash = free_port(), free_port()
     ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
-    start = subprocess.run(
+    head = RayNode(
         [
-            RAY,
-            "start",
             "--head",
             f"--port={port}",
             f"--dashboard-port={dash}",
@@ -25,38 +29,26 @@ def test_ray_job_submit_runs_two_steps_on_a_local_head(policy, tmp_path):
             f"--temp-dir={ray_tmp}",
             "--include-dashboard=true",
         ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        env,
+        tmp_path / "head.log",
     )
-    assert start.returncode == 0, start.stderr
     try:
         entry = (
             f"{sys.executable} -m orchestrator.cli train configs/grpo_tiny_cpu.yaml cluster.address=auto "
             f"total_steps=2 learner.model_path={policy} run_root={tmp_path / 'runs'} logging.wandb.mode=disabled "
             "data.rollout_batch_size=16 algorithm.mini_batch_size=64 algorithm.micro_batch_size=64 data.eval_size=16"
         )
-        job = subprocess.run(
-            [
-                RAY,
-                "job",
-                "submit",
-                f"--address=http://127.0.0.1:{dash}",
-                "--working-dir",
-                str(REPO),
-                "--",
-                *entry.split(),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=REPO,
-        )
+        submit = [RAY, "job", "submit", f"--address=http://127.0.0.1:{dash}", "--working-dir", str(REPO), "--"]
+        for _ in range(AGENT_TRIES):  # `ray start --block` says it started before the head's job agent is up
+            job = subprocess.run(
+                [*submit, *entry.split()], env=env, capture_output=True, text=True, timeout=600, cwd=REPO
+            )
+            if NO_AGENT_YET not in job.stdout + job.stderr:
+                break
+            time.sleep(2)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout
         assert "step 2/2" in job.stdout and "held-out" in job.stdout
         assert (tmp_path / "runs" / "grpo_tiny_cpu" / "checkpoints" / "step_2" / "orchestrator.json").exists()
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        head.stop()  # this head alone: other Ray clusters on the machine (a parallel test worker's) go on

@@ -37,11 +37,11 @@ def config(policy, root, name, ranks):
     return load_config(REPO / "configs" / "grpo_tiny_cpu.yaml", [f"{k}={v}" for k, v in over.items()])
 
 
-def train(cfg, kill_after_step=None):
-    """Run to the end; `kill_after_step`: SIGKILL the last learner rank's process once that step is done (once:
-    the replay passes it again). Returns the run's counts and the seconds from the kill to the recovery's
+def train(cfg, kills=()):
+    """Run to the end; `kills`: the steps after which the last learner rank's process is SIGKILLed (each once:
+    the replay passes it again). Returns the run's counts and the seconds from the last kill to the recovery's
     start (detected), to its end (restored) and to the next step done."""
-    trainer, times = Trainer(cfg), {}
+    trainer, times, killed = Trainer(cfg), {}, set()
     recover = trainer.recover_learner
 
     def timed_recovery(error):
@@ -54,7 +54,9 @@ def train(cfg, kill_after_step=None):
     def kill_rank(step, metrics):
         if "restored" in times and "next_step" not in times:
             times["next_step"] = time.perf_counter() - times["kill"]
-        if step == kill_after_step and "kill" not in times:
+        if step in kills and step not in killed:
+            killed.add(step)
+            times.clear()
             times["kill"] = time.perf_counter()
             os.kill(actor_pid(trainer.roles.learner.ranks[-1]), signal.SIGKILL)  # under ZeRO, not the sender
 
@@ -79,16 +81,15 @@ def record(run_dir):
 def test_a_killed_learner_rank_is_rebuilt_and_the_run_ends_as_an_undisturbed_one(
     ray_cluster, policy, tmp_path, ranks, kills
 ):
-    """Killed after step 1: no checkpoint yet, back to the start (step 0); after step 3: back to step 2's."""
+    """Killed after step 1: no checkpoint yet, back to the start (step 0); after step 3: back to step 2's
+    (with 1 rank both in one run, which replays steps 1-3 after the first kill: one run's start, CI time)."""
     train(config(policy, tmp_path, "whole", ranks))
     want = record(tmp_path / "whole")
     assert [r["step"] for r in want[0]] == [1, 2, 3, 4, 4]  # the last step, then its evaluation
-    for kill in kills:
-        name = f"killed_{kill}"
-        counts, seconds = train(config(policy, tmp_path, name, ranks), kill_after_step=kill)
-        print(f"learner recovery, {ranks} rank(s), killed after step {kill}: {seconds} s after the kill")
-        assert counts["restarts/learner"] == 1 and counts["restarts/rollout"] == 0
-        rows = jsonl_rows(tmp_path / name / "metrics.jsonl")
-        assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
-        assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == 1
-        assert record(tmp_path / name) == want  # each step once, every number the undisturbed run's
+    counts, seconds = train(config(policy, tmp_path, "killed", ranks), kills=kills)
+    print(f"learner recovery, {ranks} rank(s), killed after steps {kills}: {seconds} s after the last kill")
+    assert counts["restarts/learner"] == len(kills) and counts["restarts/rollout"] == 0
+    rows = jsonl_rows(tmp_path / "killed" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
+    assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == len(kills)
+    assert record(tmp_path / "killed") == want  # each step once, every number the undisturbed run's

@@ -41,15 +41,15 @@ def config(policy, root, preset="grpo_tiny_cpu", **over):
     return load_config(REPO / "configs" / f"{preset}.yaml", overrides(policy, root, **over))
 
 
-def train(cfg, kill_after_step=None, kill="rollout"):
-    """Run to the end; `kill_after_step`: kill the rollout worker (or the scoring service) once that
-    step is done (Ray restarts it: max_restarts). Returns the run's counts."""
-    trainer = Trainer(cfg)
+def train(cfg, kills: dict[int, str] | None = None):
+    """Run to the end; `kills`: {step: role}, kill the rollout worker ("rollout") or the scoring service
+    ("scoring") once that step is done (Ray restarts it: max_restarts). Returns the run's counts."""
+    trainer, kills = Trainer(cfg), kills or {}
 
     def kill_role(step, metrics):
-        if step == kill_after_step:
+        if step in kills:
             r = trainer.roles
-            ray.kill(r.rollout.workers[0] if kill == "rollout" else r.scoring.actor, no_restart=False)
+            ray.kill(r.rollout.workers[0] if kills[step] == "rollout" else r.scoring.actor, no_restart=False)
 
     try:
         trainer.run(on_step=kill_role)
@@ -228,19 +228,17 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     assert json.loads((stopped / "eval_after.json").read_text()) == json.loads((whole / "eval_after.json").read_text())
 
 
-def test_a_killed_rollout_worker_is_restarted_and_the_run_completes(ray_cluster, policy, tmp_path):
-    counters = train(config(policy, tmp_path, name="restart", total_steps=3), kill_after_step=1)
-    assert counters["restarts/rollout"] == 1
-    rows = [r for r in metrics(tmp_path / "restart") if "timing/total" in r]
-    assert len(rows) == 3 and rows[-1]["rollout/logprob_gap"] < 1e-3  # the restarted engine got the weights
-
-
-def test_a_killed_scoring_service_is_restarted_with_its_state(ray_cluster, policy, tmp_path):
-    cfg = config(policy, tmp_path, name="restart_scoring", total_steps=3, **{"reward.normalization": "running"})
-    counters = train(cfg, kill_after_step=2, kill="scoring")
-    assert counters["restarts/scoring"] == 1 and counters["restarts/rollout"] == 0
-    rows = [r for r in metrics(tmp_path / "restart_scoring") if "timing/total" in r]
+def test_a_killed_rollout_worker_and_scoring_service_are_restarted_the_scoring_with_its_state(
+    ray_cluster, policy, tmp_path
+):
+    """One run, two kills (one run's start for both, CI time): the engine after step 1, the scoring service
+    after step 2; the run completes as one nobody disturbed, samples seeded per request."""
+    cfg = config(policy, tmp_path, name="restarts", total_steps=3, **{"reward.normalization": "running"})
+    counters = train(cfg, kills={1: "rollout", 2: "scoring"})
+    assert counters["restarts/rollout"] == 1 and counters["restarts/scoring"] == 1
+    rows = [r for r in metrics(tmp_path / "restarts") if "timing/total" in r]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["restarts/scoring"] == 1
+    assert rows[-1]["rollout/logprob_gap"] < 1e-3  # the restarted engine got the weights
     # the running reward normaliser came back: after a fresh start it would have seen one batch, not three
     uninterrupted = config(policy, tmp_path, name="no_restart", total_steps=3, **{"reward.normalization": "running"})
     train(uninterrupted)
