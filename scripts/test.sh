@@ -10,6 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 start=$SECONDS
+# the machine's float32 matmul rate first, so test times from machines of this kind can be compared
+"$py" -c 'from bench.learner import matmul_peak_flops as f; print(f"float32 matmul: {f() / 1e9:.0f} GFLOP/s")'
 tier() {
   local name=$1 began=$SECONDS rc=0
   shift
