@@ -10,7 +10,7 @@ from pathlib import Path
 from rollout.weight_sync import free_port
 from tests.helpers import RAY, REPO, RayNode
 
-AGENT_TRIES = 30
+AGENT_TRIES = 10
 NO_AGENT_YET = "No available agent to submit job"
 
 
@@ -28,6 +28,11 @@ def test_ray_job_submit_runs_two_steps_on_a_local_head(policy, tmp_path):
             "--num-cpus=2",
             f"--temp-dir={ray_tmp}",
             "--include-dashboard=true",
+            # ports of its own: Ray's defaults (the job agent's 52365, the client server's 10001) may be held by
+            # another cluster on the machine (a parallel test worker's), and a job agent without its port never
+            # comes up
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
         ],
         env,
         tmp_path / "head.log",

@@ -41,13 +41,14 @@ def train(cfg, kills=()):
     """Run to the end; `kills`: the steps after which the last learner rank's process is SIGKILLed (each once:
     the replay passes it again). Returns the run's counts and the seconds from the last kill to the recovery's
     start (detected), to its end (restored) and to the next step done."""
-    trainer, times, killed = Trainer(cfg), {}, set()
+    trainer, times, killed, seen = Trainer(cfg), {}, set(), {"restored_at": [], "rows_at_last_kill": []}
     recover = trainer.recover_learner
 
     def timed_recovery(error):
         times["detected"] = time.perf_counter() - times["kill"]
         recover(error)
         times["restored"] = time.perf_counter() - times["kill"]
+        seen["restored_at"].append(trainer.step)  # the step the recovery went back to
 
     trainer.recover_learner = timed_recovery
 
@@ -57,12 +58,13 @@ def train(cfg, kills=()):
         if step in kills and step not in killed:
             killed.add(step)
             times.clear()
+            seen["rows_at_last_kill"] = jsonl_rows(trainer.run_dir / "metrics.jsonl")  # before the rewind drops some
             times["kill"] = time.perf_counter()
             os.kill(actor_pid(trainer.roles.learner.ranks[-1]), signal.SIGKILL)  # under ZeRO, not the sender
 
     try:
         trainer.run(on_step=kill_rank)
-        return trainer.state.counts(), {k: round(v, 1) for k, v in times.items() if k != "kill"}
+        return trainer.state.counts(), {k: round(v, 1) for k, v in times.items() if k != "kill"}, seen
     finally:
         trainer.shutdown()
 
@@ -70,11 +72,13 @@ def train(cfg, kills=()):
 def record(run_dir):
     """The run's per-step numbers that are not clock readings (scripts/same_metrics.py), its restarts
     aside, and its final evaluation."""
-    rows = [
-        {k: v for k, v in deterministic(r).items() if k != "restarts/learner"}
-        for r in jsonl_rows(run_dir / "metrics.jsonl")
-    ]
+    rows = [undisturbed(r) for r in jsonl_rows(run_dir / "metrics.jsonl")]
     return rows, deterministic(json.loads((run_dir / "eval_after.json").read_text()))
+
+
+def undisturbed(row: dict) -> dict:
+    """A metrics row's numbers that are not clock readings, its learner restarts aside."""
+    return {k: v for k, v in deterministic(row).items() if k != "restarts/learner"}
 
 
 @pytest.mark.parametrize("ranks, kills", [(1, (1, 3)), (2, (3,))], ids=["1_rank", "2_ranks_zero2"])
@@ -86,9 +90,12 @@ def test_a_killed_learner_rank_is_rebuilt_and_the_run_ends_as_an_undisturbed_one
     train(config(policy, tmp_path, "whole", ranks))
     want = record(tmp_path / "whole")
     assert [r["step"] for r in want[0]] == [1, 2, 3, 4, 4]  # the last step, then its evaluation
-    counts, seconds = train(config(policy, tmp_path, "killed", ranks), kills=kills)
+    counts, seconds, seen = train(config(policy, tmp_path, "killed", ranks), kills=kills)
     print(f"learner recovery, {ranks} rank(s), killed after steps {kills}: {seconds} s after the last kill")
     assert counts["restarts/learner"] == len(kills) and counts["restarts/rollout"] == 0
+    assert seen["restored_at"] == [0 if kill < 2 else 2 for kill in kills]  # the start, or step 2's checkpoint
+    # the steps a run made after every earlier recovery, up to the last kill, were the undisturbed run's too
+    assert [undisturbed(r) for r in seen["rows_at_last_kill"]] == want[0][: kills[-1]]
     rows = jsonl_rows(tmp_path / "killed" / "metrics.jsonl")
     assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
     assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == len(kills)

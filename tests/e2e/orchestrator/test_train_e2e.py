@@ -15,6 +15,7 @@ from orchestrator.config.load import load_config
 from orchestrator.loop.dynamic_sampling import Sampled
 from orchestrator.loop.trainer import Trainer
 from reward_service.rules import math_answer
+from scripts.same_metrics import deterministic
 from tests.helpers import REPO, foreign_lines, relay
 
 pytestmark = pytest.mark.e2e
@@ -239,11 +240,20 @@ def test_a_killed_rollout_worker_and_scoring_service_are_restarted_the_scoring_w
     rows = [r for r in metrics(tmp_path / "restarts") if "timing/total" in r]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["restarts/scoring"] == 1
     assert rows[-1]["rollout/logprob_gap"] < 1e-3  # the restarted engine got the weights
-    # the running reward normaliser came back: after a fresh start it would have seen one batch, not three
     uninterrupted = config(policy, tmp_path, name="no_restart", total_steps=3, **{"reward.normalization": "running"})
     train(uninterrupted)
     want = [r for r in metrics(tmp_path / "no_restart") if "timing/total" in r]
     assert rows[-1]["reward/mean"] == pytest.approx(want[-1]["reward/mean"], abs=1e-6)
+
+    def same(row):  # what no restart can change: every number but the clocks and the restart counts
+        return {k: v for k, v in deterministic(row).items() if not k.startswith("restarts/")}
+
+    assert [same(r) for r in rows] == [same(r) for r in want]  # the restarted engine sampled the same
+
+    def scoring_state(name):  # the normaliser's state at the last checkpoint: step 3's raw reward cannot show it
+        return json.loads((tmp_path / name / "checkpoints" / "step_3" / "orchestrator.json").read_text())["scoring"]
+
+    assert scoring_state("restarts") == scoring_state("no_restart")
 
 
 def test_a_config_typo_fails_before_ray_starts():
