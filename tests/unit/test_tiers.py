@@ -18,3 +18,14 @@ def test_a_ray_call_that_would_start_a_cluster_fails_too():
 
 def test_a_unit_test_carries_no_tier_marker(request):
     assert request.node.get_closest_marker("e2e") is None and request.node.get_closest_marker("gpu") is None
+
+
+def test_no_two_test_files_share_a_name():
+    """`pytest -q` collects every tier in one session, in which two test modules of one name (rootdir-based
+    imports, no packages) fail to collect with "import file mismatch"."""
+    from collections import Counter
+
+    from tests.helpers import REPO
+
+    names = Counter(p.name for p in (REPO / "tests").rglob("test_*.py"))
+    assert not [n for n, count in names.items() if count > 1]
