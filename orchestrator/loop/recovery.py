@@ -20,10 +20,12 @@ class LearnerRecovery:
     none, the loop's state at a fresh start), and how often this process rebuilt it, against
     cluster.max_restarts (a resume starts the count afresh; Ray's engine budget is the same number)."""
 
-    def __init__(self, roles, state: LoopState, checkpointer: Checkpointer, tracker, settings: tuple[int, dict | None]):
-        """settings: cluster.max_restarts, and the loop's state at a fresh start (None: resumed)."""
+    def __init__(
+        self, roles, state: LoopState, checkpointer: Checkpointer, tracker, max_restarts: int, start: dict | None
+    ):
+        """start: the loop's state at a fresh start (None: a resumed run, which has a checkpoint to go back to)."""
         self.roles, self.state, self.checkpointer, self.tracker = roles, state, checkpointer, tracker
-        self.max_restarts, start = settings
+        self.max_restarts = max_restarts
         self.rebuilds = 0
         self.start = None if start is None else json.dumps(start)  # a copy: the loop's state moves on
 

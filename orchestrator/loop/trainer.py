@@ -68,8 +68,8 @@ class Trainer:
         self.tracker = Tracker(
             cfg.logging, self.run_dir, cfg.name, to_dict(cfg), resumed_at, self.finished, cfg.total_steps
         )
-        settings = cfg.cluster.max_restarts, start
-        self.recovery = LearnerRecovery(self.roles, self.state, self.checkpointer, self.tracker, settings)
+        r = cfg.cluster.max_restarts
+        self.recovery = LearnerRecovery(self.roles, self.state, self.checkpointer, self.tracker, r, start)
 
     def run(self, stop: StopRequest | None = None, on_step: StepHook | None = None) -> dict:
         """Train to total_steps (or until `on_step` returns true), then evaluate held out. A stop request
