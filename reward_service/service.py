@@ -16,9 +16,9 @@ import ray
 import torch
 
 from reward_service.combine import SourceRun, call_counts, combine, run_source
-from reward_service.config import InvalidPolicy, RewardConfig
+from reward_service.config import InvalidPolicy, Normalization, RewardConfig
 from reward_service.reference import ReferenceModel
-from reward_service.shaping import RunningMeanStd, overlong_penalty, shape
+from reward_service.shaping import RunningMeanStd, clipped, overlong_penalty, shape
 from reward_service.sources import build_source, deadline_s
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
@@ -155,7 +155,10 @@ class ScoringService(Profiled, Busy):
         trained = [(0.0 if bad and zero else t) + p for t, bad, p in zip(judged.total, judged.invalid, judged.overlong)]
         left_out = [bad and not zero for bad in judged.invalid]
         rewards = shape(trained, left_out, self.cfg.clip, self.cfg.normalization, self.running)
-        return self._scored(judged.runs, judged.total, judged.invalid, rewards, [[] for _ in judged.total])
+        scored = self._scored(judged.runs, judged.total, judged.invalid, rewards, [[] for _ in judged.total])
+        if self.cfg.normalization == Normalization.batch:  # for a batch joined from several calls
+            scored.unnormalised = [0.0 if bad else r for r, bad in zip(clipped(trained, self.cfg.clip), left_out)]
+        return scored
 
     def evaluate(
         self,

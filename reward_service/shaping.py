@@ -7,9 +7,11 @@ part of the run's checkpoint, so a resumed run normalises exactly as the uninter
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from reward_service.config import Normalization
+from reward_service.types import ScoredBatch
 
 
 class RunningMeanStd:
@@ -57,13 +59,35 @@ def shape(
     eps: float = 1e-8,
 ) -> list[float]:
     """Clip to [-clip, clip] (0 = off), then normalise over the samples not `left_out`; those -> 0."""
-    out = [min(max(r, -clip), clip) if clip > 0 else r for r in rewards]
-    good = [r for r, bad in zip(out, left_out) if not bad]
-    if normalization == Normalization.batch and good:
-        mean = sum(good) / len(good)
-        std = math.sqrt(sum((r - mean) ** 2 for r in good) / (len(good) - 1)) if len(good) > 1 else 1.0
-        out = [(r - mean) / (std + eps) for r in out]
-    elif normalization == Normalization.running:
-        running.update(good)
+    out = clipped(rewards, clip)
+    if normalization == Normalization.batch:
+        return whitened(out, left_out, eps)
+    if normalization == Normalization.running:
+        running.update([r for r, bad in zip(out, left_out) if not bad])
         out = [(r - running.mean) / (running.std + eps) for r in out]
     return [0.0 if bad else r for r, bad in zip(out, left_out)]
+
+
+def clipped(rewards: list[float], clip: float) -> list[float]:
+    """Each reward clipped to [-clip, clip]; 0 = off."""
+    return [min(max(r, -clip), clip) if clip > 0 else r for r in rewards]
+
+
+def whitened(rewards: list[float], left_out: list[bool], eps: float = 1e-8) -> list[float]:
+    """Batch normalisation: minus the mean, over the unbiased std, of the samples not `left_out`; those -> 0."""
+    good = [r for r, bad in zip(rewards, left_out) if not bad]
+    if not good:
+        return [0.0] * len(rewards)
+    mean = sum(good) / len(good)
+    std = math.sqrt(sum((r - mean) ** 2 for r in good) / (len(good) - 1)) if len(good) > 1 else 1.0
+    return [0.0 if bad else (r - mean) / (std + eps) for r, bad in zip(rewards, left_out)]
+
+
+def renormalised(scored: ScoredBatch) -> ScoredBatch:
+    """`scored` with its rewards batch-normalised over its own samples, where they were batch-normalised
+    (ScoredBatch.unnormalised): a batch of groups kept from several calls (dynamic sampling) gets one
+    mean and std, as one call would have given it. Each call's own would reweigh the groups for the
+    estimators that divide by no group std (RLOO, Dr. GRPO, reinforce_baseline)."""
+    if scored.unnormalised is None:
+        return scored
+    return dataclasses.replace(scored, rewards=whitened(scored.unnormalised, [not v for v in scored.valid]))

@@ -17,6 +17,10 @@ class ScoredBatch:
     # (B,) the sources' weighted sum before any shaping (overlong, clip, normalisation), nan where
     # invalid: what reward/mean reports. Required: a default would pass shaped rewards off as raw
     raw: list[float] = field(kw_only=True)
+    # (B,) under reward.normalization: batch, `rewards` before the normalisation (0 where left out);
+    # None otherwise. A batch joined from several calls' samples (dynamic sampling) is normalised
+    # again over its own samples with it (shaping.renormalised), never by each call's statistics
+    unnormalised: list[float] | None = field(default=None, kw_only=True)
     # the scoring calls' own counts (reward/timeouts, reward/errors, reward/retried_attempts) and each
     # failing source's first error: of the calls, so a selection of samples carries none of them
     metrics: dict[str, float] = field(default_factory=dict, kw_only=True)
@@ -25,6 +29,8 @@ class ScoredBatch:
     def __post_init__(self):
         if len(self.raw) != len(self.rewards):
             raise ValueError(f"raw has {len(self.raw)} entries for {len(self.rewards)} rewards")
+        if self.unnormalised is not None and len(self.unnormalised) != len(self.rewards):
+            raise ValueError(f"unnormalised has {len(self.unnormalised)} entries for {len(self.rewards)} rewards")
 
     def select(self, rows: list[int]) -> ScoredBatch:
         """The samples `rows`, without the calls' counts (which belong to the whole calls)."""
@@ -36,6 +42,7 @@ class ScoredBatch:
             pick(self.invalid),
             pick(self.ref_logprobs),
             raw=pick(self.raw),
+            unnormalised=None if self.unnormalised is None else pick(self.unnormalised),
         )
 
     @staticmethod
@@ -44,12 +51,15 @@ class ScoredBatch:
         (call_totals): the scoring calls the parts were selected from, e.g. every dynamic-sampling round."""
         metrics, errors = call_totals(parts if calls is None else calls)
         out = ScoredBatch([], {k: [] for k in parts[0].components}, [], [], [], raw=[], metrics=metrics, errors=errors)
+        out.unnormalised = [] if all(p.unnormalised is not None for p in parts) else None
         for p in parts:
             out.rewards += p.rewards
             out.valid += p.valid
             out.invalid += p.invalid
             out.ref_logprobs += p.ref_logprobs
             out.raw += p.raw
+            if out.unnormalised is not None:
+                out.unnormalised += p.unnormalised
             for k, v in p.components.items():
                 out.components[k] += v
         return out

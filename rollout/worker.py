@@ -17,6 +17,7 @@ from envs.config import EnvConfig
 from envs.registry import make_factory
 from rollout.async_engine import AsyncEngine, token_versions
 from rollout.config import RolloutConfig, SamplingConfig
+from rollout.continuation import joined
 from rollout.engine import (
     completion_text,
     engine_env,
@@ -154,7 +155,8 @@ class RolloutWorker(Profiled, Busy):
         """Continue cut samples [(prompt index, place in its group, prompt ids, the response so far)] of
         the batch of (step, draw), each one sample up to the configured max_new_tokens in all, seeded by
         its prompt, its place in the group and its length; one continuation each, in order
-        (RolloutBatch.continued joins them), with the whole response's text. A sample whose budget is
+        (RolloutBatch.continued joins them), with the whole response's text; a stop string across the cut
+        ends the sample there, as vLLM would have (rollout.continuation.joined). A sample whose budget is
         spent already (a run resumed with a smaller max_new_tokens) ends "length" with no new token."""
         sampling = dataclasses.replace(self.cfg.sampling, n_samples_per_prompt=1)
         live = [c for c in cut if len(c[3]) < sampling.max_new_tokens]
@@ -165,15 +167,11 @@ class RolloutWorker(Profiled, Busy):
             params.append(sampling_params(sampling, seed, max_tokens=sampling.max_new_tokens - len(response)))
         async with self.engine.call(after):
             with self.working():
-                outputs = iter(await self.engine.generate(requests, params))
+                outputs = iter(zip(await self.engine.generate(requests, params), params))
         more = RolloutBatch([], [], [], [], [], [], [])
         for index, _, prompt, response in cut:
-            c = next(outputs).outputs[0] if len(response) < sampling.max_new_tokens else None
-            ids = list(c.token_ids) if c else []
-            if sampling.stop:  # as an uncut sample's: vLLM's text of the new tokens, stop strings left out
-                text = self.tokenizer.decode(response, skip_special_tokens=True) + (c.text if c else "")
-            else:  # one decode of the whole response, as uncut samples get (rollout.engine.sampling_params)
-                text = self.tokenizer.decode(response + ids, skip_special_tokens=True)
+            out, p = next(outputs) if len(response) < sampling.max_new_tokens else (None, None)
+            c, text = joined(self.tokenizer, response, out.outputs[0] if out else None, p)
             self._append(more, index, prompt, c, text)
         return more
 

@@ -1,18 +1,23 @@
-"""Dynamic sampling (DAPO) as pure functions over named groups: a group whose rewards are all equal
-teaches a group baseline nothing, so it is replaced with fresh prompts' groups, for a few rounds."""
+"""Dynamic sampling (DAPO) as pure functions over named groups: a group whose samples are all right
+or all wrong teaches a group baseline nothing, so it is replaced with fresh prompts' groups, for a few
+rounds. Right or wrong is the raw reward (DAPO's accuracy, Yu et al. 2025, Eq. 11: keep a group iff
+0 < #correct < G), never the shaped one: the overlong penalty alone would keep an all-correct group
+with one long sample and train it on length. Under reward.normalization: batch the kept groups of
+every round are normalised once, together (reward_service.shaping.renormalised)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from reward_service.shaping import renormalised
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 
 
 @dataclass
 class Group:
-    """One prompt's samples, their scores, the prompt's example, and whether their rewards differ."""
+    """One prompt's samples, their scores, the prompt's example, and whether their raw rewards differ."""
 
     rollouts: RolloutBatch
     scored: ScoredBatch
@@ -30,9 +35,15 @@ class Sampled:
 
 
 def informative(rewards: list[float], valid: list[bool]) -> bool:
-    """A group teaches a group baseline something only if the rewards of the samples that train
+    """A group teaches a group baseline something only if the (raw) rewards of the samples that train
     differ: a dropped sample (invalid: drop) is no part of its group."""
     return len({r for r, keep in zip(rewards, valid) if keep}) > 1
+
+
+def accuracy(scored: ScoredBatch) -> list[float]:
+    """Each sample's raw reward, before any shaping; one nobody judged that still trains (invalid:
+    zero) is a wrong answer, 0, as it trains."""
+    return [0.0 if bad else r for r, bad in zip(scored.raw, scored.invalid)]
 
 
 def groups_of(sampled: Sampled) -> list[Group]:
@@ -42,7 +53,7 @@ def groups_of(sampled: Sampled) -> list[Group]:
         rows = [i for i, p in enumerate(sampled.rollouts.prompt_index) if p == j]
         if rows:
             kept = sampled.scored.select(rows)
-            groups.append(Group(sampled.rollouts.select(rows), kept, example, informative(kept.rewards, kept.valid)))
+            groups.append(Group(sampled.rollouts.select(rows), kept, example, informative(accuracy(kept), kept.valid)))
     return groups
 
 
@@ -55,12 +66,13 @@ def pick_groups(groups: list[Group], want: int) -> tuple[list[Group], int]:
 
 def merge_groups(chosen: list[Group], skipped: list, calls: list[ScoredBatch]) -> Sampled:
     """One batch of the chosen groups, prompt j being the j-th group; `skipped`: every round's
-    skipped prompts; `calls`: every round's scoring, whose counts the merged scores report."""
+    skipped prompts; `calls`: every round's scoring, whose counts the merged scores report. Batch-
+    normalised rewards are normalised again over the chosen groups alone."""
     for j, group in enumerate(chosen):
         group.rollouts.prompt_index = [j] * len(group.rollouts)
     merged = RolloutBatch.concat([g.rollouts for g in chosen])
     merged.skipped = skipped
-    scored = type(calls[0]).concat([g.scored for g in chosen], calls)
+    scored = renormalised(ScoredBatch.concat([g.scored for g in chosen], calls))
     return Sampled(merged, [g.example for g in chosen], scored)
 
 

@@ -299,6 +299,26 @@ def test_a_continuation_is_seeded_by_its_place_in_the_group_and_a_spent_budget_e
     assert {s[1] for s in again}.isdisjoint({s[1] for s in seen})
 
 
+def test_a_continuation_ends_at_a_stop_string_that_began_before_the_cut():
+    """Issue 40, item 10: the response so far is the continuation's prompt, so vLLM saw no "==" in
+    "7=" + "=5" and the sample ran on past its stop string. Now it ends as an uncut one would."""
+    from learner.tiny_gpt import char_tokenizer
+    from rollout.config import RolloutConfig, SamplingConfig
+    from rollout.worker import RolloutWorker  # imports vLLM: only here
+
+    tok = char_tokenizer()
+    ids = tok.convert_tokens_to_ids(list("=5"))
+    done = SimpleNamespace(
+        token_ids=ids, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in ids], finish_reason="length", text="=5"
+    )
+    worker = object.__new__(RolloutWorker)
+    worker.cfg = RolloutConfig(sampling=SamplingConfig(max_new_tokens=8, stop=["=="]))
+    worker.seed, worker.tokenizer, worker.engine = 0, tok, finished_engine(done, [])
+    more = asyncio.run(worker.resume([(0, 0, [1], tok.convert_tokens_to_ids(list("7=")))], 1, 0, None))
+    assert more.response_text == ["7"] and more.finish_reason == ["stop"]
+    assert more.response_ids == [ids[:1]] and more.logprobs == [[-0.5]] and more.token_versions == [[0]]
+
+
 def test_the_pool_gives_each_cut_sample_its_place_in_its_group_whatever_engine_continues_it():
     from rollout.pool import RolloutPool
     from rollout.types import RolloutBatch
