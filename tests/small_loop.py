@@ -112,10 +112,11 @@ class Scoring:
 
 
 class Learner:
-    """The learner group: `experience` then `train`, which returns `stats`; checkpoints are a file each."""
+    """The learner group: `experience` then `train`, which returns `stats`; checkpoints are a file each,
+    holding `tag` (which run wrote it); `restored`: the tag of the checkpoint last loaded."""
 
-    def __init__(self, calls: list, stats: dict | None = None):
-        self.calls, self.stats, self.ranks = calls, stats or STATS, ["rank 0"]
+    def __init__(self, calls: list, stats: dict | None = None, tag: str = "learner"):
+        self.calls, self.stats, self.ranks, self.tag, self.restored = calls, stats or STATS, ["rank 0"], tag, None
 
     def experience(self, batch, scored) -> None:
         self.calls.append("experience")
@@ -134,10 +135,12 @@ class Learner:
     def save(self, path: Path) -> None:
         self.calls.append(("save", path.parent.name))
         path.mkdir(parents=True)
-        (path / "weights").write_text("learner")
+        (path / "weights").write_text(self.tag)
 
     def load(self, path: Path) -> None:
         self.calls.append(("load", path.parent.name))
+        weights = path / "weights"
+        self.restored = weights.read_text() if weights.exists() else None  # none in one a test wrote by hand
 
     def lost(self, error) -> bool:
         return getattr(error, "actor_id", None) == "rank 0"
@@ -168,12 +171,12 @@ def examples(n: int) -> list[dict]:
 
 
 def small_trainer(
-    tmp_path: Path, *overrides: str, judge=None, stats=None, sleep_engines=False, gateway=None, run_dir=None
+    tmp_path: Path, *overrides: str, judge=None, stats=None, sleep_engines=False, gateway=None, run_dir=None, tag=None
 ):
     """A real Trainer (2 prompts x 2 samples a step, 3 steps) on the stand-ins above, and the list
     that records every call they get, in order. `judge(batch, k)`: the k-th scored batch's scores
     (default: rewards 0, 1, ...); `gateway`: batches from the agent endpoint instead of prompts;
-    `run_dir`: the run's folder (default tmp_path/small)."""
+    `run_dir`: the run's folder (default tmp_path/small); `tag`: what the learner's checkpoints hold."""
     calls = []
     run_dir = run_dir or tmp_path / "small"
     base = [f"run_root={run_dir.parent}", f"name={run_dir.name}", "logging.wandb.mode=disabled"]
@@ -182,7 +185,7 @@ def small_trainer(
     base += ["algorithm.mini_batch_size=4", "algorithm.micro_batch_size=4", "checkpoint.every_n_steps=0"]
     cfg = load_config(DEFAULT, base + list(overrides))
     judge = judge or (lambda batch, k: scores([float(i % 2) for i in range(len(batch))]))
-    engines, scoring, learner = Engines(calls), Scoring(calls, judge), Learner(calls, stats)
+    engines, scoring, learner = Engines(calls), Scoring(calls, judge), Learner(calls, stats, tag or "learner")
     roles = Roles(engines, scoring, learner, Channel(calls), sleep_engines=sleep_engines)
     if gateway is not None:
         batches = EndpointBatches(cfg, gateway)

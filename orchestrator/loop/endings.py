@@ -10,8 +10,8 @@ from pathlib import Path
 
 import ray
 
+from orchestrator.loop.run_folder import run_checkpoints
 from orchestrator.loop.signals import STOPPED_EXIT_CODE
-from orchestrator.loop.step_metrics import checkpoints
 from runtime.watchdog import RunHung
 
 FAILED_EXIT_CODE = 1
@@ -46,9 +46,10 @@ def _first_line(error: BaseException) -> str:
 
 def ending(error: BaseException, run_dir: Path, resume_command: str) -> tuple[int, str]:
     """Exit status and the line to print for `error`, which ended the run in `run_dir`; its traceback is
-    appended to run_dir/relay.log."""
+    appended to run_dir/relay.log. The checkpoints named are the run's own (its lineage's), never another
+    run's of the same name."""
     log = write_traceback(error, run_dir)
-    found = checkpoints(run_dir / "checkpoints")
+    found = run_checkpoints(run_dir)
     if resumable(error):
         go_on = (
             f"to continue from checkpoint step {found[-1][0]}: {resume_command}"

@@ -1,5 +1,5 @@
 """What the loop reads off each step: batch and reward statistics, staleness and busy shares, the phase
-timer, the checks that stop a run that cannot learn, and which checkpoints a run folder holds."""
+timer, and the checks that stop a run that cannot learn."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from learner.checkpoint import recover
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from runtime import watchdog
@@ -248,27 +247,3 @@ def finished_before(run_dir: Path, resumed_at: int | None, total_steps: int) -> 
     """A resumed run whose earlier run also evaluated after its last step (eval_after.json; a fresh
     run removes an earlier one's): its final rows are logged already, so it is not evaluated again."""
     return resumed_at is not None and resumed_at >= total_steps and (run_dir / "eval_after.json").exists()
-
-
-def checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under `root` by step; one a crash left set aside mid-publish is restored first."""
-    if not root.exists():
-        return []
-    for old in root.glob("step_*.old"):
-        recover(old.with_suffix(""))
-    found = [
-        (int(p.name.removeprefix("step_")), p)
-        for p in root.glob("step_*")
-        if p.name.removeprefix("step_").isdigit() and (p / "orchestrator.json").exists()
-    ]
-    return sorted(found)
-
-
-def resume_path(resume: str, root: Path) -> Path | None:
-    """checkpoint.resume: never -> None; auto -> the newest complete checkpoint under `root`, if any; else that path."""
-    if resume == "never":
-        return None
-    if resume == "auto":
-        found = checkpoints(root)
-        return found[-1][1] if found else None
-    return Path(resume)

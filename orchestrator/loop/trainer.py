@@ -49,6 +49,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, parts: LoopParts | None = None):
         self.cfg, self.run_dir, self.step = cfg, Path(cfg.run_root) / cfg.name, 0
+        # first: the folder is this run's (another run's checkpoints and records set aside) before anything
+        # can end the run, so its end line never names another run's checkpoint
+        self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.resume)
         self.incident = IncidentContext(cfg, lambda: self.step)
         self.watchdog = Watchdog(cfg.watchdog, self.run_dir, self.incident.actors, self.incident)
         with watching(self.watchdog), self.watchdog.phase("start"):
@@ -58,7 +61,6 @@ class Trainer:
         self.wait_for_sync = ahead_bound(cfg) == 0  # asynchronous modes train while the engines take weights
         self.health = Health(cfg.health, functools.partial(say, self.run_dir), applicable(cfg))
         self.state = LoopState(self.roles, self.batches, self.health, parts.skipped_lines, self._move_to)
-        self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.resume)
         with watching(self.watchdog), self.watchdog.phase("start"):
             resumed_at = self.state.resume(self.checkpointer) if self.checkpointer.resume_from else None
         # with no checkpoint, a learner recovery goes back to the start: the loop's state kept here as a

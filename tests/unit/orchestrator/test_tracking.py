@@ -61,11 +61,14 @@ class FakeWandb:
 
 
 def write_checkpoint(run_dir, step):
-    """What a first run checkpointed at `step`, as the loop's state: a resumed run starts there."""
+    """What a first run checkpointed at `step`, as the loop's state: a resumed run starts there. It is the
+    checkpoint of the run the folder holds (its lineage file's, if a run wrote one)."""
     counts = ["data/skipped_lines", "rollout/dropped_groups", "learner/skipped_updates_in_a_row"]
     counts += ["reward/unjudged_steps_in_a_row", "restarts/rollout", "restarts/scoring", "async/dropped_stale"]
     state = {"step": step, "counters": dict.fromkeys(counts, 0), "scoring": {}, "config": {}}
     state |= {"sampler": {"epoch": 0, "position": 2 * step}, "ahead": []}
+    if (run_dir / "lineage").exists():
+        state["lineage"] = (run_dir / "lineage").read_text().strip()
     (run_dir / "checkpoints" / f"step_{step}").mkdir(parents=True)
     (run_dir / "checkpoints" / f"step_{step}" / "orchestrator.json").write_text(json.dumps(state))
 
