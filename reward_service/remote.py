@@ -1,6 +1,9 @@
 """Rewards over HTTP: a client with hard deadlines, and the server behind `relay serve-reward`.
 
 Wire format: POST {"prompts": [...], "responses": [...], "metadata": [...]} -> {"rewards": [...]}.
+With a key (RELAY_REWARD_KEY, runtime/endpoint_auth.py) the server answers only calls that send it as
+`Authorization: Bearer <key>` (401 otherwise, counted), and the client sends it; beyond loopback the
+server requires one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from runtime.endpoint_auth import REWARD_KEY_ENV, UNAUTHORIZED, KeyCheck, bearer, keyless_exposure
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +36,20 @@ class RemoteResult:
 class RemoteReward:
     """POSTs the batch in up to `max_concurrency` chunks at once. Each chunk gets `timeout_s` per
     attempt and `max_retries` retries with exponential backoff; the whole call has a hard deadline,
-    so a server that hangs, trickles or dies costs at most that long and marks only its samples."""
+    so a server that hangs, trickles or dies costs at most that long and marks only its samples.
+    `key`: sent as `Authorization: Bearer <key>` (the server's RELAY_REWARD_KEY); "" sends none."""
 
-    def __init__(self, url: str, timeout_s: float, max_retries: int, max_concurrency: int, backoff_s: float = 0.2):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        max_retries: int,
+        max_concurrency: int,
+        backoff_s: float = 0.2,
+        key: str = "",
+    ):
         self.url, self.timeout_s, self.max_retries = url, timeout_s, max_retries
-        self.max_concurrency, self.backoff_s = max(1, max_concurrency), backoff_s
+        self.max_concurrency, self.backoff_s, self.key = max(1, max_concurrency), backoff_s, key
 
     @property
     def deadline_s(self) -> float:
@@ -73,12 +87,15 @@ class RemoteReward:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json", **bearer(self.key)}
+            request = urllib.request.Request(self.url, data=body, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                     raw = reply.read()
             except urllib.error.HTTPError as e:
                 error, timed_out = f"HTTP {e.code}", False
+                if e.code == 401:
+                    error += f": the server wants its key: set {REWARD_KEY_ENV} to it where relay runs"
                 if e.code < 500:
                     return None, error, attempt + 1, False  # the request itself is wrong: retrying will not help
                 continue
@@ -111,14 +128,36 @@ def _parse(raw: bytes, n: int) -> tuple[list[float | None] | None, str]:
     return [float(r) if ok(r) else None for r in rewards], ""
 
 
-def serve(score_fn, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+def _length(headers) -> int:
+    """The body's Content-Length; a malformed one reads as no body (then a 400)."""
+    try:
+        return max(0, int(headers.get("Content-Length", 0)))
+    except ValueError:
+        return 0
+
+
+def serve(score_fn, host: str = "127.0.0.1", port: int = 8000, key: str = "") -> ThreadingHTTPServer:
     """An HTTP server answering POST /score with score_fn(prompts, responses, metadata) -> floats.
+    With `key`, only calls that send it (`Authorization: Bearer <key>`) are scored, the others answered
+    401 and counted (the server's `check.refused`); beyond loopback a key is required (ValueError).
     Returns the server; call serve_forever() (or run it in a thread)."""
+    refused = keyless_exposure(host, key, REWARD_KEY_ENV)
+    if refused:
+        raise ValueError(f"--host: {refused}")
+    check = KeyCheck(key)
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 (http.server's naming)
+            raw = self.rfile.read(_length(self.headers))  # read even if refused: closing on unread data resets
+            if not check(self.headers.get("Authorization")):
+                log.warning(
+                    "serve-reward: refused a call from %s without the right key (%d so far)",
+                    self.client_address[0],
+                    check.refused,
+                )
+                return self._reply(401, json.dumps(UNAUTHORIZED))
             try:
-                payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                payload = json.loads(raw)
                 n = len(payload["responses"])
                 rewards = score_fn(payload["prompts"], payload["responses"], payload.get("metadata") or [{}] * n)
                 body, code = (
@@ -130,6 +169,9 @@ def serve(score_fn, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPS
             except Exception as e:  # a failing reward must answer, not hang the client
                 log.exception("serve-reward: scoring failed")
                 body, code = json.dumps({"error": f"{type(e).__name__}: {e}"}), 500
+            self._reply(code, body)
+
+        def _reply(self, code: int, body: str) -> None:
             data = body.encode()
             try:
                 self.send_response(code)
@@ -143,4 +185,6 @@ def serve(score_fn, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPS
         def log_message(self, fmt, *args):
             log.debug("serve-reward: " + fmt, *args)
 
-    return ThreadingHTTPServer((host, port), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.check = check  # its refusals, for whoever serves it
+    return server

@@ -21,6 +21,7 @@ from reward_service.judge import JudgeSource, LocalJudge, OpenAIJudge, VLLMJudge
 from reward_service.remote import RemoteReward
 from reward_service.rm_input import pad_right, rm_input_ids
 from runtime.device import to_device
+from runtime.endpoint_auth import REWARD_KEY_ENV, env_key
 from runtime.prompts import is_chat
 
 REWARD_STATS_FILE = "relay_reward_stats.json"  # written next to a reward model by `relay rm`
@@ -148,10 +149,12 @@ def _rm_prompt(decoded: str, meta: dict):
 
 
 class RemoteSource:
-    """A reward served over HTTP: it owns the client, with its timeouts, retries and concurrency."""
+    """A reward served over HTTP: it owns the client, with its timeouts, retries and concurrency, and
+    sends RELAY_REWARD_KEY (if set) as the server's key."""
 
     def __init__(self, cfg: RewardSource):
-        self.client = RemoteReward(cfg.url, cfg.timeout_s, cfg.max_retries, cfg.max_concurrency)
+        key = env_key(REWARD_KEY_ENV)
+        self.client = RemoteReward(cfg.url, cfg.timeout_s, cfg.max_retries, cfg.max_concurrency, key=key)
 
     @property
     def deadline_s(self) -> float:

@@ -14,15 +14,21 @@ tool calls come back as `tool_calls`; with reasoning_parser, its reasoning as `r
 (both through vLLM's parsers, rollout/chat_parsing.py). Either way the sample trains on the sampled
 tokens as they were, and the agent's tool results continue it through the template.
 
-Calls sample at rollout.sampling's temperature and top_p, the distribution the learner trains
-under: a call asking for others (or forcing a tool call, which constrains sampling) is refused (400,
-the field named). A call the engine fails marks its episode failed (trained as could-not-judge,
-never as a score); a call that cannot fit is refused alone, before it reaches a batched engine call
-whose other calls it would fail.
+Each field of a call is served as OpenAI's API defines it or refused (400, the field named), as one
+table says (rollout/gateway_request.py): calls sample at rollout.sampling's temperature and top_p,
+the distribution the learner trains under, so a call asking for others (or forcing a tool call,
+which constrains sampling) is refused; its stop strings add to the config's. A call the engine
+fails marks its episode failed (trained as could-not-judge, never as a score); a call that cannot
+fit is refused alone, before it reaches a batched engine call whose other calls it would fail.
 
 The endpoint's state (open episodes, finished ones not yet trained) lives in this actor only and is
 not checkpointed: a resumed run starts with none, and a reward an agent posts for an episode of the
 run before (or any unknown id) is answered 404 and counted (endpoint/unknown_rewards).
+
+Listening beyond loopback needs a key (RELAY_ENDPOINT_KEY), which every call must send as
+`Authorization: Bearer <key>` (an OpenAI client's api_key); without it a call is answered 401 and
+counted (endpoint/unauthorized): a reward anyone could post would train the policy
+(runtime/endpoint_auth.py).
 """
 
 from __future__ import annotations
@@ -33,14 +39,15 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 from rollout.chat_parsing import ChatParsers
 from rollout.config import EndpointConfig, SamplingConfig
+from rollout.gateway_request import parse_request
 from rollout.gateway_stream import chunks, server_sent_events, token_pieces
 from rollout.recorder import Recorder
 from rollout.types import RolloutBatch
+from runtime.endpoint_auth import ENDPOINT_KEY_ENV, KeyCheck, keyless_exposure, protect
 
 log = logging.getLogger(__name__)
 
@@ -75,69 +82,6 @@ class Batcher:
             future.set_result((*out, version))
 
 
-# OpenAI fields that would change the sampled distribution; the learner trains under the config's
-# (its logprobs, the ratio, the gap metric), so a call may not change it: (field, config value, off value)
-DISTRIBUTION_FIELDS = (
-    ("temperature", lambda s: s.temperature),
-    ("top_p", lambda s: s.top_p),
-    ("frequency_penalty", lambda s: 0.0),
-    ("presence_penalty", lambda s: 0.0),
-)
-
-
-def distribution_change(body: dict, sampling: SamplingConfig) -> str:
-    """Why the call is refused ("" if not): a field asking for another distribution than the config's."""
-    for key, configured in DISTRIBUTION_FIELDS:
-        value = body.get(key)
-        if value is None:
-            continue
-        try:
-            differs = float(value) != configured(sampling)
-        except (TypeError, ValueError):
-            return f"{key}: expected a number, got {value!r}"
-        if differs:
-            return (
-                f"{key}: {value} is refused: relay samples at the configured {configured(sampling)} "
-                f"(rollout.sampling), the distribution the learner trains under; omit it or send that value"
-            )
-    if body.get("logit_bias"):
-        return "logit_bias: refused: relay samples rollout.sampling's distribution, the one the learner trains under"
-    return ""
-
-
-def call_params(body: dict, sampling: SamplingConfig, tool_parser: str = "") -> SamplingConfig:
-    """One chat call's sampling, or ValueError (its 400) naming the field relay cannot serve."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise ValueError("messages: a non-empty list of chat messages is required")
-    if body.get("n", 1) != 1:
-        raise ValueError("n: only 1 completion per call (an episode is one conversation)")
-    if body.get("functions"):
-        raise ValueError("functions: the deprecated form is not served: send `tools`")
-    if body.get("tools") and not tool_parser:
-        raise ValueError(
-            "tools: set rollout.endpoint.tool_parser to the model's tool-call format (e.g. hermes, qwen3_xml) "
-            "to serve them (or describe tools in the messages)"
-        )
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise ValueError(
-            f"tool_choice: {choice!r} is refused: forcing a call constrains sampling (guided decoding), "
-            "a distribution the learner does not train under; use auto or none"
-        )
-    refused = distribution_change(body, sampling)
-    if refused:
-        raise ValueError(refused)
-    asked = int(body.get("max_tokens") or body.get("max_completion_tokens") or sampling.max_new_tokens)
-    return replace(
-        sampling,
-        n_samples_per_prompt=1,
-        stop=list(body.get("stop") or []),
-        max_new_tokens=min(asked, sampling.max_new_tokens),
-        seed=int(body.get("seed", uuid.uuid4().int % 2**31)),
-    )
-
-
 def completion(model_name: str, message: dict, finish: str, usage: dict, relay: dict) -> dict:
     """The OpenAI chat.completion answer, with relay's token ids, logprobs and policy version beside it."""
     return {
@@ -164,35 +108,76 @@ def answer(
     }
     if not body.get("stream"):
         message = parsers.message(parsed, text, tokens)
-        return message, completion(model, message, _finish_reason(message, finish), usage, relay)
-    pieces = token_pieces(parsers.tokenizer, tokens, text)
-    deltas = parsers.deltas(parsed, pieces, call_ids)
-    message = parsers.streamed_message(deltas)
-    wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return message, chunks(
-        model, deltas, pieces, _finish_reason(message, finish), usage if wants_usage else None, relay
-    )
+        out = [completion(model, message, _finish_reason(message, finish), usage, relay)]
+    else:
+        pieces = token_pieces(parsers.tokenizer, tokens, text)
+        deltas = parsers.deltas(parsed, pieces, call_ids)
+        message = parsers.streamed_message(deltas)
+        wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        out = chunks(model, deltas, pieces, _finish_reason(message, finish), usage if wants_usage else None, relay)
+    if body.get("logprobs"):
+        with_logprobs(out, parsers.tokenizer, relay["logprobs"])
+    return message, out if body.get("stream") else out[0]
+
+
+def with_logprobs(answers: list[dict], tokenizer, logprobs: list[float]) -> None:
+    """OpenAI's `choices[0].logprobs` on a completion or on each chunk: every token the choice carries
+    (its `relay.token_ids`, or the record's in a completion), its text, bytes and sampled logprob."""
+    k = 0
+    for a in answers:
+        ids = a["relay"]["token_ids"] if "relay" in a and a["choices"] else []
+        if ids:
+            content = [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip((tokenizer.decode([i]) for i in ids), logprobs[k : k + len(ids)])
+            ]
+            a["choices"][0]["logprobs"] = {"content": content, "refusal": None}
+            k += len(ids)
+
+
+def served_call(recorder: Recorder, parsers: ChatParsers, sampling: SamplingConfig, episode: str | None, body: dict):
+    """A call as relay serves it: (its request, its episode, the parsers' state, the recorder's call),
+    or ValueError (its 400). episode None (`/v1`): the call's `user` names it, else it is its own."""
+    request = parse_request(body, sampling, parsers.tool_parser)
+    body = request.body  # nulls dropped: not given
+    episode = episode or body.get("user") or uuid.uuid4().hex
+    parsed = parsers.start(body)
+    call = recorder.prepare(episode, body["messages"], request.sampling.max_new_tokens, body.get("tools") or None)
+    return request, episode, parsed, call
+
+
+def bad_request(e: ValueError):
+    """A call relay does not serve: 400, in OpenAI's error shape (`param` names the field, so a client's
+    BadRequestError says it) with FastAPI's `detail` beside it."""
+    from fastapi.responses import JSONResponse
+
+    error = {"message": str(e), "type": "invalid_request_error", "param": getattr(e, "field", None), "code": None}
+    return JSONResponse({"detail": str(e), "error": error}, status_code=400)
 
 
 def _finish_reason(message: dict, finish: str) -> str:
     return "tool_calls" if message.get("tool_calls") and finish == "stop" else finish  # as OpenAI says it
 
 
-def build_app(recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, model_name: str, parsers=None):
+def build_app(
+    recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, model_name: str, parsers=None, check=None
+):
+    """The endpoint's FastAPI app; `check` (a KeyCheck) answers calls without its key 401, every route."""
     from fastapi import Body, FastAPI, HTTPException
     from fastapi.responses import StreamingResponse
 
     app = FastAPI(title="relay agent endpoint")
+    protect(app, check or KeyCheck())
     parsers = parsers or ChatParsers(recorder.tokenizer)
 
-    async def chat(episode: str, body: dict):
+    async def chat(episode: str | None, body: dict):
         try:
-            params = call_params(body, sampling, parsers.tool_parser)
-            parsed = parsers.start(body)
-            tools = body.get("tools") or None
-            call = await asyncio.to_thread(recorder.prepare, episode, body["messages"], params.max_new_tokens, tools)
+            request, episode, parsed, call = await asyncio.to_thread(
+                served_call, recorder, parsers, sampling, episode, body
+            )
         except ValueError as e:
-            raise HTTPException(400, str(e)) from None
+            return bad_request(e)
+        body, params = request.body, request.sampling
         try:
             tokens, logprobs, text, finish, version = await batcher.complete(call.ids, params)
         except Exception as e:  # noqa: BLE001 - an engine failure: the episode cannot be judged; the run goes on
@@ -216,7 +201,7 @@ def build_app(recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, mo
 
     @app.post("/v1/chat/completions")
     async def plain_chat(body: dict = Body(...)):
-        return await chat(str(body.get("user") or uuid.uuid4().hex), body)  # no user: every call its own episode
+        return await chat(None, body)  # the call's `user` names its episode
 
     @app.post("/episodes/{episode}/reward")
     async def reward(episode: str, body: dict = Body(...)):
@@ -237,7 +222,8 @@ def build_app(recorder: Recorder, batcher: Batcher, sampling: SamplingConfig, mo
 
 class Gateway:
     """The endpoint in its own Ray actor: an HTTP server on a thread, the engines behind it.
-    Create with `ray.remote(Gateway).remote(workers, model_path, cfg, sampling, max_prompt_tokens, max_model_len)`."""
+    Create with `ray.remote(Gateway).remote(workers, model_path, cfg, sampling, max_prompt_tokens, max_model_len,
+    api_key)`: with a key (RELAY_ENDPOINT_KEY), every call must send it; beyond loopback one is required."""
 
     def __init__(
         self,
@@ -247,7 +233,11 @@ class Gateway:
         sampling: SamplingConfig,
         max_prompt_tokens: int,
         max_model_len: int,
+        api_key: str = "",
     ):
+        refused = keyless_exposure(cfg.host, api_key, ENDPOINT_KEY_ENV)
+        if refused:  # before anything is loaded or served
+            raise ValueError(f"rollout.endpoint.host: {refused}")
         import uvicorn
         from transformers import AutoTokenizer
 
@@ -257,7 +247,8 @@ class Gateway:
         parsers = ChatParsers(tokenizer, cfg.tool_parser, cfg.reasoning_parser)
         self.recorder = Recorder(tokenizer, max_prompt_tokens, max_model_len, cfg.idle_timeout_s, cfg.max_staleness)
         batcher = Batcher(workers, cfg.batch_wait_ms / 1e3)
-        app = build_app(self.recorder, batcher, sampling, "relay-policy", parsers)
+        self.check = KeyCheck(api_key)
+        app = build_app(self.recorder, batcher, sampling, "relay-policy", parsers, self.check)
         self.server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
         thread = threading.Thread(target=self.server.run, daemon=True, name="relay-gateway")
         thread.start()
@@ -272,7 +263,8 @@ class Gateway:
         return f"http://{self.host}:{self.port}"
 
     def take(self, n: int, timeout_s: float, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        return self.recorder.take(n, timeout_s, step)
+        batch, counts = self.recorder.take(n, timeout_s, step)
+        return batch, counts | {"endpoint/unauthorized": float(self.check.refused)}  # calls refused 401
 
     def shutdown(self) -> None:
         self.server.should_exit = True

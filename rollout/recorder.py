@@ -35,6 +35,8 @@ class Sample:
     logprobs: list[float] = field(default_factory=list)
     finish: str = "stop"
     versions: list[int] = field(default_factory=list)  # the policy version of each call
+    # the version of each token of `ids`: its call's (a message's tokens: the call's before them)
+    token_versions: list[int] = field(default_factory=list)
     turns: int = 0
     clipped_turns: int = 0  # calls cut at their max_tokens
     tools: list[dict] | None = None  # the `tools` of its calls, rendered by the chat template
@@ -132,6 +134,7 @@ class Recorder:
         with self.lock:
             s = call.sample
             del s.ids[call.kept_ids :], s.action_mask[call.kept_ids :], s.logprobs[call.kept_ids :]
+            del s.token_versions[call.kept_ids :]
             s.messages = call.kept_messages
             samples = self.episodes.get(episode)
             if samples is not None:
@@ -157,6 +160,10 @@ class Recorder:
             sample = call.sample
             if not any(s is sample for s in self.episodes.get(episode, [])):
                 return
+            # the message tokens this call added (tagged now: before the call its version was unknown)
+            before = sample.token_versions[-1] if sample.token_versions else version
+            sample.token_versions += [before] * (len(sample.ids) - len(sample.token_versions))
+            sample.token_versions += [version] * len(tokens)
             sample.ids += tokens
             sample.action_mask += [1] * len(tokens)
             sample.logprobs += logprobs
@@ -239,6 +246,7 @@ def _batch(taken: list[tuple[Sample, float, bool]]) -> RolloutBatch:
         batch.turns.append(s.turns)
         batch.env_failure.append("error" if failed else "")
         batch.clipped_turns.append(s.clipped_turns)
+        batch.token_versions.append(s.token_versions)
         batch.version_first.append(s.versions[0])
         batch.version_last.append(s.versions[-1])
     return batch

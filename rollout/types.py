@@ -32,7 +32,7 @@ class RolloutBatch:
     version_first: list[int] = field(default_factory=list)  # (B,)
     version_last: list[int] = field(default_factory=list)  # (B,)
     # (B, ragged) the version that sampled each response token, from vLLM's spans (an episode's
-    # observation tokens: the version of the turn before); empty where not recorded (the endpoint's)
+    # observation tokens, an endpoint sample's message tokens: the version of the turn before)
     token_versions: list[list[int]] = field(default_factory=list)
     # multi-turn episodes (rollout/episodes.py); empty for single-turn samples
     action_mask: list[list[int]] = field(

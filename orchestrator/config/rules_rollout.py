@@ -7,6 +7,7 @@ from pathlib import Path
 from envs.registry import make_factory
 from orchestrator.config.rules_algorithm import group_baselines
 from reward_service.config import SourceKind
+from runtime.endpoint_auth import ENDPOINT_KEY_ENV, env_key, keyless_exposure
 
 
 def check_sampling(cfg):
@@ -100,6 +101,9 @@ def _endpoint(cfg):
             "async_training.mode",
             ("the agent endpoint is asynchronous by itself (agents call while the learner trains): use sync"),
         )
+    exposed = keyless_exposure(cfg.rollout.endpoint.host, env_key(ENDPOINT_KEY_ENV), ENDPOINT_KEY_ENV)
+    if exposed:  # anyone reaching it could post rewards that train the policy
+        yield "rollout.endpoint.host", exposed
     if cfg.rollout.endpoint.max_staleness < 0:
         yield "rollout.endpoint.max_staleness", f"must be >= 0, got {cfg.rollout.endpoint.max_staleness}"
     template = cfg.rollout.endpoint.chat_template

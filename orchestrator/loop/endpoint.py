@@ -9,17 +9,21 @@ from rollout.config import RolloutConfig
 from rollout.gateway import Gateway
 from rollout.types import RolloutBatch
 from runtime import watchdog
+from runtime.endpoint_auth import ENDPOINT_KEY_ENV, env_key
 
 
 def start_gateway(workers: list, model_path: str, cfg: RolloutConfig):
-    """The endpoint's actor, serving on the engines `workers`; prints where agents reach it."""
+    """The endpoint's actor, serving on the engines `workers`; prints where agents reach it. Its key is
+    the driver's RELAY_ENDPOINT_KEY, handed to the actor (which may run on a node without it)."""
+    key = env_key(ENDPOINT_KEY_ENV)
     actor = ray.remote(num_cpus=0)(Gateway).remote(
-        workers, model_path, cfg.endpoint, cfg.sampling, cfg.max_prompt_tokens, cfg.max_model_len
+        workers, model_path, cfg.endpoint, cfg.sampling, cfg.max_prompt_tokens, cfg.max_model_len, key
     )
     url = watchdog.get(actor.url.remote())
     print(
         f"relay: agent endpoint on {url}: point an OpenAI client at {url}/episodes/<episode id>/v1, then end the "
-        f'episode with POST {url}/episodes/<episode id>/reward {{"reward": r}}',
+        f'episode with POST {url}/episodes/<episode id>/reward {{"reward": r}}'
+        + (f"; every call sends the key in {ENDPOINT_KEY_ENV} as `Authorization: Bearer <key>`" if key else ""),
         flush=True,
     )
     return actor

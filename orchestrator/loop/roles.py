@@ -21,6 +21,7 @@ from rollout.pool import PoolOptions, RolloutPool
 from runtime import watchdog
 from runtime.actors import await_ready
 from runtime.device import malloc_env
+from runtime.endpoint_auth import REWARD_KEY_ENV, env_key
 from runtime.logprobs import SamplerSettings
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,8 @@ def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Ro
 def start_scoring(cfg: TrainConfig, model_path: str, where: RolePlacement) -> ScoringPool:
     c = cfg.cluster
     env = malloc_env(c.cpu_keep_freed_memory, c.gpus_per_scoring > 0, threaded=True)
+    if env_key(REWARD_KEY_ENV):  # a remote source's key, to the scoring actor on whichever node it lands
+        env[REWARD_KEY_ENV] = env_key(REWARD_KEY_ENV)
     return ScoringPool(
         cfg.reward,
         model_path,

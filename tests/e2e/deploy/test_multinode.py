@@ -3,6 +3,7 @@ weights crossing nodes. (The placement knobs alone: tests/unit/orchestrator/test
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -38,9 +39,9 @@ def ray_list(kind: str, env: dict, dashboard: int) -> list[dict]:
 
 @pytest.mark.e2e
 def test_train_on_two_nodes_rollout_on_one_learner_on_the_other(policy, tmp_path):
-    env = dict(
-        os.environ, RAY_ADDRESS="", RAY_AUTH_MODE="disabled", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    )
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")} | {"RAY_ADDRESS": "", "PATH": path}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # deploy/README.md's token auth
     port, dash = free_port(), free_port()
     ray_tmp = tempfile.mkdtemp(prefix="mn", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
     small = ["--num-cpus=2", "--object-store-memory=300000000", f"--dashboard-agent-listen-port={free_port()}"]

@@ -1,6 +1,8 @@
-"""Deployment recipes run: a real `ray job submit` of two training steps against a local head."""
+"""Deployment recipes run: a real `ray job submit` of two training steps against a local head, with Ray's
+token authentication on as deploy/README.md starts it (a submit without the token is refused)."""
 
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -15,9 +17,9 @@ NO_AGENT_YET = "No available agent to submit job"
 
 
 def test_ray_job_submit_runs_two_steps_on_a_local_head(policy, tmp_path):
-    env = dict(
-        os.environ, RAY_ADDRESS="", RAY_AUTH_MODE="disabled", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    )
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")} | {"RAY_ADDRESS": "", "PATH": path}
+    env = bare | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # the recipe's token auth
     port, dash = free_port(), free_port()
     ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
     head = RayNode(
@@ -52,6 +54,12 @@ def test_ray_job_submit_runs_two_steps_on_a_local_head(policy, tmp_path):
                 break
             time.sleep(2)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        wrong = bare | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
+        for client in (bare, wrong):  # without the token or with another: refused, nothing runs
+            refused = subprocess.run(
+                [*submit, "python", "-c", "print(1)"], env=client, capture_output=True, text=True, timeout=120, cwd=REPO
+            )
+            assert refused.returncode != 0 and "authentication" in (refused.stdout + refused.stderr).lower()
         assert "succeeded" in job.stdout
         assert "step 2/2" in job.stdout and "held-out" in job.stdout
         assert (tmp_path / "runs" / "grpo_tiny_cpu" / "checkpoints" / "step_2" / "orchestrator.json").exists()

@@ -36,3 +36,24 @@ def test_kuberay_manifest_is_a_rayjob():
 
 def test_slurm_script_parses():
     assert subprocess.run(["bash", "-n", str(REPO / "deploy" / "slurm.sbatch")]).returncode == 0
+
+
+def test_every_recipe_starts_ray_with_token_authentication():
+    """Whoever can submit a Ray job runs code on every node: no recipe turns Ray's authentication off,
+    and each sets RAY_AUTH_MODE=token with a token for every Ray process it starts (Ray 2.60's scheme)."""
+    texts = {
+        name: (REPO / "deploy" / name).read_text() for name in ("README.md", "kuberay-rayjob.yaml", "slurm.sbatch")
+    }
+    texts["README.md"] = "".join(re.findall(r"```bash\n(.*?)```", texts["README.md"], re.S))  # its commands
+    for name, text in texts.items():
+        assert not re.search(r"RAY_AUTH_MODE\W*(=|value:)\s*disabled", text), name
+    assert re.search(r"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=\$\(", texts["README.md"])
+    assert "export RAY_AUTH_MODE=token" in texts["slurm.sbatch"] and "export RAY_AUTH_TOKEN" in texts["slurm.sbatch"]
+    spec = yaml.safe_load(texts["kuberay-rayjob.yaml"])["spec"]
+    cluster = spec["rayClusterSpec"]
+    pods = [spec["submitterPodTemplate"], cluster["headGroupSpec"]["template"]]
+    pods += [group["template"] for group in cluster["workerGroupSpecs"]]
+    for pod in pods:  # the head, every worker and the pod that runs `ray job submit`
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "relay-ray-token"

@@ -242,3 +242,26 @@ def test_a_call_continues_its_sample_only_when_it_sends_back_the_tool_calls_it_w
     assert not continues({**given, "function": {"name": "add", "arguments": '{"a": 1, "b": 3}'}}, tools)
     assert not continues({**given, "function": {"name": "sub", "arguments": '{"a": 1, "b": 2}'}}, tools)
     assert not continues(given, None)
+
+
+def test_each_token_carries_the_version_of_the_call_that_sampled_it(tok):
+    """A two-call episode whose calls ran at different weight versions: each call's tokens report
+    its own version (the staleness histogram and the bound read them), the message tokens between
+    them the version of the call before; a failed call in between leaves no versions behind."""
+    client, rec, engine = endpoint(tok, max_model_len=128)
+    first = [{"role": "user", "content": "1+2="}]
+    second = first + [{"role": "assistant", "content": "7"}, {"role": "user", "content": "sure"}]
+    with client:
+        engine.version = 3
+        assert chat(client, "e", first).status_code == 200
+        engine.version, engine.fail = 4, True
+        assert chat(client, "e", second).status_code == 503  # its message tokens are taken back out
+        engine.fail = False
+        assert chat(client, "e", second).status_code == 200
+        assert client.post("/episodes/e/reward", json={"reward": 1.0}).status_code == 200
+    batch, _ = rec.take(1, timeout_s=1.0, step=4)
+    reply = tok.encode("7", add_special_tokens=False) + [tok.eos_token_id]
+    message = len(batch.response_ids[0]) - 2 * len(reply)
+    assert batch.token_versions == [[3] * len(reply) + [3] * message + [4] * len(reply)]
+    assert batch.model_token_versions() == [3] * len(reply) + [4] * len(reply)
+    assert (batch.version_first, batch.version_last, batch.oldest_versions) == ([3], [4], [3])
