@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -11,10 +12,10 @@ import torch
 from learner.config import LearnerConfig, OptimizerKind
 
 
-class GuardedAdamW(torch.optim.AdamW):
-    """AdamW that skips a step whose gradients are not finite (and counts it), so one bad batch
-    cannot poison the weights or the moments. Without ZeRO it also clips (max_norm > 0) and records
-    the pre-clip norm, which DeepSpeed reports; under ZeRO 1-3 DeepSpeed clips and checks first."""
+class FiniteSteps:
+    """Mixin of a torch optimizer: skips a step whose gradients are not finite (and counts it), so one
+    bad batch cannot poison the weights or the moments. Without ZeRO it also clips (max_norm > 0) and
+    records the pre-clip norm, which DeepSpeed reports; under ZeRO 1-3 DeepSpeed clips and checks first."""
 
     def __init__(self, params, max_norm: float = 0.0, **kwargs):
         super().__init__(params, **kwargs)
@@ -31,6 +32,23 @@ class GuardedAdamW(torch.optim.AdamW):
             self.skipped += 1
             return None
         return super().step(closure)
+
+
+class GuardedAdamW(FiniteSteps, torch.optim.AdamW):
+    """torch's AdamW that skips (and counts) a non-finite step (FiniteSteps)."""
+
+
+@functools.cache
+def guarded_deepspeed_adam() -> type:
+    """DeepSpeed's own Adam (FusedAdam: what DeepSpeed builds for optimizer AdamW without ZeRO) that skips
+    (and counts) a non-finite step. Without ZeRO DeepSpeed never checks fp32 gradients itself: it would
+    apply the NaN step and report nothing skipped."""
+    from deepspeed.ops.adam import FusedAdam
+
+    class GuardedDeepSpeedAdam(FiniteSteps, FusedAdam):
+        pass
+
+    return GuardedDeepSpeedAdam
 
 
 @dataclass(frozen=True)
@@ -77,8 +95,8 @@ def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_ba
     ds = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
-        # without ZeRO, GuardedAdamW clips (it sees whole gradients); with ZeRO, DeepSpeed does
-        "gradient_clipping": cfg.grad_clip if cfg.zero_stage > 0 or cfg.optimizer != OptimizerKind.torch_adamw else 0.0,
+        # without ZeRO the guarded optimizer clips (it sees whole gradients); with ZeRO, DeepSpeed does
+        "gradient_clipping": cfg.grad_clip if cfg.zero_stage > 0 else 0.0,
         "zero_optimization": {"stage": cfg.zero_stage},
         "zero_allow_untested_optimizer": True,  # GuardedAdamW is torch's AdamW plus a finiteness check
         # learner.dtype bfloat16 is autocast over float32 weights (learner.models.compute), not DeepSpeed's
@@ -88,14 +106,13 @@ def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_ba
     }
     params = [p for p in module.parameters() if p.requires_grad]
     schedule = warmup_schedule(cfg.warmup_steps)
+    adam = dict(lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    max_norm = cfg.grad_clip if cfg.zero_stage == 0 else 0.0
     if cfg.optimizer == OptimizerKind.torch_adamw:
-        optimizer = GuardedAdamW(
-            params,
-            max_norm=cfg.grad_clip if cfg.zero_stage == 0 else 0.0,
-            lr=lr,
-            betas=tuple(cfg.betas),
-            weight_decay=cfg.weight_decay,
-        )
+        optimizer = GuardedAdamW(params, max_norm=max_norm, **adam)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    elif cfg.zero_stage == 0:  # built here, guarded: DeepSpeed checks gradients for non-finite values only under ZeRO
+        optimizer = guarded_deepspeed_adam()(params, max_norm=max_norm, adam_w_mode=True, **adam)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     else:
         ds["optimizer"] = {
@@ -129,8 +146,8 @@ def step_micro_batches(rows: torch.Tensor, mine: torch.Tensor, world: int, micro
 
 
 def grad_norm(engine) -> float:
-    """The last optimizer step's pre-clip gradient norm; NaN where the engine gives none (DeepSpeed's
-    own Adam without ZeRO returns None): unknown, never 0."""
+    """The last optimizer step's pre-clip gradient norm; NaN where the engine gives none (an optimizer
+    that records no norm): unknown, never 0."""
     norm = engine.get_global_grad_norm()
     return float("nan") if norm is None else float(norm)
 

@@ -139,15 +139,21 @@ def rollout_weights(policy: PolicyValue):
 
 
 class merged_lora:
-    """Context: LoRA adapters merged into the base weights, unmerged on exit (no-op without LoRA)."""
+    """Context: LoRA adapters merged into the base weights, unmerged on exit (no-op without LoRA).
+    Entering gives the tensors the merge changes in place: anything read from them after the exit
+    (an IPC handle the engines open later) must be a copy taken inside."""
 
     def __init__(self, policy: PolicyValue):
         self.lm = policy.lm
         self.active = hasattr(self.lm, "peft_config")
 
-    def __enter__(self):
-        if self.active:
-            self.lm.merge_adapter()
+    def __enter__(self) -> list[torch.Tensor]:
+        if not self.active:
+            return []
+        self.lm.merge_adapter()
+        # peft wraps each adapted module, keeping the original as `base_layer`: its weight takes B @ A
+        # (its bias too only under peft's lora_bias, which add_lora leaves off)
+        return [p for n, p in self.lm.named_parameters() if n.endswith(".base_layer.weight")]
 
     def __exit__(self, *exc):
         if self.active:

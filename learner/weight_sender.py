@@ -82,9 +82,9 @@ class WeightSender:
         self._await_sent()
         buckets = decode_plan(plan)
         params = dict(rollout_weights(self.policy))
-        with merged_lora(self.policy):
-            if self.sync_backend == IPC_BACKEND:
-                info, self._ipc_kept = ipc_update_info(self._gathered(buckets, params))
+        with merged_lora(self.policy) as merged:
+            if self.sync_backend == IPC_BACKEND:  # the engines open the handles after the unmerge below
+                info, self._ipc_kept = ipc_update_info(self._gathered(buckets, params), changing=merged)
                 return info
             if background and self.cfg.zero_stage != 3:
                 return self._send_in_background(buckets, params)

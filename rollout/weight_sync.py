@@ -22,7 +22,7 @@ import contextlib
 import datetime
 import pickle
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -359,23 +359,34 @@ class NcclSender:
         return sent[0]
 
 
-def ipc_update_info(tensors) -> tuple[dict, list[torch.Tensor]]:
+def ipc_update_info(tensors, changing: Iterable[torch.Tensor] = ()) -> tuple[dict, list[torch.Tensor]]:
     """vLLM's IPCWeightTransferUpdateInfo (unpacked) for (name, CUDA tensor) pairs: one handle per
-    tensor, keyed by this GPU's UUID; and the tensors the handles point into, which the sender must
-    keep alive until the engines have finished the update."""
+    tensor, keyed by its GPU's UUID; and the tensors the handles point into, which the sender must
+    keep alive until the engines have finished the update. The engines read them later, so a tensor
+    sharing memory with one of `changing` (what the sender changes before then: LoRA's merged base
+    weights, unmerged on return) travels as a copy; any other as it is (a cast or a gather copied it
+    already, or it is a parameter that stays as it is until the engines are done)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    changes = {t.untyped_storage().data_ptr() for t in changing}
     info: dict = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
     kept = []
     for name, tensor in tensors:
         weight = tensor.detach().contiguous()
+        if weight.untyped_storage().data_ptr() in changes:
+            weight = weight.clone()
         kept.append(weight)
         info["names"].append(name)
         info["dtype_names"].append(str(weight.dtype).removeprefix("torch."))
         info["shapes"].append(list(weight.shape))
-        info["ipc_handles"].append({uuid: reduce_tensor(weight)[1]})
+        info["ipc_handles"].append({device_id(weight.device): reduce_tensor(weight)[1]})
     return info, kept
+
+
+def device_id(device: torch.device) -> str:
+    """What an IPC handle is keyed by: the GPU's UUID, by which each engine finds the copy on its own
+    GPU (a CPU tensor, as tests make: "cpu")."""
+    return str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else device.type
 
 
 def merge_ipc_update_infos(infos: list[dict]) -> dict:

@@ -9,7 +9,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from learner import algorithms as A
-from learner.config import AlgorithmConfig, Dtype, Estimator, GAEConfig, LearnerConfig, LoraConfig, ValueHead
+from learner.config import (
+    AlgorithmConfig,
+    Dtype,
+    Estimator,
+    GAEConfig,
+    LearnerConfig,
+    LoraConfig,
+    OptimizerKind,
+    ValueHead,
+)
 from learner.group import LearnerGroup, RankPlacement
 from runtime.logprobs import SamplerSettings
 from tests.helpers import make_scored_batch
@@ -193,10 +202,11 @@ def test_lora_trains_only_the_adapters(ray_cluster, tiny_model):
     assert set(before) == set(AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()) - {"lm_head.weight"}
 
 
-def test_a_nan_batch_is_skipped_and_counted(ray_cluster, tiny_model):
+@pytest.mark.parametrize("optimizer", list(OptimizerKind))  # every stage: tests/unit/learner/test_nonfinite_steps.py
+def test_a_nan_batch_is_skipped_and_counted(ray_cluster, tiny_model, optimizer):
     batch, scored = make_scored_batch(tiny_model, seed=5)
     scored.rewards[3] = float("nan")
-    group = learners(tiny_model)
+    group = learners(tiny_model, optimizer=optimizer)
     try:
         metrics = group.update(batch, scored, step=0)
         after = group.policy_state()

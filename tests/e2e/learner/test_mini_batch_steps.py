@@ -160,7 +160,7 @@ def test_per_token_metrics_weigh_every_token_of_the_update_not_each_mini_batch_a
 
 
 def test_grad_norm_is_nan_when_the_engine_reports_none(learner, tiny_model, monkeypatch):
-    """DeepSpeed's own Adam without ZeRO returns None for the global norm: unknown, not 0.0."""
+    """An engine that returns None for the global norm (an optimizer that records none): unknown, not 0.0."""
     batch, scored = make_scored_batch(tiny_model, n_prompts=4, group=GROUP, seed=12)
     monkeypatch.setattr(learner.policy_engine, "get_global_grad_norm", lambda: None)
     assert math.isnan(learner.update(batch, scored, step=5)["learner/grad_norm"])

@@ -1,0 +1,65 @@
+"""The NaN guard holds for every optimizer x ZeRO stage: a step on non-finite gradients changes no weight
+and no optimizer moment, and is counted (engine.skipped_steps, what learner/skipped_steps reports); a
+finite step still trains. Real DeepSpeed engines (make_engine), one gloo rank in this process."""
+
+import os
+
+import pytest
+import torch
+
+from learner.config import LearnerConfig, OptimizerKind
+from learner.engine import RankAddress, init_distributed, make_engine, skipped_steps
+from rollout.weight_sync import free_port
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    env = dict(os.environ)
+    init_distributed(RankAddress(0, 1, "127.0.0.1", free_port(), threads=1), "gloo")
+    yield
+    # the group stays: DeepSpeed keeps references to it, and a later rank in this process reuses it
+    os.environ.clear()
+    os.environ.update(env)  # init_distributed set RANK, MASTER_PORT, ...: not for the tests after these
+
+
+def weights(engine) -> list[torch.Tensor]:
+    """Every weight, whole (ZeRO-3 partitions them: gathered to read)."""
+    import deepspeed
+
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params):
+        return [p.detach().clone() for p in params]
+
+
+def step(engine, x: torch.Tensor) -> None:
+    engine.set_gradient_accumulation_boundary(True)
+    engine.backward(engine(x).square().sum())
+    engine.step()
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("optimizer", list(OptimizerKind))
+def test_a_nonfinite_step_is_skipped_and_counted(one_rank, optimizer, zero):
+    torch.manual_seed(0)
+    cfg = LearnerConfig(model_path="unused", zero_stage=zero, optimizer=optimizer)
+    engine = make_engine(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)), cfg, 1e-2, 2, 1)
+    x = torch.randn(2, 8)
+    before = weights(engine)
+    step(engine, x)
+    trained = weights(engine)
+    assert all(torch.isfinite(w).all() for w in trained) and any(not torch.equal(a, b) for a, b in zip(before, trained))
+    assert skipped_steps(engine) == 0
+    state = {k: v.clone() for k, v in str_state(engine).items()}
+    step(engine, x.clone().fill_(float("nan")))
+    assert skipped_steps(engine) == 1, f"{optimizer.value} at ZeRO {zero}: the NaN step was not counted"
+    after = weights(engine)
+    assert all(torch.equal(a, b) for a, b in zip(trained, after)), f"{optimizer.value} at ZeRO {zero} applied NaN"
+    assert all(torch.equal(v, str_state(engine)[k]) for k, v in state.items())  # nor moved Adam's moments
+    step(engine, x)  # and the next finite batch trains again
+    assert skipped_steps(engine) == 1 and any(not torch.equal(a, b) for a, b in zip(after, weights(engine)))
+
+
+def str_state(engine) -> dict[str, torch.Tensor]:
+    """The optimizer's moments by a flat key (whatever optimizer ZeRO wraps)."""
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    return {f"{i}.{k}": v for i, s in enumerate(inner.state.values()) for k, v in s.items() if torch.is_tensor(v)}
