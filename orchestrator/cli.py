@@ -82,7 +82,11 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve-reward", help="serve the config's reward sources over HTTP (POST /score)")
     _config_args(serve, default=None)
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="bind address (loopback by default; any other needs a key in RELAY_REWARD_KEY, which clients send)",
+    )
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve_reward)
 
@@ -113,7 +117,7 @@ def _report_parsers(sub) -> None:
     _verbose_arg(ev)
     ev.set_defaults(func=_eval)
 
-    plot = sub.add_parser("plot", help="PNG curves of a run (reward, KL, entropy, length, kl_coef)")
+    plot = sub.add_parser("plot", help="PNG of a run's curves (as its pipeline.png)")
     plot.add_argument("run_dir")
     plot.add_argument("--out", default="", help="default: <run_dir>/curves.png")
     plot.set_defaults(func=_plot)
@@ -264,14 +268,20 @@ def _serve_reward(args) -> int:
     from orchestrator.data.builtin_models import resolve_judges
     from reward_service.remote import serve
     from reward_service.service import RewardFunction
+    from runtime.endpoint_auth import REWARD_KEY_ENV, env_key, keyless_exposure
 
+    key = env_key(REWARD_KEY_ENV)
+    refused = keyless_exposure(args.host, key, REWARD_KEY_ENV)
+    if refused:  # anyone reaching it could use its reward models; said before one is loaded
+        raise ConfigError(f"--host: {refused}")
     path, overrides = _split(args)
     cfg = load_config(path, overrides, section="reward")
     cfg.sources = resolve_judges(cfg.sources, _run_root(path, overrides))
     reward = RewardFunction(cfg)
-    server = serve(reward, args.host, args.port)
+    server = serve(reward, args.host, args.port, key)
     host, port = server.server_address[:2]
-    print(f"relay serve-reward: {', '.join(reward.names)} on http://{host}:{port}/score", flush=True)
+    needs = f", for calls that send the key in {REWARD_KEY_ENV}" if key else ""
+    print(f"relay serve-reward: {', '.join(reward.names)} on http://{host}:{port}/score{needs}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -323,10 +333,11 @@ def _eval(args) -> int:
 
 
 def _plot(args) -> int:
-    from orchestrator.tools.eval_report import plot_run
+    from orchestrator.tools.plots import plot_run
 
-    print(plot_run(args.run_dir, args.out or str(Path(args.run_dir) / "curves.png")))
-    return 0
+    figure = plot_run(Path(args.run_dir) / "metrics.jsonl", args.out or Path(args.run_dir) / "curves.png")
+    print(figure or f"relay plot: {args.run_dir}/metrics.jsonl holds no training step to draw")
+    return 0 if figure else 1
 
 
 def _data(args) -> int:
@@ -347,9 +358,10 @@ def _plan(args) -> int:
     from orchestrator.tools.plan import load, make_plan, render
 
     path, overrides = _split(args)
-    kind, cfg = load(path, overrides)
+    dtype_lines: list[str] = []  # in the report, not on stderr
+    kind, cfg = load(path, overrides, dtype_lines)
     plan = make_plan(kind, cfg, args.gpu_memory_gb, args.host_memory_gb)
-    print(render(plan, path, args.gpu_memory_gb), end="")
+    print(render(plan, path, args.gpu_memory_gb, dtype_lines), end="")
     return 0 if plan.fits else 1
 
 

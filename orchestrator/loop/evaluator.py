@@ -29,9 +29,10 @@ class Evaluator:
         template = cfg.data.apply_chat_template
         self.prompts = [policy_prompt(e["prompt"], template) for e in held_out]
         self.metadata = [reward_metadata(e, template) for e in held_out]
-        self.reference_samples: dict[str, tuple] = {}  # prompt -> (answer, reward) at step 0
+        self.reference_samples: dict[str, tuple] = {}  # str(prompt index) -> (answer, reward) at step 0
         self.samples: list[dict] = []  # the latest evaluation's table rows
         self.before: dict[str, float] = {}  # the metrics before training
+        self.said: set[str] = set()  # the evaluation's notes already printed: each once a run
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out prompts through orchestrator.tools.evaluate (read-only scoring, raw rewards); the table
@@ -48,25 +49,32 @@ class Evaluator:
             eval_ks(self.cfg),
         )
         self.samples = self._sample_table(step, *shown(ev))
-        suites = evaluate_suites(
+        suites, notes = evaluate_suites(
             self.suites,
             lambda p, greedy, meta: self.rollout.generate(p, 0, greedy, sampling, meta, EVALUATION),
             lambda b, meta, t, with_ref, suite: self.scoring.evaluate(b, meta, t, with_ref, suite),
             self.cfg,
             self.learner.policy_logprobs,
         )
+        for note in ev.notes + notes:  # a figure left out is said, not silently missing
+            if note not in self.said:
+                self.said.add(note)
+                print(f"relay: held-out evaluation: {note}", flush=True)
         return ev.metrics | suites
 
     def _sample_table(self, step: int, greedy: RolloutBatch, scored) -> list[dict]:
         """The first held-out prompts, the current policy's greedy answer beside the reference
         policy's. The reference answer is the step-0 one: at step 0 the policy is the reference
-        (unless reward.reference_model_path names another model)."""
+        (unless reward.reference_model_path names another model). Keyed by the prompt's index (JSON
+        keys are strings); with sampled answers (eval.greedy off), the first sample of each prompt."""
         rows = sample_rows(self.prompts, greedy, scored, self.cfg.eval.num_samples_to_log)
         if step == 0:
-            self.reference_samples = {r["prompt"]: (r["policy"], r["reward"]) for r in rows}
+            self.reference_samples = {}
+            for r in rows:
+                self.reference_samples.setdefault(str(r["index"]), (r["policy"], r["reward"]))
             self.write("eval_reference_samples.json", self.reference_samples)
         for r in rows:
-            r["reference"], r["reference_reward"] = self.reference_samples.get(r["prompt"], (None, None))
+            r["reference"], r["reference_reward"] = self.reference_samples.get(str(r["index"]), (None, None))
         return rows
 
     def evaluate_before(self, step: int) -> dict[str, float]:

@@ -15,8 +15,9 @@ from pathlib import Path
 from orchestrator.config.schema import TrainConfig
 from orchestrator.data.builtin_models import resolve_run_judges
 from orchestrator.data.prompts import load_split, policy_prompt, reward_metadata
-from orchestrator.tools.eval_report import labelled, markdown, plot_run, shown
+from orchestrator.tools.eval_report import labelled, markdown, shown
 from orchestrator.tools.evaluate import Evaluation, evaluate_roles, win_rate
+from orchestrator.tools.plots import plot_run
 from orchestrator.tools.suites import load_suites, markdown_table, suite_sources
 from reward_service.config import RewardSource, SourceKind
 
@@ -67,15 +68,18 @@ def evaluate_checkpoint(
         "prompts": len(prompts),
         "reward_model": reward_model or None,
         **{role: labelled(ev.metrics) for role, ev in evals.items()},
+        "notes": sorted({note for ev in evals.values() for note in ev.notes}),  # a figure left out, and why
     }
     if reward_model:
         report["win_rate_under_rm"] = _win_rate(reward_model, scoring, evals, meta)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    curves = plot_run(run, out / "curves.png") if run else None
+    curves = plot_run(run / "metrics.jsonl", out / "curves.png") if run else None
     report["table"] = markdown_table(evals["reference"].metrics, evals["policy"].metrics, ("reference", "policy"))
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "report.md").write_text(markdown(report, evals, prompts, curves, cfg.eval.num_samples_to_log))
+    for note in report["notes"]:
+        print(f"relay eval: {note}", flush=True)
     print(f"relay eval: {out / 'report.md'}", flush=True)
     return report
 

@@ -1,9 +1,8 @@
-"""The held-out evaluation's report and plots: the trainer's before/after and samples tables, `relay eval`'s
-report.md (eval_checkpoint.py), and the curves of `relay plot RUN_DIR`."""
+"""The held-out evaluation's report: the trainer's before/after and samples tables, and `relay eval`'s
+report.md (eval_checkpoint.py). A run's curves: plots.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from orchestrator.loop.step_metrics import prompt_text
@@ -20,13 +19,6 @@ LABELS = [
     ("response length", "eval/sampled/response/length_mean"),
     ("distinct-1", "eval/sampled/distinct_1"),
     ("distinct-2", "eval/sampled/distinct_2"),
-]
-CURVES = [
-    ("reward/mean", "reward"),
-    ("kl/ref", "KL to reference"),
-    ("learner/entropy", "entropy"),
-    ("response/length_mean", "response length"),
-    ("kl/coef", "kl_coef"),
 ]
 
 
@@ -76,9 +68,11 @@ def samples_table(rows: list[dict]) -> str:
 
 def sample_rows(prompts: list, greedy, scored, k: int) -> list[dict]:
     """The first k held-out prompts with the policy's greedy answer and its reward (the reference
-    columns are the trainer's to fill)."""
+    columns are the trainer's to fill). `index`: the prompt's place in the held-out set, which names
+    it (the text is cut to 60 characters for display, and prompts may share those)."""
     return [
         {
+            "index": j,
             "prompt": prompt_text(prompts[j])[:60],
             "reference": None,
             "reference_reward": None,
@@ -108,6 +102,7 @@ def markdown(report: dict, evals: dict[str, Evaluation], prompts, curves: Path |
     for key in report["policy"]:
         lines.append(f"| {key} | {report['policy'][key]:.4f} | {report['reference'].get(key, float('nan')):.4f} |")
     lines += ["", "## Suites", "", "Each figure ± its standard error over prompts.", "", report["table"]]
+    lines += [f"- {note}" for note in report.get("notes", [])]
     if "win_rate_under_rm" in report:
         lines += [
             "",
@@ -133,27 +128,3 @@ def markdown(report: dict, evals: dict[str, Evaluation], prompts, curves: Path |
 
 def _cell(text: str) -> str:
     return "`" + text.replace("|", "\\|").replace("\n", "\\n").replace("`", "'")[:80] + "`"
-
-
-def plot_run(run_dir: str | Path, out: str | Path) -> Path:
-    """One PNG of a run's curves over steps (reward, KL, entropy, response length, kl_coef)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "timing/total" in r]
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
-    for ax, (key, title) in zip(axes, CURVES):
-        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        if points:
-            ax.plot(*zip(*points), marker=".")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(str(run_dir))
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return Path(out)

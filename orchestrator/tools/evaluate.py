@@ -11,7 +11,8 @@ import dataclasses
 import functools
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from orchestrator.config.schema import TrainConfig, eval_samples
 from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, reward_metrics
@@ -35,6 +36,32 @@ class Evaluation:
     greedy_scored: object | None  # its ScoredBatch (raw rewards)
     sampled: object  # RolloutBatch sampled as in training
     sampled_scored: object
+    notes: list[str] = field(default_factory=list)  # what a reader must be told: a figure left out, and why
+
+
+NO_ANSWER = ""  # a reasoning-gym response without <answer> tags: a vote for "no answer", wrong as the task scores it
+
+
+def reasoning_gym_answer(response: str) -> str:
+    """The answer reasoning-gym's task scores (ReasoningGymSource: the last <answer>...</answer>,
+    reasoning_gym.utils.extract_answer), whitespace collapsed; NO_ANSWER without one."""
+    from reasoning_gym.utils import extract_answer
+
+    answer = extract_answer(response)
+    return NO_ANSWER if answer is None else " ".join(answer.split())
+
+
+# maj@k's vote per verifiable source kind: how the grader reads a response's answer, and which answers are one.
+# Never the whole response where the grader reads less: five right answers reasoned five ways would lose to
+# three identical wrong ones.
+VOTES: dict[str, tuple[Callable[[str], str], Callable[[str, str], bool]]] = {
+    "math_answer": (answer_key, same_answer),
+    "exact_match": (functools.partial(answer_key, math=False), str.__eq__),  # the response is the answer
+    "reasoning_gym": (reasoning_gym_answer, str.__eq__),
+}
+NO_VOTE = {  # the verifiable kinds with no answer to vote on, and why
+    "environment": "episodes are judged by their environment's return, and relay reads no final answer from them",
+}
 
 
 def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
@@ -80,20 +107,25 @@ def evaluate_policy(
     m["eval/sampled/response/length_mean"] = statistics.fmean(s.model_lengths)  # the model's tokens, as in training
     m["eval/sampled/distinct_1"], m["eval/sampled/distinct_2"] = distinct_n(s.model_ids, 1), distinct_n(s.model_ids, 2)
     m["eval/prompts"] = float(len(prompts))
-    grader = next((k for k in ss.components if k.startswith(VERIFIABLE)), None)
+    grader, notes = next((k for k in ss.components if k.startswith(VERIFIABLE)), None), []
     if pass_k and grader is not None:
         n = max(Counter(s.prompt_index).values(), default=0)
-        same = same_answer if grader.startswith("math_answer") else str.__eq__  # the grader's notion of equal
-        metrics = sample_metrics(graded_samples(s, ss, grader), n, pass_k, same)
+        kind = next(k for k in VERIFIABLE if grader.startswith(k))
+        read, same = VOTES.get(kind, (str, None))  # no vote: pass@k and avg@n only
+        metrics = sample_metrics(graded_samples(s, ss, grader, read), n, pass_k, same)
         m.update({f"eval/sampled/{k}": v for k, v in metrics.items()})
-    return Evaluation(m, g, gs, s, ss)
+        if same is None and max(pass_k) > 1:
+            notes.append(f"no maj@k: the {grader} source's {NO_VOTE[kind]}")
+    return Evaluation(m, g, gs, s, ss, notes)
 
 
-def evaluate_suites(suites: list, generate, score, cfg: TrainConfig, policy_logprobs) -> dict[str, float]:
+def evaluate_suites(
+    suites: list, generate, score, cfg: TrainConfig, policy_logprobs
+) -> tuple[dict[str, float], list[str]]:
     """Each evaluation suite (orchestrator/tools/suites.py) through evaluate_policy, its metrics under
-    eval/<suite>/, with the training prompts its file held (left_out). `generate(prompts, greedy, meta)`,
-    `score(batch, meta, temperature, with_reference, suite)`."""
-    out = {}
+    eval/<suite>/, with the training prompts its file held (left_out), and its notes, each naming the
+    suite. `generate(prompts, greedy, meta)`, `score(batch, meta, temperature, with_reference, suite)`."""
+    out, notes = {}, []
     for suite in suites:
         ev = evaluate_policy(
             lambda p, greedy: generate(p, greedy, suite.meta),
@@ -107,20 +139,20 @@ def evaluate_suites(suites: list, generate, score, cfg: TrainConfig, policy_logp
         )
         out |= {f"eval/{suite.name}/{k.removeprefix('eval/')}": v for k, v in ev.metrics.items()}
         out[f"eval/{suite.name}/left_out"] = float(suite.left_out)
-    return out
+        notes += [f"suite {suite.name}: {note}" for note in ev.notes]
+    return out, notes
 
 
-def graded_samples(batch, scored, grader: str) -> list[tuple[list[bool], list[str]]]:
+def graded_samples(batch, scored, grader: str, read: Callable[[str], str]) -> list[tuple[list[bool], list[str]]]:
     """Per prompt, in sampling order, the (correct, answer) of each sample the verifiable source `grader`
-    judged (correct: its full mark, a score >= 1; the answer as rules.answer_key reads it for that grader);
+    judged (correct: its full mark, a score >= 1; the answer as `read` takes it from the response: VOTES);
     a sample it could not judge (NaN) is left out, never counted wrong."""
     graded: dict[int, tuple[list[bool], list[str]]] = {}
-    math = grader.startswith("math_answer")
     for j, score, text in zip(batch.prompt_index, scored.components[grader], batch.response_text):
         correct, answers = graded.setdefault(j, ([], []))
         if score == score:
             correct.append(score >= 1.0)
-            answers.append(answer_key(text, math))
+            answers.append(read(text))
     return list(graded.values())
 
 
@@ -153,13 +185,15 @@ def evaluate_roles(
                 functools.partial(model.logprobs, temperature=temperature),
                 eval_ks(cfg),
             )
-            evals[role].metrics |= evaluate_suites(
+            metrics, notes = evaluate_suites(
                 suites,
                 lambda p, greedy, m: pool.generate(p, 0, greedy, eval_sampling(cfg), m, EVALUATION),
                 lambda b, m, t, with_ref, suite: scoring.evaluate(b, m, t, with_ref, suite),
                 cfg,
                 functools.partial(model.logprobs, temperature=temperature),
             )
+            evals[role].metrics |= metrics
+            evals[role].notes += notes
         finally:
             pool.shutdown()
             del model  # the policy's copy: freed before the reference role runs

@@ -4,8 +4,9 @@ trainer's evaluations and `relay eval`.
 - pass@k: the chance that at least one of k samples drawn without replacement from a prompt's n is correct,
   by the unbiased estimator of Chen et al. 2021 (Codex), 1 - C(n-c, k) / C(n, k), averaged over prompts.
 - maj@k (k >= 2): the majority vote of a prompt's first k samples (the samples are i.i.d., so the first k are an
-  unbiased draw of k) over answers grouped by equivalence (`same`: math-verify's, for relay's evaluator);
-  correct if the winning answer is. Ties: among answers with the most votes, the one sampled first wins.
+  unbiased draw of k) over their answers as the grader reads them, grouped by its equivalence (`same`; per
+  source kind: evaluate.VOTES); correct if the winning answer is. Ties: among answers with the most votes, the
+  one sampled first wins.
 - avg@n: the mean correctness over all n samples (pass@1's estimate, reported with every n).
 
 A sample that could not be judged (an infra failure, never a wrong answer) is left out: a prompt counts with
@@ -52,18 +53,20 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
 
 
 def sample_metrics(
-    prompts: list[tuple[list[bool], list[str]]], n: int, ks: list[int], same: Callable[[str, str], bool]
+    prompts: list[tuple[list[bool], list[str]]], n: int, ks: list[int], same: Callable[[str, str], bool] | None
 ) -> dict[str, float]:
     """pass@k and maj@k for each k of `ks`, and avg@n (n: the samples asked per prompt), each with `/se`,
     over prompts given as (correct, answers) of their judged samples in sampling order; `prompts_judged`:
-    the prompts with a judged sample."""
+    the prompts with a judged sample. `same` None: no answers to vote on, no maj@k."""
     judged = [(c, a) for c, a in prompts if c]
     out: dict[str, float] = {}
     out[f"avg@{n}"], out[f"avg@{n}/se"] = mean_and_se([sum(c) / len(c) for c, _ in judged])
     for k in ks:
         full = [(c, a) for c, a in judged if len(c) >= k]
         out[f"pass@{k}"], out[f"pass@{k}/se"] = mean_and_se([pass_at_k(len(c), sum(c), k) for c, _ in full])
-        if k > 1:  # a vote of one is the first sample's correctness: pass@1 estimates that with all n
+        if (
+            k > 1 and same is not None
+        ):  # a vote of one is the first sample's correctness: pass@1 estimates that with all n
             votes = [float(majority_correct(a[:k], c[:k], same)) for c, a in full]
             out[f"maj@{k}"], out[f"maj@{k}/se"] = mean_and_se(votes)
     out["prompts_judged"] = float(len(judged))

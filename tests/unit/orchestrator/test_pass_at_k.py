@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from orchestrator.config.load import load_config
-from orchestrator.tools.evaluate import eval_ks, eval_sampling, evaluate_policy
+from orchestrator.tools.evaluate import NO_VOTE, eval_ks, eval_sampling, evaluate_policy
 from orchestrator.tools.pass_at_k import majority_correct, pass_at_k, sample_metrics
 from reward_service.rules import answer_key, same_answer
 from reward_service.types import ScoredBatch
@@ -106,19 +106,6 @@ def test_eval_n_samples_and_pass_k_come_from_the_config_and_are_checked():
         load_config(DEFAULT, ["eval.n_samples=16", "eval.pass_k=[1,32]"])
 
 
-def test_the_run_figure_draws_the_held_out_pass_at_k_curves_but_not_their_errors():
-    from orchestrator.tools.plots import panel_keys
-
-    rows = [
-        {"step": 4, "reward/mean": 0.5, "eval/sampled/pass@1": 0.4, "eval/sampled/pass@1/se": 0.1},
-        {"step": 8, "eval/sampled/maj@8": 0.6, "eval/sampled/pass@8": 0.9},
-    ]
-    panels = dict(panel_keys(rows))
-    assert panels["reward"] == ["reward/mean"]
-    held_out = next(keys for title, keys in panels.items() if title.startswith("held-out"))
-    assert held_out == ["eval/sampled/maj@8", "eval/sampled/pass@1", "eval/sampled/pass@8"]
-
-
 def test_maj_reads_each_responses_final_answer_as_the_grader_does():
     # review: prose with commas and brackets was taken whole as a LaTeX reference and split equal answers
     prose = [
@@ -134,3 +121,54 @@ def test_maj_reads_each_responses_final_answer_as_the_grader_does():
     # an exact_match grader votes on the text itself: "1.0" and "1" are two answers there
     assert answer_key("1.0", math=False) != answer_key("1", math=False)
     assert same_answer(answer_key("\\boxed{\\frac{1}{2}}"), answer_key("0.5"))
+
+
+def one_prompt(texts: list[str], components: dict[str, list[float]]):
+    """The sampled batch and its scoring of one prompt with these responses (what the grader said in
+    `components`), as evaluate_policy receives them."""
+    n = len(texts)
+    batch = RolloutBatch([0] * n, [[1]] * n, [[2]] * n, [[0.0]] * n, texts, ["stop"] * n)
+    first = next(iter(components.values()))
+    scored = ScoredBatch(list(first), components, [True] * n, [False] * n, [[0.0]] * n, raw=list(first))
+    return batch, scored
+
+
+def test_maj_votes_on_the_reasoning_gym_answer_not_on_the_whole_response():
+    """Issue 40, item 4: maj@k voted on whole texts, so five right answers reasoned five ways lost to
+    three identical wrong responses."""
+    import reasoning_gym
+
+    from reward_service.sources import ReasoningGymSource
+
+    entry = reasoning_gym.create_dataset("basic_arithmetic", size=1, seed=0)[0]
+    right, wrong = entry["answer"], str(int(entry["answer"]) + 1)
+    texts = [f"<think>{how}</think>\n<answer>{right}</answer>" for how in ("a", "b", "c", "d", "e")]
+    texts += [f"<think>guess</think>\n<answer>{wrong}</answer>"] * 3
+    scores = ReasoningGymSource().score([""] * 8, texts, [{"entry": entry}] * 8)  # the task's own grader
+    assert scores == [1.0] * 5 + [0.0] * 3
+    batch, scored = one_prompt(texts, {"reasoning_gym": scores})
+    ev = evaluate_policy(lambda p, g: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * 8, [8])
+    assert ev.metrics["eval/sampled/maj@8"] == 1.0 and not ev.notes
+    # a response without <answer> tags votes for "no answer", which the task scores wrong
+    texts = [f"{right}, surely"] * 3 + [f"<answer>{right}</answer>"] * 2
+    scores = ReasoningGymSource().score([""] * 5, texts, [{"entry": entry}] * 5)
+    batch, scored = one_prompt(texts, {"reasoning_gym": scores})
+    ev = evaluate_policy(lambda p, g: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * 5, [5])
+    assert ev.metrics["eval/sampled/maj@5"] == 0.0 and ev.metrics["eval/sampled/pass@5"] == 1.0
+
+
+def test_an_environment_graded_evaluation_reports_no_maj_and_says_why():
+    """Issue 40, item 4: an episode has no answer relay can read, so maj@k voted on the texts."""
+    texts = ["move left", "move right", "move left", "wait"]
+    batch, scored = one_prompt(texts, {"environment": [1.0, 0.0, 1.0, 0.0]})
+    ev = evaluate_policy(lambda p, g: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * 4, [1, 4])
+    assert not any("maj@" in k for k in ev.metrics)
+    assert ev.metrics["eval/sampled/pass@4"] == 1.0 and ev.metrics["eval/sampled/avg@4"] == 0.5
+    assert ev.notes == [f"no maj@k: the environment source's {NO_VOTE['environment']}"]
+    # relay eval's report says it under its table
+    from orchestrator.tools.eval_report import labelled, markdown
+
+    report = {"policy_path": "p", "reference_path": "r", "prompts": 1, "table": "", "notes": ev.notes}
+    report |= {"policy": labelled(ev.metrics), "reference": labelled(ev.metrics)}
+    text = markdown(report, {"policy": ev, "reference": ev}, [""], None, 1)
+    assert f"- no maj@k: the environment source's {NO_VOTE['environment']}" in text

@@ -78,7 +78,8 @@ def test_each_suite_is_generated_and_scored_as_itself_and_reported_under_its_nam
         Suite("a", ["3+4="], [{"answer": "7"}], 0),
         Suite("b", ["1+1=", "2+5="], [{"answer": "2"}, {"answer": "7"}], 3),
     ]
-    m = evaluate_suites(suites, generate, score, cfg, lambda b: [[0.0]] * len(b))
+    m, notes = evaluate_suites(suites, generate, score, cfg, lambda b: [[0.0]] * len(b))
+    assert notes == []  # a math_answer source: maj@k votes on its answers
     assert [c for c in calls if c[0] == "score"] == [("score", "a")] * 2 + [("score", "b")] * 2
     assert m["eval/a/greedy/reward/accuracy"] == 1.0 and m["eval/b/greedy/reward/accuracy"] == 0.5
     assert m["eval/b/sampled/pass@2"] == 0.5 and m["eval/b/prompts"] == 2 and m["eval/b/left_out"] == 3
