@@ -261,6 +261,7 @@ class Dtype(str, Enum):
 
     float32 = "float32"
     bfloat16 = "bfloat16"
+    auto = "auto"  # resolved at launch (orchestrator/config/dtype.py): no role ever runs in "auto"
 
 
 class OptimizerKind(str, Enum):
@@ -308,7 +309,8 @@ class LearnerConfig:
     """recompute activations in the backward pass: less memory, more compute"""
     dtype: Dtype = Dtype.float32
     """compute dtype; bfloat16 = autocast over float32 weights, optimizer and gradients (2-4x faster matmuls on
-    AVX512-BF16/AMX CPUs and GPUs; slower on AVX2-only CPUs)"""
+    AVX512-BF16/AMX CPUs and GPUs; 50-100x slower on AVX2-only CPUs); auto = bfloat16 where the learner's device
+    has native bf16, else float32, chosen once at launch on the driver and printed"""
     logprob_chunk_tokens: int = 1024
     """tokens whose logits are upcast to float32 at once for logprobs/entropy (each chunk holds tokens * vocab * 4
     bytes), forward and backward"""

@@ -37,7 +37,9 @@ class EndpointConfig:
     enabled: bool = False
     """serve the endpoint; the training batches are then its finished episodes, not data prompts"""
     host: str = "127.0.0.1"
-    """interface to listen on ("0.0.0.0": every interface)"""
+    """interface to listen on ("0.0.0.0": every interface); beyond loopback the environment variable
+    RELAY_ENDPOINT_KEY must hold a key, which every call sends as `Authorization: Bearer <key>` (a key set
+    there is required on loopback too); never in the YAML, which the run folder, wandb and checkpoints keep"""
     port: int = 8000
     """0 = any free port (printed at start)"""
     batch_wait_ms: float = 10.0
@@ -66,7 +68,8 @@ class RolloutConfig:
 
     dtype: str = "float32"
     """the engine's weights and compute; must equal learner.dtype (weights are sent in it), or behaviour
-    logprobs drift"""
+    logprobs drift; auto = learner.dtype's choice at launch (vLLM's own "auto", the checkpoint's dtype,
+    never reaches the engine)"""
     enforce_eager: bool = True
     """CPU: eager starts in ~13 s, compiled ~38 s; worth it only for larger models"""
     max_model_len: int = 512

@@ -82,6 +82,8 @@ def engine_args(
     """make_engine's vLLM engine arguments (also vllm.LLM's: tests compare the two engines)."""
     from vllm.config import WeightTransferConfig
 
+    if cfg.dtype == "auto":  # vLLM's own "auto" would mean the checkpoint's dtype, not the learner's
+        raise ValueError("rollout.dtype auto: resolved at launch (orchestrator/config/dtype.py), never by vLLM")
     gpu = device.type == "cuda"
     if gpu:
         extra = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": sleep_mode}

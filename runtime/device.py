@@ -55,6 +55,9 @@ def compute(dtype: str, device: torch.device):
     norms as autocast keeps them; optimizer, weights and gradients stay float32, and backward, run
     after the context, follows the forward's dtypes (PyTorch's AMP rule). The learner, the reference
     and the SFT/RM stages all use it, so their logprobs are the same function."""
+    if dtype not in ("float32", "bfloat16"):  # "auto" is resolved at launch (orchestrator/config/dtype.py)
+        name = getattr(dtype, "value", dtype)
+        raise ValueError(f"learner.dtype {name!r}: expected float32 or bfloat16, resolved before any role starts")
     return torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
 
 

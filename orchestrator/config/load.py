@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import sys
 import typing
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from learner.config import MOVED_ALGORITHM_KEYS, MOVED_ALGORITHM_VALUES
+from orchestrator.config.dtype import resolve_dtypes
 from orchestrator.config.methods import RECIPES, recipe_conflicts
 from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
 from orchestrator.config.validate import (
@@ -42,11 +44,14 @@ def load_config(
     section: str = "",
     root=TrainConfig,
     local: bool = False,
+    dtype_lines: list[str] | None = None,
 ):
     """The validated config tree of type `root` (TrainConfig for `relay train`, StageConfig for
     sft/rm, PipelineConfig); with `section` (e.g. "reward"), only that section, checked alone, for
     commands that need nothing else from the file. `local`: also check that the model folders it names
-    exist on this machine (the commands that start work)."""
+    exist on this machine (the commands that start work). Every `dtype: auto` comes back resolved
+    (orchestrator/config/dtype.py); its line, and a warning for bf16 without native bf16, go to
+    `dtype_lines` when given, else to stderr."""
     path = Path(path)
     text = _read(path)
     try:
@@ -76,23 +81,32 @@ def load_config(
             OmegaConf.update(cfg, key, yaml.safe_load(value) if value else "", merge=True)
         except (OmegaConfBaseException, yaml.YAMLError) as e:
             raise ConfigError(f"{where}: {key}: {_first_line(e)}") from None
+
+    def origin(key: str) -> str:
+        return f"command line {from_cli[key]!r}" if key in from_cli else in_file(key)
+
     if not section:
-        _apply_recipe(
-            cfg,
-            root,
-            _given(data) | set(from_cli),
-            lambda key: f"command line {from_cli[key]!r}" if key in from_cli else in_file(key),
-        )
+        _apply_recipe(cfg, root, _given(data) | set(from_cli), origin)
     try:
         tree = OmegaConf.to_object(cfg[section] if section else cfg)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{path}: {e.full_key}: required, but no value was given") from None
-
-    checks = SECTION_CHECKS[section](tree) if section else ROOT_CHECKS[root](tree)
-    for key, problem in itertools.chain(checks, validate_model_paths(tree) if local and not section else ()):
-        where = f"command line {from_cli[key]!r}" if key in from_cli else in_file(key)
-        raise ConfigError(f"{where}: {key}: {problem}")
+    lines = _resolve_and_check(tree, root, section, local, origin)
+    if dtype_lines is None:
+        print(*(f"relay: {line}\n" for line in lines), sep="", end="", file=sys.stderr, flush=True)
+    else:
+        dtype_lines += lines
     return tree
+
+
+def _resolve_and_check(tree, root, section: str, local: bool, origin) -> list[str]:
+    """The tree's `dtype: auto` resolved (the lines to print returned), then its checks; the first
+    problem raises, named by `origin(key)`."""
+    lines, undecided = resolve_dtypes(tree) if not section else ([], [])
+    checks = SECTION_CHECKS[section](tree) if section else ROOT_CHECKS[root](tree)
+    for key, problem in itertools.chain(undecided, checks, validate_model_paths(tree) if local and not section else ()):
+        raise ConfigError(f"{origin(key)}: {key}: {problem}")
+    return lines
 
 
 def _apply_recipe(cfg: DictConfig, root, given: set[str], where) -> None:

@@ -18,8 +18,9 @@ from orchestrator.tools.plan_roles import total
 
 
 # ---------------------------------------------------------------- the report
-def load(path: str | Path, overrides: list[str]):
-    """(kind, config): the root is told by the file's top-level sections, as `relay config show --for`."""
+def load(path: str | Path, overrides: list[str], dtype_lines: list[str] | None = None):
+    """(kind, config): the root is told by the file's top-level sections, as `relay config show --for`.
+    The lines saying what each `dtype: auto` became, and why, go to `dtype_lines` (load_config's)."""
     import yaml
 
     from orchestrator.config.load import load_config
@@ -31,15 +32,11 @@ def load(path: str | Path, overrides: list[str]):
         top = None  # load_config names the problem
     keys = set(top) if isinstance(top, dict) else set()
     if keys & {"sft", "rm", "ppo"}:
-        return "pipeline", load_config(path, overrides, root=PipelineConfig)
+        return "pipeline", load_config(path, overrides, root=PipelineConfig, dtype_lines=dtype_lines)
     if keys & {"scratch", "train", "learner_ranks"}:
-        kind = (
-            "sft"
-            if "scratch" in keys or not load_config(path, overrides, root=StageConfig).learner.model_path
-            else "rm"
-        )
-        return kind, load_config(path, overrides, root=StageConfig)
-    return "train", load_config(path, overrides)
+        cfg = load_config(path, overrides, root=StageConfig, dtype_lines=dtype_lines)
+        return ("sft" if "scratch" in keys or not cfg.learner.model_path else "rm"), cfg
+    return "train", load_config(path, overrides, dtype_lines=dtype_lines)
 
 
 def _machine_bytes() -> float:
@@ -58,10 +55,13 @@ def make_plan(kind: str, cfg, gpu_gb: float, host_gb: float | None) -> Plan:
     return plan_stage(cfg, kind, host)
 
 
-def render(plan: Plan, path, gpu_gb: float) -> str:
+def render(plan: Plan, path, gpu_gb: float, dtype_lines: tuple[str, ...] | list[str] = ()) -> str:
+    """The report; `dtype_lines` (load's) say which dtype an `auto` became and why, and the planned
+    figures are in that dtype."""
     out = [
         f"relay plan: {path} ({'fits' if plan.fits else 'DOES NOT FIT'}; {gpu_gb:g} GB GPUs, "
         f"a device fits when its peak <= {SAFETY:.0%} of it)",
+        *dtype_lines,
         "models:",
     ]
     out += [f"  {m}" for m in plan.models]

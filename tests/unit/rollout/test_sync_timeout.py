@@ -1,11 +1,18 @@
 """A weight-sync broadcast whose receiver never takes part times out within the group's timeout and
 says which group, rank and bucket, instead of waiting forever (gloo, two real processes); so does
 relay's gloo engine, driven as vLLM's worker drives it, when its sender stalls or is killed; and
-that engine loads what a real sender sends."""
+that engine loads what a real sender sends.
+
+A group's timeout covers its joining too, so no short timeout may also cover the other process's start-up
+(imports, under load many seconds): the process with the short timeout starts its part only once the other
+has signalled that it is ready, and a rank joins only once the first rank's store listens (until_listening),
+so it connects at its first try. Each timed wait then covers a few messages between two ready processes,
+whatever the machine's speed or load."""
 
 import multiprocessing as mp
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -14,7 +21,22 @@ import torch
 from rollout.weight_sync import SyncFailed, SyncGroup, TensorMeta, free_port, send_weights
 
 
-def join_and_stay_silent(port: int, joined, release) -> None:
+def until_listening(port: int) -> None:
+    """Return once rank 0's store listens at `port`. A rank that connects before then is retried by
+    TCPStore with a growing backoff (0.5 s, x1.5 a try, up to a minute), which outlasts a 2 s timeout on
+    the other side once rank 0 comes up late; a rank that connects after it joins at once."""
+    for _ in range(6000):  # a guard against a rank 0 that never comes up (~60 s), not the test's deadline
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+    raise AssertionError(f"nothing listens at 127.0.0.1:{port}")
+
+
+def join_and_stay_silent(port: int, starting, joined, release) -> None:
+    starting.set()  # imports done: the other side's 2 s start now
+    until_listening(port)
     group = SyncGroup("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
     joined.set()
     release.wait(60)  # joined the group, but never receives: a stopped engine
@@ -23,10 +45,11 @@ def join_and_stay_silent(port: int, joined, release) -> None:
 
 def test_a_broadcast_no_receiver_takes_part_in_times_out_naming_the_group_rank_and_bucket():
     port, ctx = free_port(), mp.get_context("spawn")
-    joined, release = ctx.Event(), ctx.Event()
-    receiver = ctx.Process(target=join_and_stay_silent, args=(port, joined, release), daemon=True)
+    starting, joined, release = ctx.Event(), ctx.Event(), ctx.Event()
+    receiver = ctx.Process(target=join_and_stay_silent, args=(port, starting, joined, release), daemon=True)
     receiver.start()
     try:
+        assert starting.wait(60)  # the 2 s timeout covers joining too: not the receiver's start-up
         group = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=2)
         assert joined.wait(60)
         weights = {"w": torch.ones(4), "b": torch.zeros(2)}
@@ -54,8 +77,9 @@ class TinyModel(torch.nn.Module):
             params[name].data.copy_(t)
 
 
-def gloo_engine(port: int, timeout_s: float):
-    """relay's engine as vLLM's worker builds and drives it (parse + init), joined as rank 1 of 2."""
+def gloo_engine(port: int, timeout_s: float, go):
+    """relay's engine as vLLM's worker builds and drives it (parse + init), joined as rank 1 of 2 once the
+    sender, told to start by `go` when the engine is built (vLLM imported), listens."""
     from types import SimpleNamespace
 
     from rollout.transfer import GlooWeightTransferEngine
@@ -64,14 +88,16 @@ def gloo_engine(port: int, timeout_s: float):
     vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(rank=0), model_config=None)
     engine = GlooWeightTransferEngine(None, vllm_config, torch.device("cpu"), TinyModel())
     info = init_info(GLOO_BACKEND, GroupAddress("127.0.0.1", port, 1, 2, timeout_s))
+    go.set()
+    until_listening(port)
     engine.init_transfer_engine(engine.parse_init_info(info))
     return engine
 
 
-def join_and_send_or_fail(port: int, how: str, joined, starting=None) -> None:
-    """The sender's end: sends two syncs; or joins and then stays silent / waits to be killed."""
-    if starting is not None:
-        starting.set()  # torch is imported: the store comes up at once
+def join_and_send_or_fail(port: int, how: str, go, joined) -> None:
+    """The sender's end: sends two syncs; or joins and then stays silent / waits to be killed. It starts the
+    group when the engine's side says `go`: its timeout must not cover that side's imports."""
+    assert go.wait(600)
     group = SyncGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
     joined.set()
     if how == "send":
@@ -85,11 +111,11 @@ def test_the_gloo_engine_loads_what_the_sender_sends_through_vllms_update_calls(
     from rollout.weight_sync import GLOO_BACKEND, update_info
 
     port, ctx = free_port(), mp.get_context("spawn")
-    joined = ctx.Event()  # held here: the child opens it by name
-    sender = ctx.Process(target=join_and_send_or_fail, args=(port, "send", joined), daemon=True)
+    go, joined = ctx.Event(), ctx.Event()  # held here: the child opens them by name
+    sender = ctx.Process(target=join_and_send_or_fail, args=(port, "send", go, joined), daemon=True)
     sender.start()
     try:
-        engine = gloo_engine(port, 30)
+        engine = gloo_engine(port, 30, go)
         buckets = [[TensorMeta("w", (4,), "float32")], [TensorMeta("b", (2,), "float32")]]
         for scale in (1.0, 2.0):  # the second through the copies found on the first
             engine.start_weight_update()
@@ -108,12 +134,11 @@ def test_an_engine_whose_sender_stalls_or_dies_raises_sync_failed_naming_group_r
     from rollout.weight_sync import GLOO_BACKEND, update_info
 
     port, ctx = free_port(), mp.get_context("spawn")
-    joined, starting = ctx.Event(), ctx.Event()
-    sender = ctx.Process(target=join_and_send_or_fail, args=(port, how, joined, starting), daemon=True)
+    go, joined = ctx.Event(), ctx.Event()
+    sender = ctx.Process(target=join_and_send_or_fail, args=(port, how, go, joined), daemon=True)
     sender.start()
     try:
-        assert starting.wait(60)  # the 2 s timeout covers joining too: not the child's start-up
-        engine = gloo_engine(port, 2)
+        engine = gloo_engine(port, 2, go)  # its 2 s cover joining too: it joins once the sender listens
         assert joined.wait(60)
         if how == "killed":
             os.kill(sender.pid, signal.SIGKILL)
