@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from orchestrator.config.schema import TrainConfig, eval_samples
 from orchestrator.loop.step_metrics import VERIFIABLE, distinct_n, reward_metrics
 from orchestrator.tools.pass_at_k import sample_metrics
-from reward_service.rules import answer_key, same_answer
+from reward_service.rules import answer_key, exact_match, same_answer
 from rollout.config import SamplingConfig
 from runtime.seeds import EVALUATION
 
@@ -44,11 +44,12 @@ NO_ANSWER = ""  # a reasoning-gym response without <answer> tags: a vote for "no
 
 def reasoning_gym_answer(response: str) -> str:
     """The answer reasoning-gym's task scores (ReasoningGymSource: the last <answer>...</answer>,
-    reasoning_gym.utils.extract_answer), whitespace collapsed; NO_ANSWER without one."""
+    reasoning_gym.utils.extract_answer), exactly as the task receives it: its scorers may tell answers
+    apart by their whitespace (rotate_matrix's grid rows); NO_ANSWER without one."""
     from reasoning_gym.utils import extract_answer
 
     answer = extract_answer(response)
-    return NO_ANSWER if answer is None else " ".join(answer.split())
+    return NO_ANSWER if answer is None else answer
 
 
 # maj@k's vote per verifiable source kind: how the grader reads a response's answer, and which answers are one.
@@ -56,7 +57,7 @@ def reasoning_gym_answer(response: str) -> str:
 # three identical wrong ones.
 VOTES: dict[str, tuple[Callable[[str], str], Callable[[str, str], bool]]] = {
     "math_answer": (answer_key, same_answer),
-    "exact_match": (functools.partial(answer_key, math=False), str.__eq__),  # the response is the answer
+    "exact_match": (str, lambda a, b: exact_match(b, a) == 1.0),  # the response is the answer, equal as graded
     "reasoning_gym": (reasoning_gym_answer, str.__eq__),
 }
 NO_VOTE = {  # the verifiable kinds with no answer to vote on, and why

@@ -112,9 +112,10 @@ def choose_panels(rows: list[dict], before: dict, after: dict) -> list[tuple[str
         series: Series = {}
         for key in [k for pattern in panel.patterns for k in keys if re.fullmatch(pattern, k)]:
             if key.startswith("eval/"):  # periodic evaluations and the final one's row, between before and after
-                points = (
-                    {0: before.get(key)} | {r["step"]: r.get(key) for r in rows if key in r} | {last: after.get(key)}
-                )
+                points = {r["step"]: r.get(key) for r in rows if key in r}
+                # before/after only where they hold the key: a run without eval_after.json yet (stopped,
+                # still running) keeps its last periodic evaluation's point
+                points = _given(before, key, 0) | points | _given(after, key, last)
             else:
                 points = {r["step"]: r.get(key) for r in steps}
             drawn = sorted((s, float(v)) for s, v in points.items() if v is not None)
@@ -139,6 +140,11 @@ def _equal(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
 def _flat(points: list[tuple[int, float]]) -> bool:
     finite = [v for _, v in points if math.isfinite(v)]
     return not finite or max(finite) - min(finite) <= FLAT
+
+
+def _given(evaluation: dict, key: str, step: int) -> dict[int, float]:
+    """{step: the evaluation's value of key}, or {} where it has none."""
+    return {step: evaluation[key]} if evaluation.get(key) is not None else {}
 
 
 def _read(path: Path) -> dict:

@@ -172,3 +172,35 @@ def test_an_environment_graded_evaluation_reports_no_maj_and_says_why():
     report |= {"policy": labelled(ev.metrics), "reference": labelled(ev.metrics)}
     text = markdown(report, {"policy": ev, "reference": ev}, [""], None, 1)
     assert f"- no maj@k: the environment source's {NO_VOTE['environment']}" in text
+
+
+def test_maj_groups_exact_match_answers_as_the_grader_does():
+    """exact_match grades "42." wrong against "42", so the vote must not count them as one answer (it did:
+    answer_key strips a trailing period): "42." (twice) and "7" (twice) tie, the first sampled wins, wrong."""
+    texts = ["42", "42.", "42.", "7", "7"]
+    scores = [1.0, 0.0, 0.0, 0.0, 0.0]  # rules.exact_match against the reference "42"
+    batch, scored = one_prompt(texts, {"exact_match": scores})
+    ev = evaluate_policy(lambda p, g: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * 5, [5])
+    assert ev.metrics["eval/sampled/maj@5"] == 0.0 and ev.metrics["eval/sampled/pass@5"] == 1.0
+    # what exact_match calls one answer (whitespace, NFKC) is one vote: three "42"s beat two "7"s
+    texts = ["42", " 42 ", "４２", "7", "7"]
+    batch, scored = one_prompt(texts, {"exact_match": [1.0, 1.0, 1.0, 0.0, 0.0]})
+    ev = evaluate_policy(lambda p, g: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * 5, [5])
+    assert ev.metrics["eval/sampled/maj@5"] == 1.0
+
+
+def test_maj_keeps_reasoning_gym_answers_apart_that_the_task_scores_apart():
+    """rotate_matrix scores its grid with the rows' line breaks right and the same numbers on one line
+    wrong: a vote that collapsed whitespace joined them, and the group took its first sample's mark."""
+    import reasoning_gym
+
+    from reward_service.sources import ReasoningGymSource
+
+    entry = reasoning_gym.create_dataset("rotate_matrix", size=1, seed=0)[0]
+    grid, flat = entry["answer"], " ".join(entry["answer"].split())
+    texts = [f"<answer>{flat}</answer>"] * 2 + [f"<answer>{grid}</answer>"] * 3
+    scores = ReasoningGymSource().score([""] * 5, texts, [{"entry": entry}] * 5)
+    assert scores == [0.0] * 2 + [1.0] * 3
+    batch, scored = one_prompt(texts, {"reasoning_gym": scores})
+    ev = evaluate_policy(lambda p, g: batch, lambda *a: scored, [""], [{}], False, 1.0, lambda b: [[0.0]] * 5, [5])
+    assert ev.metrics["eval/sampled/maj@5"] == 1.0  # three right grids outvote two wrong lines

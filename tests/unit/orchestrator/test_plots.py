@@ -80,3 +80,14 @@ def test_a_run_without_evaluations_or_learner_metrics_leaves_their_panels_out():
     panels = choose_panels(rows, {}, {})
     assert titles(panels) == ["reward"] and math.isnan(dict(panels)["reward (raw)"]["reward/mean"][1][1])
     assert choose_panels([{"step": 1, "eval/greedy/reward/mean": 0.5}], {}, {}) == []  # no training step
+
+
+def test_a_run_without_its_final_evaluation_keeps_its_last_periodic_point():
+    """`relay plot` of a run still going (or stopped) has no eval_after.json: the periodic evaluation at its
+    last step is drawn, not overwritten by the missing final one."""
+    rows = [step_row(s, async_run=False) for s in range(1, STEPS + 1)]
+    for row in rows[1::2]:  # eval.every_n_steps: 2; steps 2, 4 and 6 evaluated
+        row |= scaled(HELD_OUT, 1 + row["step"] / 100)
+    held_out = next(s for title, s in choose_panels(rows, HELD_OUT, {}) if title.startswith("held-out"))
+    assert [s for s, _ in held_out["pass@8"]] == [0, 2, 4, 6]
+    assert held_out["pass@8"][-1] == (6, HELD_OUT["eval/sampled/pass@8"] * 1.06)
