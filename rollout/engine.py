@@ -146,6 +146,9 @@ def sampled_logprobs(completion) -> list[float]:
     return [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
 
 
-def completion_text(completion, tokenizer) -> str:
-    """A completion's text: vLLM's where it detokenized (stop strings), else decoded here."""
-    return completion.text or tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+def completion_text(completion, tokenizer, params) -> str:
+    """A completion's text: vLLM's where it detokenized (`params`, a call with stop strings), else decoded
+    here. vLLM's text may be empty where its tokens are not: a sample that met a stop string at once."""
+    if params.detokenize:
+        return completion.text
+    return tokenizer.decode(completion.token_ids, skip_special_tokens=True)

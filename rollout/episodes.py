@@ -158,14 +158,14 @@ async def play(
             for e in live
         ]
         outputs = await engine.generate([e.prompt_ids + e.ids for e in live], params)
-        actions = [take_turn(e, out.outputs[0], tokenizer, max_tokens) for e, out in zip(live, outputs)]
+        actions = [take_turn(e, out.outputs[0], tokenizer, max_tokens, p) for e, out, p in zip(live, outputs, params)]
         steps = [(e.env.step, (a,)) for e, a in zip(live, actions)]
         outcomes = await asyncio.to_thread(call_all, steps, env.step_timeout_s)
         for e, outcome in zip(live, outcomes):
             observe(e, step_result(outcome), tokenizer, env.observation_role, max_tokens, turn == env.max_turns - 1)
 
 
-def take_turn(e: Episode, completion, tokenizer, max_tokens: int) -> str:
+def take_turn(e: Episode, completion, tokenizer, max_tokens: int, params) -> str:
     """Append the turn's sampled tokens and logprobs; return its text for the environment."""
     tokens = list(completion.token_ids)
     e.ids += tokens
@@ -174,7 +174,7 @@ def take_turn(e: Episode, completion, tokenizer, max_tokens: int) -> str:
     e.versions += token_versions(completion)
     e.turns += 1
     e.clipped_turns += completion.finish_reason == "length"
-    e.last_text = completion_text(completion, tokenizer)
+    e.last_text = completion_text(completion, tokenizer, params)
     if completion.finish_reason == "length" and len(e.ids) >= max_tokens:
         e.finish = "length"
     return e.last_text

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -205,10 +206,11 @@ def build_app(
 
     @app.post("/episodes/{episode}/reward")
     async def reward(episode: str, body: dict = Body(...)):
-        try:
-            value = float(body["reward"])
-        except (KeyError, TypeError, ValueError):
-            raise HTTPException(400, 'expected {"reward": <number>}') from None
+        value = body.get("reward")
+        # a number, as JSON has it: not true (float(True) is 1.0), not "0.7", not NaN or infinity
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise HTTPException(400, f'reward: expected {{"reward": <finite number>}}, got {value!r}')
+        value = float(value)
         if await asyncio.to_thread(recorder.finish, episode, value) is None:
             raise HTTPException(404, f"no open episode {episode!r}")
         return {"episode": episode, "reward": value}

@@ -245,10 +245,10 @@ class RolloutWorker(Profiled, Busy):
             (
                 list(c.token_ids),
                 sampled_logprobs(c),
-                completion_text(c, self.tokenizer),
+                completion_text(c, self.tokenizer, p),
                 "length" if c.finish_reason == "length" else "stop",
             )
-            for c in (o.outputs[0] for o in outputs)
+            for c, p in zip((o.outputs[0] for o in outputs), params)
         ]
         return out, version
 

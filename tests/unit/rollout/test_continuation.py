@@ -78,3 +78,15 @@ def test_without_a_stop_string_across_the_cut_the_continuation_is_vllms_own(tok)
     c, text = joined(tok, response, own, SamplingParams(stop=["Answer"]))
     assert c is own and text == BEFORE + "ation: 5\n"
     assert straddling_stop("ab", "cd", ["cd"]) is None and straddling_stop("ab", "cd", ["bc"]) == ("bc", 1)
+
+
+def test_a_completion_that_meets_its_stop_string_at_once_has_no_text_not_the_stop_string(tok):
+    # vLLM detokenized (a call with stop strings) and cut the text before "Observation:": its text is "",
+    # its tokens are the stop string's. The reply (endpoint, episodes) is that "", never the decoded tokens
+    from rollout.engine import completion_text
+
+    ids = tok.encode("Observation:")
+    c = CompletionOutput(0, "", ids, None, None, finish_reason="stop", stop_reason="Observation:")
+    assert completion_text(c, tok, SamplingParams(stop=["Observation:"], detokenize=True)) == ""
+    # not detokenized by vLLM (no stop strings): decoded here
+    assert completion_text(c, tok, SamplingParams(detokenize=False)) == "Observation:"

@@ -94,6 +94,11 @@ def test_the_http_api_refuses_what_it_cannot_record_with_the_key_named(tok):
         assert r.status_code == 400 and r.json()["detail"].startswith(key)
     assert client.post("/episodes/nope/reward", json={"reward": 1}).status_code == 404
     assert client.post("/episodes/nope/reward", json={"score": 1}).status_code == 400
+    for bad in (True, "0.7", None, [1.0]):  # a reward is a number, never what float() would make of it
+        r = client.post("/episodes/nope/reward", json={"reward": bad})
+        assert r.status_code == 400 and r.json()["detail"].startswith("reward"), bad
+    r = client.post("/episodes/nope/reward", content=b'{"reward": NaN}', headers={"content-type": "application/json"})
+    assert r.status_code == 400
 
 
 class FakeEngine:
