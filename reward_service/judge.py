@@ -9,11 +9,14 @@ The judge is a model folder (`model_path`) on its own frozen vLLM engine (`judge
 default: the engine core in a child process of the scoring service, the template's shared prefix in its
 prefix cache) or run by transformers in the scoring service's process; or any OpenAI-compatible server
 (`url`: its /v1/completions, e.g. `vllm serve`). `judge/*` counts each call's judgements, cache hits,
-parse failures and seconds.
+parse failures and seconds. The cache is part of the scoring service's state (checkpointed, rewound with a
+learner replay, given to a restarted service), so `judge/*` of a resumed or replayed run are those of an
+uninterrupted one; it keeps each question's digest, not its text.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -87,22 +90,37 @@ def check_choice_tokens(tokenizer, choices: dict[str, float]) -> None:
             )
 
 
+def digest(question: str) -> str:
+    """A question's cache key: 128 bits of its SHA-256, so a checkpointed cache holds no text."""
+    return hashlib.sha256(question.encode()).hexdigest()[:32]
+
+
 class JudgeSource:
     """Owns the judge backend, the cache of its verdicts and the source's config."""
 
     def __init__(self, cfg: RewardSource, backend):
         self.cfg, self.backend = cfg, backend
-        self.cache: OrderedDict[str, float | None] = OrderedDict()  # filled template -> verdict
+        self.cache: OrderedDict[str, float | None] = OrderedDict()  # the filled template's digest -> verdict
+
+    def state_dict(self) -> dict:
+        return {"verdicts": list(self.cache.items())}  # oldest first, as the cache drops them
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cache = OrderedDict((key, verdict) for key, verdict in state["verdicts"])
 
     def score(self, prompts: list[str], responses: list[str], metadata: list[dict]) -> JudgeResult:
         """Counts, over this call's samples: judged (new questions sent to the judge, each once), cache_hits
         (samples whose question was asked before, in this call or an earlier one), parse_failures (answers
         with no verdict), too_long (questions over the judge's context, never sent), seconds (the call)."""
         start = time.perf_counter()
-        keys = [judge_prompt(self.cfg.template, p, r, m.get("answer")) for p, r, m in zip(prompts, responses, metadata)]
+        questions = [
+            judge_prompt(self.cfg.template, p, r, m.get("answer")) for p, r, m in zip(prompts, responses, metadata)
+        ]
+        keys = [digest(q) for q in questions]
         todo = list(dict.fromkeys(k for k in keys if k not in self.cache))  # a group's samples often repeat
+        text = dict(zip(keys, questions))
         ask = self.backend.top_tokens if self.cfg.verdict == "probability" else self.backend.generate
-        answers = ask(todo) if todo else []
+        answers = ask([text[k] for k in todo]) if todo else []
         if len(answers) != len(todo):
             raise ValueError(f"the judge gave {len(answers)} answers for {len(todo)} questions")
         failures = too_long = 0

@@ -1,7 +1,7 @@
 """ScoringPool: the scoring service as the trainer sees it. It keeps a copy of the service's state
-(the running reward normaliser) after every call, so when the actor dies and Ray restarts it
+(the running reward normaliser, the judges' verdict caches) after every call, so when the actor dies and Ray restarts it
 (max_restarts) the pool gives the new one that state and retries the call once: a restart changes
-no reward. Evaluation goes through the read-only `evaluate`, which never changes that state."""
+no reward. Evaluation (`evaluate`) changes no reward state; its judges' verdicts join their caches."""
 
 from __future__ import annotations
 
@@ -86,9 +86,8 @@ class ScoringPool:
         return busy_seconds([self.actor])[0]
 
     def evaluate(self, batch, metadata: list[dict], temperature: float, with_reference: bool, suite: str = ""):
-        return self._call(
-            lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference, suite), reads_only=True
-        )
+        # not reads_only: a judge's verdicts asked in evaluation join its cache, which is state
+        return self._call(lambda: self.actor.evaluate.remote(batch, metadata, temperature, with_reference, suite))
 
     def state_dict(self) -> dict:
         return self.state

@@ -53,6 +53,14 @@ class RewardFunction:
         # each call's deadline is the source's whole budget (a remote one's retries included)
         self.deadlines = {n: deadline_s(self.sources[n], s) for n, s in zip(self.names, cfg.sources)}
 
+    def state_dict(self) -> dict:
+        """Each stateful source's state (a judge's verdict cache), by name."""
+        return {n: src.state_dict() for n, src in self.sources.items() if hasattr(src, "state_dict")}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, source_state in state.items():
+            self.sources[name].load_state_dict(source_state)
+
     def run(self, prompts: list[str], responses: list[str], metadata: list[dict]):
         runs = {n: run_source(src, prompts, responses, metadata, self.deadlines[n]) for n, src in self.sources.items()}
         total, invalid = combine(runs, self.weights)
@@ -86,7 +94,7 @@ def joined(parts: tuple) -> RolloutBatch:
 
 class ScoringService(Profiled, Busy):
     """The frozen judge (a Ray actor): it owns the reward sources, the reference model, the reward
-    shaping and the running reward normaliser (its only state, which evaluation never changes)."""
+    shaping, the running reward normaliser and the judges' verdict caches (its state)."""
 
     def __init__(
         self,
@@ -217,7 +225,12 @@ class ScoringService(Profiled, Busy):
         return Busy.busy_seconds(self)
 
     def state_dict(self) -> dict:
-        return {"running": self.running.state_dict()}
+        """The running normaliser and the sources' state (judges' verdict caches, those of the suites too)."""
+        sources = {"": self.reward.state_dict()} | {k: r.state_dict() for k, r in self.suite_rewards.items()}
+        return {"running": self.running.state_dict(), "sources": sources}
 
     def load_state_dict(self, state: dict) -> None:
         self.running.load_state_dict(state["running"])
+        sources = state.get("sources", {})  # none in a checkpoint from before the judges' caches were kept
+        for suite, reward in [("", self.reward), *self.suite_rewards.items()]:
+            reward.load_state_dict(sources.get(suite, {}))

@@ -252,3 +252,29 @@ def test_a_model_folders_judge_leaves_a_question_over_its_context_unjudged(tiny_
     assert answers[1] is None and answers[0] is not None and answers[2] is not None
     alone = ask(["2+2="])[0]  # the fitting questions' answers are theirs, in their places (unpadded: ~1e-8 apart)
     assert answers[0] == (pytest.approx(alone, abs=1e-6) if verdict == "probability" else alone)
+
+
+def test_the_verdict_cache_is_state_a_resumed_or_replayed_run_counts_as_an_uninterrupted_one():
+    # issue 40 item 8: an uninterrupted source scores steps 1-3; a checkpoint after step 1 is restored (a resume,
+    # through JSON as orchestrator.json holds it, or a replay rewinding the same source) and steps 2-3 scored again
+    steps = [(["2+2=", "3+3="], ["4", "6"]), (["2+2=", "5+5="], ["4", "10"]), (["3+3=", "5+5="], ["6", "9"])]
+    meta = [{"answer": "4"}, {}]
+
+    def run(source, todo):
+        return [source.score(p, r, meta).counts for p, r in todo]
+
+    whole = JudgeSource(CHOICE, Judge())
+    want = run(whole, steps)
+    source = JudgeSource(CHOICE, Judge())
+    run(source, steps[:1])
+    checkpoint = json.loads(json.dumps(source.state_dict()))
+    assert not any("2+2=" in key for key, _ in checkpoint["verdicts"])  # digests, no question text
+    run(source, steps[1:])  # the steps the crash loses
+    for restored in (JudgeSource(CHOICE, Judge()), source):  # resumed in a new process; replayed in this one
+        restored.load_state_dict(checkpoint)
+        got = run(restored, steps[1:])
+        for g, w in zip(got, want[1:]):
+            assert {k: v for k, v in g.items() if k != "judge/seconds"} == {
+                k: v for k, v in w.items() if k != "judge/seconds"
+            }
+        assert got[0]["judge/cache_hits"] == 1  # 2+2=4, asked at step 1

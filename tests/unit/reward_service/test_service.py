@@ -111,6 +111,23 @@ def test_evaluation_is_read_only_and_reports_raw_rewards(tiny_model):
     assert service.evaluate(batch, meta).ref_logprobs == service.reference.logprobs(batch)
 
 
+def test_the_services_state_holds_its_judges_caches_and_a_state_from_before_them_loads(tiny_model):
+    from reward_service.judge import JudgeSource, digest
+
+    cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.running)
+    service = ScoringService(cfg, tiny_model)
+    judge = JudgeSource(RewardSource(kind=SourceKind.judge, url="http://x"), backend=None)
+    service.reward.sources["j"] = judge  # a judge beside the rule, as `kind: judge` builds it
+    judge.cache[digest("q")] = 1.0
+    state = json.loads(json.dumps(service.state_dict()))
+    assert state["sources"] == {"": {"j": {"verdicts": [[digest("q"), 1.0]]}}}
+    judge.cache.clear()
+    service.load_state_dict(state)
+    assert dict(judge.cache) == {digest("q"): 1.0}
+    service.load_state_dict({"running": state["running"]})  # a checkpoint from before: the running state alone
+    assert dict(judge.cache) == {digest("q"): 1.0}
+
+
 def test_a_suite_with_its_own_sources_is_evaluated_by_them_and_the_rest_by_the_runs(tiny_model):
     cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)])
     own = [RewardSource(kind=SourceKind.exact_match, name="exact"), RewardSource(kind=SourceKind.format, pattern="6$")]
