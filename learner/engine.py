@@ -15,21 +15,24 @@ from learner.config import LearnerConfig, OptimizerKind
 class FiniteSteps:
     """Mixin of a torch optimizer: skips a step whose gradients are not finite (and counts it), so one
     bad batch cannot poison the weights or the moments. Without ZeRO it also clips (max_norm > 0) and
-    records the pre-clip norm, which DeepSpeed reports; under ZeRO 1-3 DeepSpeed clips and checks first."""
+    records the pre-clip norm, which DeepSpeed reports; under ZeRO 1-3 DeepSpeed clips and checks first.
+    `overflow` says the last step was skipped, as DeepSpeed's own optimizers say it: without ZeRO the
+    engine then counts it (engine.skipped_steps) and leaves the lr schedule where it is, as under ZeRO."""
 
     def __init__(self, params, max_norm: float = 0.0, **kwargs):
         super().__init__(params, **kwargs)
-        self.max_norm, self.skipped, self._global_grad_norm = max_norm, 0, None
+        self.max_norm, self.skipped, self._global_grad_norm, self.overflow = max_norm, 0, None, False
 
     @torch.no_grad()
     def step(self, closure=None):
+        self.overflow = False
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not params:
             return super().step(closure)
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm if self.max_norm > 0 else float("inf"))
         self._global_grad_norm = float(norm)
         if not torch.isfinite(norm):
-            self.skipped += 1
+            self.skipped, self.overflow = self.skipped + 1, True
             return None
         return super().step(closure)
 
@@ -177,6 +180,8 @@ def mean_finite(values: list[float]) -> float:
 
 
 def skipped_steps(engine) -> int:
-    """Optimizer steps skipped for non-finite gradients, by DeepSpeed or by GuardedAdamW."""
+    """Optimizer steps skipped for non-finite gradients, by DeepSpeed or by a FiniteSteps optimizer (one
+    DeepSpeed drives directly, without ZeRO, it counts already: it reads the optimizer's `overflow`)."""
     inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
-    return int(engine.skipped_steps) + int(getattr(inner, "skipped", 0))
+    own = 0 if inner is engine.optimizer else int(getattr(inner, "skipped", 0))
+    return int(engine.skipped_steps) + own

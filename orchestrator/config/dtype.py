@@ -93,7 +93,11 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 def resolve_dtypes(tree, probe=probe) -> tuple[list[str], list[tuple[str, str]]]:
     """Set every `auto` dtype of the tree (a run, a stage or a pipeline) to its choice, in place; returns the
-    lines to print and the (key, problem) pairs of the ones that cannot be decided."""
+    lines to print and the (key, problem) pairs of the ones that cannot be decided. A rollout.dtype auto
+    beside a learner.dtype that names its dtype takes that one (rollout.dtype auto = learner.dtype's choice)."""
+    for run in _runs(tree):
+        if run.rollout.dtype == "auto" and _value(run.learner.dtype) != "auto":
+            run.rollout.dtype = str(_value(run.learner.dtype))
     groups: dict[tuple[str, str], list[tuple[str, object]]] = {}
     for key, section, device in sorted(_dtype_sections(tree), key=lambda s: s[0]):
         groups.setdefault((device, str(_value(section.dtype))), []).append((key, section))
@@ -113,6 +117,18 @@ def resolve_dtypes(tree, probe=probe) -> tuple[list[str], list[tuple[str, str]]]
 
 def _value(dtype) -> str:
     return getattr(dtype, "value", dtype)
+
+
+def _runs(node):
+    """Every node of the tree with both a learner and a rollout section (a run, a pipeline's RL stage)."""
+    if isinstance(getattr(node, "learner", None), LearnerConfig) and isinstance(
+        getattr(node, "rollout", None), RolloutConfig
+    ):
+        yield node
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value) and hasattr(value, "learner"):
+            yield from _runs(value)
 
 
 def _dtype_sections(node, prefix: str = ""):

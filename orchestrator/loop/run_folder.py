@@ -16,6 +16,10 @@ from orchestrator.loop.tracking import say
 
 LEGACY = "unrecorded"  # the lineage of checkpoints written before relay recorded one: one lineage of their own
 LINEAGE_FILE = "lineage"  # runs/<name>/lineage: the lineage of the run the folder holds now
+# runs/<name>/resumed_from: the checkpoint outside the folder's checkpoints/ that its run resumed from (another
+# name's, or a set-aside run's): one of the run's own, what resume=auto and the end line go back to before
+# the run has written one here
+ORIGIN_FILE = "resumed_from"
 # what a run writes into its folder besides checkpoints/ (relay.log, config.yaml, incidents/ and the wandb
 # folder, which keeps each wandb run apart, are shared by every run of the name)
 RECORDS = (
@@ -26,6 +30,7 @@ RECORDS = (
     "eval_reference_samples.json",
     "pipeline.png",
     "wandb_id",
+    ORIGIN_FILE,
 )
 RESUMED_RECORDS = ("eval_before.json", "eval_reference_samples.json", "metrics.jsonl", "samples.jsonl")
 
@@ -71,9 +76,27 @@ def folder_lineage(run_dir: Path) -> str | None:
 
 
 def run_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """The checkpoints of the run the folder holds (folder_lineage), by step."""
+    """The checkpoints of the run the folder holds (folder_lineage), by step: its own under checkpoints/, and
+    the one it resumed from outside them, if it did (origin)."""
     lineage = folder_lineage(run_dir)
-    return checkpoints(run_dir / "checkpoints", lineage) if lineage is not None else []
+    if lineage is None:
+        return []
+    start = origin(run_dir, lineage)
+    return sorted(checkpoints(run_dir / "checkpoints", lineage) + ([(step_of(start), start)] if start else []))
+
+
+def origin(run_dir: Path, lineage: str) -> Path | None:
+    """The checkpoint outside checkpoints/ that the folder's run (`lineage`) resumed from, while it is there."""
+    named = run_dir / ORIGIN_FILE
+    start = Path(named.read_text().strip()) if named.exists() else None
+    if start is None or not (start / "orchestrator.json").exists() or lineage_of(start) != lineage:
+        return None
+    return start
+
+
+def step_of(checkpoint: Path) -> int:
+    """The step a checkpoint holds (its orchestrator.json's)."""
+    return int(json.loads((Path(checkpoint) / "orchestrator.json").read_text())["step"])
 
 
 def resume_path(resume: str, run_dir: Path) -> Path | None:
@@ -89,20 +112,25 @@ def resume_path(resume: str, run_dir: Path) -> Path | None:
 
 def claim(run_dir: Path, resume: str) -> tuple[str, Path | None]:
     """A starting run's lineage and the checkpoint it resumes (None: a fresh start), the folder made this
-    run's first: continuing the folder's run from one of its checkpoints sets aside the checkpoints after
-    it (the branch it leaves); any other start (fresh, or from another folder's checkpoint) sets the
-    folder's run aside, checkpoints and records, and brings the resumed checkpoint's records along."""
+    run's first: continuing the folder's run from one of its checkpoints (run_checkpoints: the one it
+    resumed from elsewhere too) sets aside the checkpoints after it (the branch it leaves); any other start
+    (fresh, or from another folder's checkpoint) sets the folder's run aside, checkpoints and records, and
+    brings the resumed checkpoint's records along, and the folder keeps where it came from (ORIGIN_FILE)."""
     root = run_dir / "checkpoints"
     held, start = folder_lineage(run_dir), resume_path(resume, run_dir)
     lineage = lineage_of(start) if start is not None else new_lineage()
-    if start is not None and start.resolve().parent == root.resolve() and lineage == held:
-        _set_aside_branch(run_dir, lineage, int(start.name.removeprefix("step_")))
+    outside = start is not None and start.resolve().parent != root.resolve()
+    came_from = origin(run_dir, held) if held is not None else None
+    if start is not None and lineage == held and (not outside or start.resolve() == came_from):
+        _set_aside_branch(run_dir, lineage, step_of(start))
     else:
         _set_aside_run(run_dir, held, start)
         if start is not None:
             _bring_records(start, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LINEAGE_FILE).write_text(lineage + "\n")
+    if outside:
+        (run_dir / ORIGIN_FILE).write_text(f"{start.resolve()}\n")
     return lineage, start
 
 
@@ -115,11 +143,17 @@ def _set_aside_run(run_dir: Path, held: str | None, start: Path | None) -> None:
     records = [run_dir / r for r in RECORDS if (run_dir / r).exists()]
     if held is None or not (entries or records):
         return
+    came_from = origin(run_dir, held)
     dest = _move_aside(run_dir / "set_aside" / held, entries, held)
     for p in records:
         p.rename(dest / p.name)
-    up_to = f"checkpoints up to {last[-1].name}" if last else "no checkpoint"
-    go_on = f" (checkpoint.resume={dest / 'checkpoints' / last[-1].name} continues it here)" if last else ""
+    if last:
+        up_to, back = f"checkpoints up to {last[-1].name}", dest / "checkpoints" / last[-1].name
+    else:
+        up_to, back = (
+            (f"resumed from {came_from}, no checkpoint of its own", came_from) if came_from else ("no checkpoint", None)
+        )
+    go_on = f" (checkpoint.resume={back} continues it here)" if back else ""
     say(
         run_dir,
         f"relay: {run_dir} held another run ({held}, {up_to}): set aside, not deleted, in {dest}{go_on}; "

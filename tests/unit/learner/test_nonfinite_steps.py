@@ -1,6 +1,7 @@
 """The NaN guard holds for every optimizer x ZeRO stage: a step on non-finite gradients changes no weight
-and no optimizer moment, and is counted (engine.skipped_steps, what learner/skipped_steps reports); a
-finite step still trains. Real DeepSpeed engines (make_engine), one gloo rank in this process."""
+and no optimizer moment, nor moves the lr schedule (warmup), and is counted once (engine.skipped_steps,
+what learner/skipped_steps reports); a finite step still trains. Real DeepSpeed engines (make_engine), one
+gloo rank in this process."""
 
 import os
 
@@ -41,7 +42,7 @@ def step(engine, x: torch.Tensor) -> None:
 @pytest.mark.parametrize("optimizer", list(OptimizerKind))
 def test_a_nonfinite_step_is_skipped_and_counted(one_rank, optimizer, zero):
     torch.manual_seed(0)
-    cfg = LearnerConfig(model_path="unused", zero_stage=zero, optimizer=optimizer)
+    cfg = LearnerConfig(model_path="unused", zero_stage=zero, optimizer=optimizer, warmup_steps=10)
     engine = make_engine(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)), cfg, 1e-2, 2, 1)
     x = torch.randn(2, 8)
     before = weights(engine)
@@ -50,13 +51,18 @@ def test_a_nonfinite_step_is_skipped_and_counted(one_rank, optimizer, zero):
     assert all(torch.isfinite(w).all() for w in trained) and any(not torch.equal(a, b) for a, b in zip(before, trained))
     assert skipped_steps(engine) == 0
     state = {k: v.clone() for k, v in str_state(engine).items()}
+    lr = engine.get_lr()
     step(engine, x.clone().fill_(float("nan")))
-    assert skipped_steps(engine) == 1, f"{optimizer.value} at ZeRO {zero}: the NaN step was not counted"
+    assert skipped_steps(engine) == 1, f"{optimizer.value} at ZeRO {zero}: the NaN step was not counted once"
+    assert engine.get_lr() == lr, f"{optimizer.value} at ZeRO {zero}: the skipped step moved the warmup"
     after = weights(engine)
     assert all(torch.equal(a, b) for a, b in zip(trained, after)), f"{optimizer.value} at ZeRO {zero} applied NaN"
     assert all(torch.equal(v, str_state(engine)[k]) for k, v in state.items())  # nor moved Adam's moments
-    step(engine, x)  # and the next finite batch trains again
+    step(engine, x)  # and the next finite batch trains again, one warmup step further
     assert skipped_steps(engine) == 1 and any(not torch.equal(a, b) for a, b in zip(after, weights(engine)))
+    assert engine.get_lr() == pytest.approx(
+        [lr[0] * 3 / 2]
+    )  # warmup 10: 2/10 after the first step, 3/10 after this one
 
 
 def str_state(engine) -> dict[str, torch.Tensor]:

@@ -108,6 +108,19 @@ def test_resolution_sets_each_section_from_its_own_device_in_place():
     assert resolve_dtypes(TrainConfig(), fake_probe) == ([], []) and seen == ["cpu", "cuda", "cpu"]  # float32: none
 
 
+def test_a_rollout_auto_beside_an_explicit_learner_dtype_takes_the_learners():
+    # rollout.dtype auto is "learner.dtype's choice": with learner.dtype named (float32, the default) it
+    # is that, not the device's own choice, which made a config refused on a bf16 CPU ("differs from
+    # learner.dtype") that ran on an AVX2 one
+    run = TrainConfig(learner=LearnerConfig(model_path="m"))
+    run.rollout.dtype = "auto"
+    assert resolve_dtypes(run, lambda device: AVX512_BF16) == ([], []) and run.rollout.dtype == "float32"
+    run = TrainConfig(learner=LearnerConfig(model_path="m", dtype=Dtype.bfloat16))
+    run.rollout.dtype = "auto"
+    lines, problems = resolve_dtypes(run, lambda device: AVX2)
+    assert run.rollout.dtype == "bfloat16" and not problems and lines[0].startswith(f"warning: {KEYS} = bfloat16")
+
+
 def test_the_smollm2_preset_asks_for_auto_and_the_launch_prints_the_choice_once(capsys):
     assert "dtype: auto" in SMOLLM2.read_text()
     expected = choose("auto", probe("cpu"), KEYS)

@@ -206,3 +206,43 @@ def test_retention_never_removes_the_checkpoint_it_just_wrote(tmp_path):
     later = saver.save(9, Learner([], tag="later"), lambda: {"step": 9})  # a later one of its lineage
     saved = saver.save(1, Learner([], tag="now"), lambda: {"step": 1})
     assert saved.exists() and written(tmp_path / "checkpoints") == {1: "now"} and not later.exists()
+
+
+@pytest.mark.parametrize("elsewhere", ["another name's folder", "a run set aside here"])
+def test_a_run_resumed_from_outside_its_folder_goes_back_there_until_it_has_a_checkpoint_of_its_own(
+    tmp_path, fake_wandb, first, capsys, elsewhere
+):
+    """A run resumed from a checkpoint outside its folder's checkpoints/ that ended (resumable) before it
+    wrote one there: its end line said "no checkpoint was written; to start again", and resume=auto then
+    started from step 0, setting the run's own records aside as "another run"."""
+    a_lineage = first[0]
+    if elsewhere == "a run set aside here":
+        b, _ = process(tmp_path, 2, "total_steps=3")
+        b.run()
+        run_dir, start = b.run_dir, b.run_dir / "set_aside" / a_lineage / "checkpoints" / "step_5"
+    else:
+        run_dir, start = tmp_path / "other", tmp_path / "small" / "checkpoints" / "step_5"
+
+    def process_in(n, resume):
+        over = ("logging.wandb.mode=offline", "total_steps=8", f"checkpoint.resume={resume}")
+        return small_trainer(tmp_path, *over, stats=STATS | {"run/tag": float(n)}, tag=f"run {n}", run_dir=run_dir)[0]
+
+    c = process_in(3, start)  # checkpoints only at the end (every_n_steps 0, the default)
+    assert c.step == 5 and c.roles.learner.restored == "run 1" and c.checkpointer.lineage == a_lineage
+    c.tracker.close()  # it dies in a step before its first checkpoint
+    status, line = ending(ray.exceptions.ActorDiedError(), run_dir, COMMAND)
+    assert line.endswith(f"to continue from checkpoint step 5: {COMMAND}")
+    capsys.readouterr()
+    d = process_in(4, "auto")
+    assert d.step == 5 and d.roles.learner.restored == "run 1" and d.checkpointer.lineage == a_lineage
+    assert "held another run" not in capsys.readouterr().out  # its own run: nothing set aside
+    d.run()
+    assert written(run_dir / "checkpoints") == {8: "run 4"}
+    assert trained(run_dir / "metrics.jsonl") == [(s, 1) for s in range(1, 6)] + [(6, 4), (7, 4), (8, 4)]
+    _, line = ending(ray.exceptions.ActorDiedError(), run_dir, COMMAND)
+    assert line.endswith(f"to continue from checkpoint step 8: {COMMAND}")
+    # a fresh run then sets it aside, and says where it continues from
+    capsys.readouterr()
+    process_in(5, "never")
+    said = capsys.readouterr().out
+    assert f"held another run ({a_lineage}, checkpoints up to step_8)" in said
