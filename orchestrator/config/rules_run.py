@@ -76,6 +76,13 @@ def check_watchdog(w):
             yield f"watchdog.{key}", f"must be > 0, got {getattr(w, key)}"
 
 
+def check_checkpoint(c):
+    zero = {"every_n_steps": "only at the end", "keep_last": "keep all"}
+    for key, means in zero.items():  # a negative keep_last would delete all but the newest
+        if getattr(c, key) < 0:
+            yield f"checkpoint.{key}", f"must be >= 0 (0: {means}), got {getattr(c, key)}"
+
+
 def check_eval(cfg):
     e, n = cfg.eval, eval_samples(cfg)
     if e.n_samples < 0:

@@ -9,7 +9,14 @@ from orchestrator.config.rules_algorithm import check_algorithm, check_batches, 
 from orchestrator.config.rules_learner import check_learner, critic_path_used
 from orchestrator.config.rules_reward import check_rewards
 from orchestrator.config.rules_rollout import check_env, check_sampling
-from orchestrator.config.rules_run import check_cluster, check_data, check_eval, check_health, check_watchdog
+from orchestrator.config.rules_run import (
+    check_checkpoint,
+    check_cluster,
+    check_data,
+    check_eval,
+    check_health,
+    check_watchdog,
+)
 from reward_service.config import SourceKind
 
 
@@ -24,6 +31,7 @@ def validate(cfg) -> Iterator[tuple[str, str]]:
     yield from check_data(cfg.data)
     yield from check_env(cfg)
     yield from check_watchdog(cfg.watchdog)
+    yield from check_checkpoint(cfg.checkpoint)
     yield from check_eval(cfg)
     yield from check_health(cfg.health)
 

@@ -190,10 +190,17 @@ def _move_aside(folder: Path, entries: list[Path], lineage: str) -> Path:
     marked as `lineage`'s; returns it."""
     dest = _unique(folder)
     (dest / "checkpoints").mkdir(parents=True)
-    for p in entries:
-        p.rename(dest / "checkpoints" / p.name)
     (dest / LINEAGE_FILE).write_text(lineage + "\n")
+    # oldest first: a run killed mid-way leaves the newest in place, which resume=auto would continue
+    for p in sorted(entries, key=_step_of):
+        p.rename(dest / "checkpoints" / p.name)
     return dest
+
+
+def _step_of(entry: Path) -> int:
+    """step_N, step_N.tmp, step_N.old -> N; anything else first (-1)."""
+    digits = entry.name.removeprefix("step_").split(".")[0]
+    return int(digits) if digits.isdigit() else -1
 
 
 def _bring_records(start: Path, run_dir: Path) -> None:

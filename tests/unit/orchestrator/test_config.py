@@ -490,3 +490,11 @@ def test_a_judge_source_is_checked_by_key(source, message):
     assert load_config(DEFAULT, [f"reward.sources=[{ok}]"]).reward.sources[0].judge_engine == "transformers"
     url = "{kind: judge, url: 'http://j', judge_max_tokens: 4096}"  # no engine of relay's: its context is the server's
     assert load_config(DEFAULT, [f"reward.sources=[{url}]"]).reward.sources[0].judge_max_tokens == 4096
+
+
+@pytest.mark.parametrize("key", ["checkpoint.keep_last", "checkpoint.every_n_steps"])
+def test_a_negative_checkpoint_count_is_refused_naming_its_key(key):
+    # keep_last=-1 sliced checkpoints[:1]: every checkpoint of the run but the newest deleted at each save
+    with pytest.raises(ConfigError, match=f"{key}: must be >= 0"):
+        load_config(DEFAULT, [f"{key}=-1"])
+    load_config(DEFAULT, [f"{key}=0"])

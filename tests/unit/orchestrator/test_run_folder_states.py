@@ -246,3 +246,32 @@ def test_a_run_resumed_from_outside_its_folder_goes_back_there_until_it_has_a_ch
     process_in(5, "never")
     said = capsys.readouterr().out
     assert f"held another run ({a_lineage}, checkpoints up to step_8)" in said
+
+
+def test_a_set_aside_killed_midway_leaves_the_newest_checkpoint_for_resume_auto(tmp_path, monkeypatch):
+    from orchestrator.loop.run_folder import _move_aside as move_aside
+    from orchestrator.loop.run_folder import claim, resume_path
+
+    run_dir = tmp_path / "run"
+    held = "older-run"
+    for step in (5, 2, 10, 7):  # listed in no particular order
+        ckpt = run_dir / "checkpoints" / f"step_{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "orchestrator.json").write_text(json.dumps({"step": step, "lineage": held}))
+    (run_dir / "lineage").write_text(held + "\n")
+    moved = []
+    real = Path.rename
+
+    def dies_on_the_third(self, target):
+        if len(moved) == 2:
+            raise KeyboardInterrupt  # the process killed between two moves
+        moved.append(self.name)
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        move_aside(run_dir / "set_aside" / held, [p for _, p in checkpoints(run_dir / "checkpoints")][::-1], held)
+    monkeypatch.undo()
+    assert moved == ["step_2", "step_5"]  # oldest first
+    assert resume_path("auto", run_dir).name == "step_10"  # the old run's newest: not an older one
+    assert claim(run_dir, "auto")[1].name == "step_10"
