@@ -81,6 +81,7 @@ class PolicyLoss(str, Enum):
 class OffPolicyKind(str, Enum):
     """The correction from the behaviour policy mu to the proximal policy (off_policy.OFF_POLICY_CORRECTIONS)."""
 
+    auto = "auto"  # resolved at launch (orchestrator/config/correction.py): tis in an async mode, none in sync
     none = "none"  # plain PPO on the ratio to the proximal policy (the learner at the update's start)
     tis = "tis"  # truncated importance sampling: each token's loss times min(pi_prox/mu, cap)
     icepop = "icepop"  # IcePop: times pi_prox/mu inside [low, high], 0 outside
@@ -100,8 +101,8 @@ class OffPolicyConfig:
     """Correction for samples drawn by a policy other than the learner's: engines some versions behind
     (async_training) and numerically apart (another kernel or dtype). mu = the engine's logprobs."""
 
-    correction: OffPolicyKind = OffPolicyKind.none
-    """none, tis, icepop or decoupled (see learner/off_policy.py)"""
+    correction: OffPolicyKind = OffPolicyKind.auto
+    """auto (tis in an asynchronous mode, none in sync), none, tis, icepop or decoupled (learner/off_policy.py)"""
     level: RatioLevel = RatioLevel.token
     """the ratio pi_prox/mu per token, per sequence (product) or geometric mean"""
     cap: float = 2.0
@@ -110,6 +111,13 @@ class OffPolicyConfig:
     """icepop: ratios below this are masked"""
     high: float = 2.0
     """icepop: ratios above this are masked"""
+
+    @property
+    def kind(self) -> str:
+        """The correction the learner applies (a key of off_policy.OFF_POLICY_CORRECTIONS, or "none"). auto is
+        resolved at launch (orchestrator/config/correction.py); one left here is a learner outside a run (a
+        bench, a test), which has no asynchronous mode: sync, uncorrected."""
+        return "none" if self.correction == OffPolicyKind.auto else self.correction.value
 
 
 @dataclass

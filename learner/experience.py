@@ -284,9 +284,7 @@ def experience_metrics(exp: Experience, algo: AlgorithmConfig, kl_coef: float) -
     # the sampler's and the learner's logprob of each sampled token, under the same top-k/top-p
     # filter; tokens the learner's filter excludes are counted apart, not averaged as -inf
     inside = filter_inside(exp.sampler_logprobs, mask)
-    ratio = ratio_stats(
-        exp.sampler_logprobs, exp.behaviour_logprobs, mask, o.correction.value, o.level.value, o.cap, o.low, o.high
-    )
+    ratio = ratio_stats(exp.sampler_logprobs, exp.behaviour_logprobs, mask, o.kind, o.level.value, o.cap, o.low, o.high)
     m = {
         "kl/ref": nan if empty else float(A.masked_mean(kl, mask)),  # per token
         "kl/ref_seq": nan if empty else float(A.sequence_kl(kl, mask)),  # per sequence: what the controller steers

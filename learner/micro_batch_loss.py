@@ -11,7 +11,7 @@ import torch
 
 from learner import algorithms as A
 from learner import losses as L
-from learner.config import AlgorithmConfig, KLPlacement, OffPolicyKind, PolicyLoss
+from learner.config import AlgorithmConfig, KLPlacement, PolicyLoss
 from learner.engine import TOKENS
 from learner.experience import MicroBatch
 from learner.off_policy import off_policy_weights
@@ -83,7 +83,8 @@ def off_policy_terms(
     logprobs) is renormalised inside the filter, so an unfiltered pi_prox would put the ratio below 1 in
     sync mode."""
     o, mask = algo.off_policy, mb.mask
-    sampled = mb.sampler_logprobs if not how.old_from_forward and o.correction != OffPolicyKind.none else None
+    corrected = o.kind != "none"
+    sampled = mb.sampler_logprobs if not how.old_from_forward and corrected else None
     if how.old_from_forward:
         sampled = (
             map_chunks(
@@ -97,10 +98,8 @@ def off_policy_terms(
             else old
         )
     weights = (
-        off_policy_weights(
-            sampled, mb.behaviour_logprobs, mask, o.correction.value, o.level.value, o.cap, o.low, o.high
-        )
-        if o.correction != OffPolicyKind.none
+        off_policy_weights(sampled, mb.behaviour_logprobs, mask, o.kind, o.level.value, o.cap, o.low, o.high)
+        if corrected
         else None
     )
     return sampled, weights

@@ -95,7 +95,7 @@ def resolve_dtypes(tree, probe=probe) -> tuple[list[str], list[tuple[str, str]]]
     """Set every `auto` dtype of the tree (a run, a stage or a pipeline) to its choice, in place; returns the
     lines to print and the (key, problem) pairs of the ones that cannot be decided. A rollout.dtype auto
     beside a learner.dtype that names its dtype takes that one (rollout.dtype auto = learner.dtype's choice)."""
-    for run in _runs(tree):
+    for run in runs_of(tree):
         if run.rollout.dtype == "auto" and _value(run.learner.dtype) != "auto":
             run.rollout.dtype = str(_value(run.learner.dtype))
     groups: dict[tuple[str, str], list[tuple[str, object]]] = {}
@@ -119,7 +119,7 @@ def _value(dtype) -> str:
     return getattr(dtype, "value", dtype)
 
 
-def _runs(node):
+def runs_of(node):
     """Every node of the tree with both a learner and a rollout section (a run, a pipeline's RL stage)."""
     if isinstance(getattr(node, "learner", None), LearnerConfig) and isinstance(
         getattr(node, "rollout", None), RolloutConfig
@@ -128,7 +128,7 @@ def _runs(node):
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if dataclasses.is_dataclass(value) and hasattr(value, "learner"):
-            yield from _runs(value)
+            yield from runs_of(value)
 
 
 def _dtype_sections(node, prefix: str = ""):

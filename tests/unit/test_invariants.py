@@ -52,7 +52,7 @@ SEEDS = [0, 1, 2]
 SHAPES = ["single_turn", "episode"]
 AGGS = list(LossAggregation)
 LOSSES = list(PolicyLoss)
-CORRECTIONS = [c for c in OffPolicyKind if c != OffPolicyKind.none]
+CORRECTIONS = [c for c in OffPolicyKind if c not in (OffPolicyKind.none, OffPolicyKind.auto)]  # auto: at launch
 
 
 def recipe(method: Method, **extra) -> AlgorithmConfig:

@@ -172,9 +172,12 @@ def test_the_endpoints_complete_runs_through_the_async_engine():
             return collector
 
     worker = object.__new__(RolloutWorker)
-    worker.engine, worker.tokenizer = AsyncEngine(Finished()), None  # the text is the engine's
-    out, version = asyncio.run(worker.complete([[1, 2, 3]], [SamplingConfig(seed=3)]))
-    assert out == [([5, 6], [-0.5, -1.0], "hi", "stop")] and version == 0
+    worker.engine = AsyncEngine(Finished())
+    worker.tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: f"decoded {ids}")
+    out, version = asyncio.run(worker.complete([[1, 2, 3]], [SamplingConfig(seed=3, stop=["\n"])]))
+    assert out == [([5, 6], [-0.5, -1.0], "hi", "stop")] and version == 0  # stop strings: vLLM's text
+    out, _ = asyncio.run(worker.complete([[1, 2, 3]], [SamplingConfig(seed=3)]))
+    assert out[0][2] == "decoded [5, 6]"  # none: vLLM did not detokenize, the worker decodes
     assert worker.busy_seconds() > 0 and worker.engine._running == 0
 
 
