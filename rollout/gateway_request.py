@@ -187,7 +187,11 @@ FIELDS: dict[str, Field] = {
         _stop,
     ),
     "seed": Field(
-        ("integer",), "the call's sampling seed (int64; a negative one taken mod 2^63); not given: a fresh one", _seed
+        ("integer",),
+        "the call's sampling seed (int64; a negative one taken mod 2^63); not given: a fresh one. A seed the agent "
+        "sends is the sample's whole seed: the run's `seed` does not enter it, so an agent that always sends the "
+        "same one samples alike in every run",
+        _seed,
     ),
     "logprobs": Field(("boolean",), "true: `choices[0].logprobs` has each sampled token's logprob, streamed or not"),
     "top_logprobs": Field(("integer",), "0 only, with logprobs true (no alternatives are sampled)", _top_logprobs),
