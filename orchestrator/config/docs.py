@@ -106,6 +106,8 @@ def record_launch(cfg, command: str) -> str:
             ("model", cfg.learner.model_path),
             ("algorithm", _algorithm(cfg.algorithm)),
             ("workers", _workers(cfg.cluster)),
+            ("dtype", _dtypes(cfg)),
+            *_async(cfg),
             ("steps", _rl_steps(cfg)),
         ]
     elif command == "pipeline":
@@ -135,6 +137,19 @@ def _algorithm(a) -> str:
         f"{a.kl_controller.value} coef {a.init_kl_coef:g}"
     )
     return kl + (f" (target {a.target_kl:g})" if a.kl_controller == KLControllerKind.adaptive else "")
+
+
+def _dtypes(cfg) -> str:
+    """The learner's and the engines' dtype, as resolved at launch (dtype: auto)."""
+    learner, engines = getattr(cfg.learner.dtype, "value", cfg.learner.dtype), cfg.rollout.dtype
+    return f"{learner} (learner and engines)" if learner == engines else f"{learner} learner, {engines} engines"
+
+
+def _async(cfg) -> list[tuple[str, str]]:
+    mode = cfg.async_training.mode
+    if mode.value == "sync":
+        return []
+    return [("async", f"{mode.value}, off-policy correction {cfg.algorithm.off_policy.correction.value}")]
 
 
 def _workers(c) -> str:

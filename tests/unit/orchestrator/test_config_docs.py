@@ -133,10 +133,13 @@ def test_record_launch_writes_the_config_and_returns_a_short_summary(tmp_path):
             "  model       builtin://tiny-addition-gpt",
             "  algorithm   grpo, KL k3 in the loss, fixed coef 0.01",
             "  workers     1 rollout worker(s), 1 learner rank(s), colocated",
+            "  dtype       float32 (learner and engines)",
             "  steps       25 steps x 64 prompts x 8 samples",
             f"  config      {run / 'config.yaml'}",
         ]
     )
+    in_flight = load_config(DEFAULT, [f"run_root={tmp_path}", "name=async", "async_training.mode=in_flight"])
+    assert "  async       in_flight, off-policy correction tis" in record_launch(in_flight, "train").splitlines()
     written = (run / "config.yaml").read_text()
     assert written.startswith("# relay train: ") and written.endswith(commented_yaml(cfg))
     assert load_config(run / "config.yaml") == cfg  # the written file is a config that runs again
