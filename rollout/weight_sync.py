@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import pickle
-import socket
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from runtime.ports import free_port  # noqa: F401  (the rendezvous port: learner.worker, tests)
 
 GLOO_BACKEND = "relay_gloo"  # relay's engine (rollout/transfer.py), registered with vLLM's factory
 NCCL_BACKEND = "nccl"  # vLLM's NCCLWeightTransferEngine
@@ -90,12 +91,6 @@ def encode_plan(buckets: list[list[TensorMeta]]) -> bytes:
 
 def decode_plan(plan: bytes) -> list[list[TensorMeta]]:
     return pickle.loads(plan)  # our own driver's bytes, as Ray's own arguments are
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class SyncFailed(RuntimeError):
