@@ -34,7 +34,8 @@ from learner.tiny_gpt import init_tiny_gpt, init_tiny_llama
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env
 from rollout.pool import PoolOptions, RolloutPool
-from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
+from rollout.weight_sync import SyncGroup, plan_buckets, send_weights, tensor_metas
+from runtime.ports import free_port
 from runtime.seeds import request_seed
 
 ARCHS = {"llama": init_tiny_llama, "gpt2": init_tiny_gpt}

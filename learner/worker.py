@@ -34,9 +34,9 @@ from learner.models import build_critic, build_policy, merged_lora, rollout_weig
 from learner.weight_sender import WeightSender
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
-from rollout.weight_sync import free_port
 from runtime.device import collective_backend, process_device, to_device
 from runtime.logprobs import SamplerSettings, chunked_logprobs
+from runtime.ports import free_port
 from runtime.profiling import Profiled
 from runtime.seeds import stream_seed
 

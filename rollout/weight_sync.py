@@ -27,8 +27,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from runtime.ports import free_port  # noqa: F401  (the rendezvous port: learner.worker, tests)
-
 GLOO_BACKEND = "relay_gloo"  # relay's engine (rollout/transfer.py), registered with vLLM's factory
 NCCL_BACKEND = "nccl"  # vLLM's NCCLWeightTransferEngine
 IPC_BACKEND = "ipc"  # vLLM's IPCWeightTransferEngine: CUDA IPC handles, no group

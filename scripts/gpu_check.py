@@ -56,8 +56,8 @@ def learner_rank(model: str, device: torch.device, zero: int, lr: float, n: int,
     from learner.config import AlgorithmConfig, Dtype, LearnerConfig
     from learner.engine import RankAddress
     from learner.worker import Learner
-    from rollout.weight_sync import free_port
     from runtime.logprobs import SamplerSettings
+    from runtime.ports import free_port
 
     dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
     cfg = LearnerConfig(model_path=model, lr=lr, zero_stage=zero, dtype=dtype)
@@ -215,8 +215,8 @@ def _sync_rank(rank: int, port: int, backend: str, numel: int, out) -> None:
 def check_sync(device: torch.device, quick: bool) -> None:
     import multiprocessing as mp
 
-    from rollout.weight_sync import free_port
     from runtime.device import collective_backend
+    from runtime.ports import free_port
 
     backend = collective_backend(device)
     if backend == "nccl" and torch.cuda.device_count() < 2:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.weight_sync import free_port
+from runtime.ports import free_port
 from tests.helpers import RAY, REPO, RayNode
 
 

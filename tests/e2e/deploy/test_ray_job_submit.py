@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rollout.weight_sync import free_port
+from runtime.ports import free_port
 from tests.helpers import RAY, REPO, RayNode
 
 AGENT_TRIES = 10

@@ -13,8 +13,8 @@ from learner.config import AlgorithmConfig, Estimator, LearnerConfig
 from learner.engine import RankAddress
 from learner.micro_batch_loss import LossSettings, loss_norm_tokens, policy_loss
 from learner.worker import Learner
-from rollout.weight_sync import free_port
 from runtime.logprobs import SamplerSettings
+from runtime.ports import free_port
 from tests.helpers import make_scored_batch
 
 GROUP = 3

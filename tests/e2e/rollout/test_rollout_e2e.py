@@ -7,7 +7,8 @@ from transformers import AutoModelForCausalLM
 
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.pool import PoolOptions, RolloutPool
-from rollout.weight_sync import SyncGroup, free_port, plan_buckets, send_weights, tensor_metas
+from rollout.weight_sync import SyncGroup, plan_buckets, send_weights, tensor_metas
+from runtime.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ import torch
 
 from learner.config import LearnerConfig, OptimizerKind
 from learner.engine import RankAddress, init_distributed, make_engine, skipped_steps
-from rollout.weight_sync import free_port
+from runtime.ports import free_port
 
 
 @pytest.fixture(scope="module")

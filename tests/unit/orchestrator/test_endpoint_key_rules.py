@@ -5,16 +5,8 @@ import pytest
 
 from orchestrator.config.load import ConfigError, load_config
 from tests.helpers import REPO
+from tests.unit.orchestrator.test_config import ENDPOINT  # a valid endpoint run of the grpo preset
 
-ENDPOINT = [
-    "rollout.endpoint.enabled=true",
-    "rollout.sampling.n_samples_per_prompt=1",
-    "algorithm.estimator=reinforce_baseline",
-    "algorithm.reinforce_baseline.baseline=batch",
-    "algorithm.mini_batch_size=32",
-    "algorithm.micro_batch_size=32",
-    "reward.sources=[{kind: environment}]",
-]  # a valid endpoint run of the grpo preset
 GRPO = REPO / "configs" / "grpo_tiny_cpu.yaml"
 REFUSED = r"rollout.endpoint.host: listening on .* set the environment variable RELAY_ENDPOINT_KEY"
 

@@ -12,7 +12,7 @@ from reward_service.combine import call_counts, run_source
 from reward_service.config import RewardSource, SourceKind
 from reward_service.remote import RemoteReward, serve
 from reward_service.sources import build_source
-from rollout.weight_sync import free_port
+from runtime.ports import free_port
 from tests.helpers import REPO
 
 

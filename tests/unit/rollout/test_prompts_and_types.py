@@ -12,7 +12,6 @@ from rollout.weight_sync import (
     SyncGroup,
     TensorMeta,
     broadcast_staged,
-    free_port,
     plan_buckets,
     receive_buckets,
     receive_weights,
@@ -20,6 +19,7 @@ from rollout.weight_sync import (
     stage_buckets,
     tensor_metas,
 )
+from runtime.ports import free_port
 from runtime.prompts import PromptError, PromptOverflow, encode_prompt
 
 tok = char_tokenizer()

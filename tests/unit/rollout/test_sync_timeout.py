@@ -18,7 +18,8 @@ import time
 import pytest
 import torch
 
-from rollout.weight_sync import SyncFailed, SyncGroup, TensorMeta, free_port, send_weights
+from rollout.weight_sync import SyncFailed, SyncGroup, TensorMeta, send_weights
+from runtime.ports import free_port
 
 
 def until_listening(port: int) -> None:
