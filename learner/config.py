@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from enum import Enum
 
+from runtime.forward import PolicyFunction
+
 
 class Method(str, Enum):
     """A named recipe (algorithm.method): the keys its paper fixes, set together (orchestrator/config/methods.py)."""
@@ -272,6 +274,14 @@ class Dtype(str, Enum):
     auto = "auto"  # resolved at launch (orchestrator/config/dtype.py): no role ever runs in "auto"
 
 
+class Attention(str, Enum):
+    """The attention kernel of the learner's and the reference's forwards (transformers' attn_implementation)."""
+
+    sdpa = "sdpa"  # torch's scaled_dot_product_attention: flash/memory-efficient kernels where the device has them
+    eager = "eager"  # the model's own matmul-softmax-matmul
+    flash_attention_2 = "flash_attention_2"  # the flash-attn package (CUDA): varlen over packed rows
+
+
 class OptimizerKind(str, Enum):
     """Which AdamW implementation trains."""
 
@@ -319,6 +329,15 @@ class LearnerConfig:
     """compute dtype; bfloat16 = autocast over float32 weights, optimizer and gradients (2-4x faster matmuls on
     AVX512-BF16/AMX CPUs and GPUs; 50-100x slower on AVX2-only CPUs); auto = bfloat16 where the learner's device
     has native bf16, else float32, chosen once at launch on the driver and printed"""
+    packing: bool = True
+    """padding-free packing: each forward's sequences laid end to end in rows of at most packing_row_tokens
+    tokens, attention kept inside each sequence (runtime/packing.py); false = right-padded rows"""
+    packing_row_tokens: int = 0
+    """a packed row's token budget; 0 = the micro-batch's longest sequence (sdpa and eager pay each row's width
+    squared in attention; flash_attention_2 does not and gains from a larger budget)"""
+    attn_implementation: Attention = Attention.sdpa
+    """attention kernel: sdpa, eager or flash_attention_2 (needs the flash-attn package and a GPU); the
+    reference model uses the same"""
     logprob_chunk_tokens: int = 1024
     """tokens whose logits are upcast to float32 at once for logprobs/entropy (each chunk holds tokens * vocab * 4
     bytes), forward and backward"""
@@ -352,3 +371,13 @@ class SupervisedTrainConfig:
     """steps between held-out evaluations (and at the end)"""
     margin: float = 0.0
     """RM only: -log sigmoid(r_chosen - r_rejected - margin)"""
+
+
+def policy_function(cfg: LearnerConfig) -> PolicyFunction:
+    """How the learner computes the policy's forward, for the reference to compute it the same way."""
+    return PolicyFunction(
+        Dtype(cfg.dtype).value,
+        cfg.logprob_chunk_tokens,
+        cfg.packing_row_tokens if cfg.packing else None,
+        Attention(cfg.attn_implementation).value,
+    )

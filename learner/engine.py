@@ -156,6 +156,7 @@ def grad_norm(engine) -> float:
 
 
 TOKENS = "learner/metric_tokens"  # the response tokens each micro-batch's per-token metrics were weighted by
+REAL, COMPUTED = "learner/real_tokens", "learner/computed_tokens"  # each forward's, for packing_efficiency
 PER_TOKEN = ("learner/entropy", "learner/clip_frac", "learner/approx_kl", "loss/kl", "learner/vf_clip_frac")
 
 
@@ -165,7 +166,11 @@ def update_metrics(sums: dict[str, float], n_mini: int) -> dict[str, float]:
     tokens, not half), the non-finite loss count as a count, a loss (one per mini-batch) averaged."""
     tokens = sums.get(TOKENS, 0.0)
     out = {}
+    if sums.get(COMPUTED):  # real tokens / computed ones, over the update's forwards (runtime.packing.real_share)
+        out["learner/packing_efficiency"] = sums[REAL] / sums[COMPUTED]
     for k, v in sums.items():
+        if k in (REAL, COMPUTED):
+            continue
         if k in PER_TOKEN:
             out[k] = v / tokens if tokens else float("nan")
         elif k != TOKENS:

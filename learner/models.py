@@ -9,8 +9,9 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from learner.config import CriticInit, Dtype, LearnerConfig, LoraConfig
+from learner.config import Attention, CriticInit, Dtype, LearnerConfig, LoraConfig, policy_function
 from runtime.device import compute
+from runtime.packing import packed_forward
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -31,54 +32,78 @@ def hidden_size(cfg) -> int:
 
 class PolicyValue(nn.Module):
     """forward -> (logits for the next tokens (B, L-1, V), values (B, L-1) or None), computed in
-    `dtype` (runtime.device.compute)."""
+    `dtype` (runtime.device.compute), over padded rows or packed ones (`packing`: a row's token budget,
+    runtime/packing.py; None = the padded rows as given). Either way the outputs are laid out as the padded
+    rows: every loss reads the same tensors."""
 
-    def __init__(self, lm: nn.Module, value_head: bool, dtype: Dtype = Dtype.float32):
+    def __init__(self, lm: nn.Module, value_head: bool, dtype: Dtype = Dtype.float32, packing: int | None = None):
         super().__init__()
-        self.lm, self.dtype = lm, dtype
+        self.lm, self.dtype, self.packing = lm, dtype, packing
         self.value_head = nn.Linear(hidden_size(lm.config), 1) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight), nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids, attention_mask, position_ids):
+        hidden = self.value_head is not None
         with compute(self.dtype, input_ids.device):
-            out = self.lm(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                output_hidden_states=self.value_head is not None,
-                use_cache=False,
-            )
+            out, plan = lm_outputs(self.lm, (input_ids, attention_mask, position_ids), self.packing, hidden)
         values = None
         if self.value_head is not None:
-            values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
-        return out.logits[:, :-1], values
+            values = plan(self.value_head(out.hidden_states[-1].float()))[:, :-1].squeeze(-1)
+        return plan(out.logits)[:, :-1], values
 
 
 class Critic(nn.Module):
-    """A separate value model: a transformer trunk and a scalar head. forward -> values (B, L-1)."""
+    """A separate value model: a transformer trunk and a scalar head. forward -> values (B, L-1), padded
+    or packed as PolicyValue."""
 
-    def __init__(self, trunk: nn.Module, head: nn.Linear, dtype: Dtype = Dtype.float32):
+    def __init__(self, trunk: nn.Module, head: nn.Linear, dtype: Dtype = Dtype.float32, packing: int | None = None):
         super().__init__()
-        self.trunk, self.head, self.dtype = trunk, head, dtype
+        self.trunk, self.head, self.dtype, self.packing = trunk, head, dtype, packing
 
     def forward(self, input_ids, attention_mask, position_ids):
         with compute(self.dtype, input_ids.device):
-            h = self.trunk(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-            ).last_hidden_state
-        return self.head(h[:, :-1].float()).squeeze(-1)
+            out, plan = lm_outputs(self.trunk, (input_ids, attention_mask, position_ids), self.packing)
+        return plan(self.head(out.last_hidden_state.float()))[:, :-1].squeeze(-1)
+
+
+def lm_outputs(model: nn.Module, inputs: tuple, packing: int | None, hidden_states: bool = False):
+    """(the model's outputs, a function that lays a (rows, width, ...) output out as the padded (B, L, ...)
+    rows): packed rows of at most `packing` tokens (0 = the longest sequence), or the padded rows as given."""
+    input_ids, attention_mask, position_ids = inputs
+    kwargs = {"use_cache": False} | ({"output_hidden_states": True} if hidden_states else {})
+    if packing is None:
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs), (
+            lambda x: x
+        )
+    out, plan = packed_forward(model, input_ids, attention_mask, position_ids, packing, **kwargs)
+    return out, plan.unpack
+
+
+def packing(cfg: LearnerConfig) -> int | None:
+    """The learner's forwards' packing (PolicyValue's `packing`): a row's token budget, None = padded rows."""
+    return policy_function(cfg).packing
+
+
+def load_model(load, cfg: LearnerConfig, *args, **kwargs) -> nn.Module:
+    """load(*args) (a from_pretrained or from_config) with float32 weights and the attention kernel; a model
+    without that kernel fails naming the key."""
+    attention = Attention(cfg.attn_implementation).value
+    try:
+        return load(*args, dtype=torch.float32, attn_implementation=attention, **kwargs)
+    except (ValueError, ImportError) as e:
+        if attention not in str(e) and "attention" not in str(e).lower():
+            raise
+        raise ValueError(f"learner.attn_implementation={attention}: {e}") from e
 
 
 def build_policy(cfg: LearnerConfig, value_head: bool) -> PolicyValue:
-    lm = AutoModelForCausalLM.from_pretrained(
-        cfg.model_path, config=no_dropout_config(cfg.model_path), dtype=torch.float32
-    )
+    lm = load_model(AutoModelForCausalLM.from_pretrained, cfg, cfg.model_path, config=no_dropout_config(cfg.model_path))
     if cfg.gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora.rank > 0:
         lm = add_lora(lm, cfg.lora)
-    return PolicyValue(lm, value_head, cfg.dtype)
+    return PolicyValue(lm, value_head, cfg.dtype, packing(cfg))
 
 
 def add_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
@@ -102,9 +127,9 @@ def build_critic(cfg: LearnerConfig) -> Critic:
     path = cfg.critic_model_path if cfg.critic_init == CriticInit.reward_model else cfg.model_path
     config = no_dropout_config(path)
     if cfg.critic_init == CriticInit.scratch:
-        trunk = AutoModel.from_config(config, dtype=torch.float32)
+        trunk = load_model(AutoModel.from_config, cfg, config)
     else:
-        trunk = AutoModel.from_pretrained(path, config=config, dtype=torch.float32)
+        trunk = load_model(AutoModel.from_pretrained, cfg, path, config=config)
     if cfg.gradient_checkpointing:
         trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     head = nn.Linear(hidden_size(config), 1)
@@ -112,7 +137,7 @@ def build_critic(cfg: LearnerConfig) -> Critic:
     if cfg.critic_init == CriticInit.reward_model:
         score = _reward_model_head(path)
         head.weight.data.copy_(score.reshape(1, -1)), head.bias.data.zero_()
-    return Critic(trunk, head, cfg.dtype)
+    return Critic(trunk, head, cfg.dtype, packing(cfg))
 
 
 def _reward_model_head(path: str) -> torch.Tensor:

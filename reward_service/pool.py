@@ -14,6 +14,7 @@ from reward_service.config import RewardConfig
 from reward_service.service import ScoringService
 from runtime import watchdog
 from runtime.actors import await_ready, busy_seconds
+from runtime.forward import PolicyFunction
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,16 @@ class ScoringPool:
         self,
         cfg: RewardConfig,
         reference_path: str,
-        dtype: str,
+        function: PolicyFunction,
         threads: int,
-        chunk_tokens: int,
         options: dict,
         suites: dict[str, list] | None = None,
     ):
-        """options: the actor's Ray options (resources, placement, runtime_env, max_restarts); suites: the
-        evaluation suites' own reward sources (ScoringService)."""
+        """function: the learner's forward (ScoringService); options: the actor's Ray options (resources,
+        placement, runtime_env, max_restarts); suites: the evaluation suites' own reward sources (ScoringService)."""
         # busy_seconds is answered from a concurrency group of its own, while the service judges
         remote = ray.remote(concurrency_groups={"stats": 1})(ScoringService)
-        self.actor = remote.options(**options).remote(cfg, reference_path, dtype, threads, chunk_tokens, suites)
+        self.actor = remote.options(**options).remote(cfg, reference_path, function, threads, suites)
         self.state, self.instance = watchdog.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
         self.restarts = 0
 

@@ -6,7 +6,9 @@ import torch
 
 from rollout.types import RolloutBatch, pack, unpad
 from runtime.device import compute, to_device
+from runtime.forward import PolicyFunction
 from runtime.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
+from runtime.packing import packed_forward
 
 
 def response_logprobs(
@@ -17,12 +19,18 @@ def response_logprobs(
     response_mask,
     temperature: float,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    packing: int | None = None,
 ) -> torch.Tensor:
     """(B, L-1) logprob of each next token under `model` at `temperature`; 0 off the response.
     The learner's own function (runtime/logprobs.py), chunk by chunk: the same numbers as the
-    policy's old logprobs, and no float32 (B, L-1, V) tensor."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, :-1]
-    return chunked_logprobs(logits, input_ids[:, 1:], temperature, chunk_tokens) * response_mask
+    policy's old logprobs, and no float32 (B, L-1, V) tensor. `packing`: a packed row's token budget
+    (runtime/packing.py), None = the padded rows as given."""
+    if packing is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    else:
+        out, plan = packed_forward(model, input_ids, attention_mask, position_ids, packing)
+        logits = plan.unpack(out.logits)
+    return chunked_logprobs(logits[:, :-1], input_ids[:, 1:], temperature, chunk_tokens) * response_mask
 
 
 class ReferenceModel:
@@ -32,23 +40,25 @@ class ReferenceModel:
     def __init__(
         self,
         path: str,
-        dtype: str = "float32",
+        function: PolicyFunction = PolicyFunction(),
         micro_batch_size: int = 16,
-        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         device: torch.device = torch.device("cpu"),
     ):
-        """`dtype`: the learner's compute dtype, applied as the learner does (runtime.device.compute:
-        float32 weights, bf16 autocast), so at step 0 the reference's logprobs are the policy's;
+        """`function`: the learner's, applied as the learner does (dtype: float32 weights, bf16 autocast;
+        packing; the attention kernel), so at step 0 the reference's logprobs are the policy's;
         `device`: the scoring process's (runtime.device)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().to(device)
-        self.dtype = dtype
+        self.device, self.function = device, function
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=function.attention)
+            .eval()
+            .to(device)
+        )
         self.model.requires_grad_(False)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.micro_batch_size, self.chunk_tokens = micro_batch_size, chunk_tokens
+        self.micro_batch_size = micro_batch_size
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch, temperature: float = 1.0) -> list[list[float]]:
@@ -56,9 +66,10 @@ class ReferenceModel:
         for i in range(0, len(batch), self.micro_batch_size):
             sl = slice(i, i + self.micro_batch_size)
             inputs = pack(batch.prompt_ids[sl], batch.response_ids[sl], self.pad_id)
-            with compute(self.dtype, self.device):
+            f = self.function
+            with compute(f.dtype, self.device):
                 logprobs = response_logprobs(
-                    self.model, *to_device(inputs, self.device), temperature, self.chunk_tokens
+                    self.model, *to_device(inputs, self.device), temperature, f.chunk_tokens, f.packing
                 )
             out += unpad(logprobs.cpu(), inputs[-1])
         return out

@@ -23,7 +23,7 @@ from reward_service.sources import build_source, deadline_s
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from runtime.device import process_device
-from runtime.logprobs import DEFAULT_CHUNK_TOKENS
+from runtime.forward import PolicyFunction
 from runtime.profiling import Busy, Profiled
 
 log = logging.getLogger(__name__)
@@ -42,12 +42,14 @@ class RewardFunction:
     """The configured sources with their weights, without any model of the policy: what
     `relay serve-reward` serves and what ScoringService uses for rewards."""
 
-    def __init__(self, cfg: RewardConfig, device: torch.device = torch.device("cpu"), dtype: str = "float32"):
-        """`device`, `dtype`: where and in what precision reward models run (the scoring process's)."""
+    def __init__(
+        self, cfg: RewardConfig, device: torch.device = torch.device("cpu"), function: PolicyFunction = PolicyFunction()
+    ):
+        """`device`, `function`: where reward models run (the scoring process's), in the learner's dtype and packing."""
         self.cfg = cfg
         self.names = source_names(cfg)
         self.sources = {
-            n: build_source(s, cfg.micro_batch_size, device, dtype) for n, s in zip(self.names, cfg.sources)
+            n: build_source(s, cfg.micro_batch_size, device, function) for n, s in zip(self.names, cfg.sources)
         }
         self.weights = {n: s.weight for n, s in zip(self.names, cfg.sources)}
         # each call's deadline is the source's whole budget (a remote one's retries included)
@@ -100,25 +102,24 @@ class ScoringService(Profiled, Busy):
         self,
         cfg: RewardConfig,
         reference_path: str,
-        dtype: str = "float32",
+        function: PolicyFunction = PolicyFunction(),
         threads: int = 0,
-        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         suites: dict[str, list] | None = None,
     ):
-        """`dtype`: the learner's compute dtype (the reference's logprobs then match the policy's);
-        `chunk_tokens`: learner.logprob_chunk_tokens; `suites`: the reward sources of each evaluation
-        suite that has its own (evaluate's `suite`). The device is this process's (runtime.device)."""
+        """`function`: the learner's forward (its dtype, chunking, packing, attention: the reference's logprobs
+        then match the policy's; reward models run in its dtype); `suites`: the reward sources of each
+        evaluation suite that has its own (evaluate's `suite`). The device is this process's (runtime.device)."""
         if threads:
             torch.set_num_threads(threads)
         self.cfg = cfg
         self.device = process_device()
-        self.reward = RewardFunction(cfg, self.device, dtype)
+        self.reward = RewardFunction(cfg, self.device, function)
         self.suite_rewards = {
-            name: RewardFunction(dataclasses.replace(cfg, sources=sources), self.device, dtype)
+            name: RewardFunction(dataclasses.replace(cfg, sources=sources), self.device, function)
             for name, sources in (suites or {}).items()
         }
         self.reference = ReferenceModel(
-            cfg.reference_model_path or reference_path, dtype, cfg.micro_batch_size, chunk_tokens, self.device
+            cfg.reference_model_path or reference_path, function, cfg.micro_batch_size, self.device
         )
         self.running = RunningMeanStd()
         self._instance = uuid.uuid4().hex  # tells a restarted actor from the one before (ScoringPool)

@@ -22,6 +22,8 @@ from reward_service.remote import RemoteReward
 from reward_service.rm_input import pad_right, rm_input_ids
 from runtime.device import to_device
 from runtime.endpoint_auth import REWARD_KEY_ENV, env_key
+from runtime.forward import PolicyFunction
+from runtime.packing import packed_forward
 from runtime.prompts import is_chat
 
 REWARD_STATS_FILE = "relay_reward_stats.json"  # written next to a reward model by `relay rm`
@@ -110,7 +112,9 @@ class RewardModelSource:
         micro_batch_size: int,
         device: torch.device = torch.device("cpu"),
         dtype: str = "float32",
+        packing: int | None = None,
     ):
+        """packing: a packed row's token budget (runtime/packing.py), None = padded rows."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
@@ -129,7 +133,7 @@ class RewardModelSource:
         stats = Path(cfg.model_path) / REWARD_STATS_FILE
         saved = json.loads(stats.read_text()) if stats.exists() else {"mean": 0.0, "std": 1.0}
         self.mean, self.std = float(saved["mean"]), float(saved["std"])
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size, self.packing = micro_batch_size, packing
 
     @torch.no_grad()
     def score(self, prompts, responses, metadata) -> list[float]:
@@ -138,8 +142,21 @@ class RewardModelSource:
         for i in range(0, len(seqs), self.micro_batch_size):
             ids, attention = pad_right(seqs[i : i + self.micro_batch_size], self.tokenizer.pad_token_id)
             ids, attention = to_device((ids, attention), self.device)
-            out += self.model(input_ids=ids, attention_mask=attention).logits[:, 0].float().tolist()
+            out += self.scores(ids, attention).float().tolist()
         return [(r - self.mean) / self.std for r in out]
+
+    def scores(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """The classifier's score of each right-padded row, read at its last token that is not padding (as
+        transformers' sequence classifiers read it): packed, the trunk's states unpacked, then the `score` head."""
+        head = getattr(self.model, "score", None)
+        if self.packing is None or not isinstance(head, torch.nn.Linear):
+            return self.model(input_ids=ids, attention_mask=attention).logits[:, 0]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out, plan = packed_forward(self.model.base_model, ids, attention, positions, self.packing)
+        hidden = plan.unpack(out.last_hidden_state)
+        columns = torch.arange(ids.shape[1], device=ids.device)
+        last = (columns * (ids != self.model.config.pad_token_id)).argmax(-1)
+        return head(hidden[torch.arange(len(ids), device=ids.device), last])[:, 0]
 
 
 def _rm_prompt(decoded: str, meta: dict):
@@ -173,9 +190,14 @@ def deadline_s(source, cfg: RewardSource) -> float:
 
 
 def build_source(
-    cfg: RewardSource, micro_batch_size: int = 16, device: torch.device = torch.device("cpu"), dtype: str = "float32"
+    cfg: RewardSource,
+    micro_batch_size: int = 16,
+    device: torch.device = torch.device("cpu"),
+    function: PolicyFunction = PolicyFunction(),
 ):
-    """`device`, `dtype`: for a reward model (the scoring process's device, the learner's dtype)."""
+    """`device`, `function`: for a reward model or a local judge (the scoring process's device; the learner's
+    dtype, and its packing for a reward model)."""
+    dtype = function.dtype
     kind = cfg.kind
     if kind in (SourceKind.math_answer, SourceKind.exact_match, SourceKind.format, SourceKind.length_penalty):
         return RuleSource(cfg)
@@ -186,7 +208,7 @@ def build_source(
     if kind == SourceKind.function:
         return FunctionSource(cfg)
     if kind == SourceKind.reward_model:
-        return RewardModelSource(cfg, micro_batch_size, device, dtype)
+        return RewardModelSource(cfg, micro_batch_size, device, dtype, function.packing)
     if kind == SourceKind.judge:
         if cfg.model_path and cfg.judge_engine == "vllm":
             backend = VLLMJudge(cfg, device, dtype)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from learner.config import CriticInit, ValueHead
+import importlib.util
+
+from learner.config import Attention, CriticInit, ValueHead
 
 
 def check_learner(cfg):
@@ -29,6 +31,7 @@ def check_learner(cfg):
             "learner.lora.rank",
             "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2",
         )
+    yield from check_attention(cfg)
     needs_critic = cfg.algorithm.needs_critic
     if (
         needs_critic
@@ -39,6 +42,20 @@ def check_learner(cfg):
         yield "learner.critic_model_path", "critic_init is reward_model: give the reward model's folder"
     if needs_critic and lr.value_head == ValueHead.shared and lr.lora.rank > 0:
         yield "learner.value_head", "a shared value head with LoRA trains the head on a frozen trunk; use separate"
+
+
+def check_attention(cfg, installed=lambda name: importlib.util.find_spec(name) is not None):
+    """flash_attention_2 needs the flash-attn package and a GPU learner; sdpa and eager run anywhere (a model
+    whose class has no sdpa kernel fails as it loads, with transformers' own message under this key)."""
+    lr = cfg.learner
+    if lr.packing_row_tokens < 0:
+        yield "learner.packing_row_tokens", f"must be >= 0 (0 = the longest sequence), got {lr.packing_row_tokens}"
+    if Attention(lr.attn_implementation) != Attention.flash_attention_2:
+        return
+    if not installed("flash_attn"):
+        yield "learner.attn_implementation", "flash_attention_2 needs the flash-attn package (pip install flash-attn)"
+    if cfg.cluster.gpus_per_learner <= 0:
+        yield "learner.attn_implementation", "flash_attention_2 runs on GPUs only: cluster.gpus_per_learner is 0"
 
 
 def critic_path_used(cfg) -> bool:

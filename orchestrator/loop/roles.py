@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager
 
 import ray
 
+from learner.config import policy_function
 from learner.group import LearnerGroup, RankPlacement
 from orchestrator.config.schema import TrainConfig
 from orchestrator.loop.endpoint import start_gateway
@@ -107,9 +108,8 @@ def start_scoring(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Sc
     return ScoringPool(
         cfg.reward,
         model_path,
-        cfg.learner.dtype.value,
+        policy_function(cfg.learner),
         where.threads[2],
-        cfg.learner.logprob_chunk_tokens,
         dict(
             num_cpus=where.cpus(),
             num_gpus=c.gpus_per_scoring,

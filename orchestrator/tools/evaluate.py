@@ -169,11 +169,7 @@ def evaluate_roles(
 
     ref, temperature, evals = scoring.reference, cfg.rollout.sampling.temperature, {}
     for role, path in (("policy", policy), ("reference", reference)):
-        model = (
-            ref
-            if role == "reference"
-            else ReferenceModel(path, ref.dtype, ref.micro_batch_size, ref.chunk_tokens, ref.device)
-        )
+        model = ref if role == "reference" else ReferenceModel(path, ref.function, ref.micro_batch_size, ref.device)
         pool = make_pool(path)
         try:
             evals[role] = evaluate_policy(

@@ -136,6 +136,8 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
             samples = cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt
             assert r["kl/coef_next"] == pytest.approx(r["kl/coef"] * (1 + error * samples / a.kl_horizon), rel=1e-9)
         assert rows[-1]["kl/ref_seq"] > rows[-1]["kl/ref"]  # sums over several tokens, not a per-token mean
+    # the default packs each micro-batch's sequences (learner.packing): most computed tokens are real ones
+    assert all(0.5 < r["learner/packing_efficiency"] <= 1 for r in rows)
     assert (tmp_path / preset / "checkpoints" / f"step_{steps}" / "learner" / "policy" / "model.safetensors").exists()
     # sample tables: the reference policy's answer (step 0) beside the policy's, before and after
     tables = [json.loads(line) for line in (tmp_path / preset / "samples.jsonl").read_text().splitlines()]

@@ -8,6 +8,7 @@ from orchestrator.loop.step_metrics import batch_metrics
 from reward_service.config import InvalidPolicy, Normalization, RewardConfig, RewardSource, SourceKind
 from reward_service.reference import ReferenceModel
 from reward_service.service import ScoringService
+from runtime.forward import PolicyFunction
 from tests.unit.reward_service.test_service import PAIRS, batch_of, same
 
 
@@ -58,7 +59,7 @@ def test_the_pool_finishes_a_batch_judged_ahead_and_rescores_it_if_the_service_d
     from reward_service.pool import ScoringPool
 
     cfg = RewardConfig(sources=[RewardSource(kind=SourceKind.math_answer)], normalization=Normalization.running)
-    pool = ScoringPool(cfg, tiny_model, "float32", 1, 4096, {"num_cpus": 1, "max_restarts": 1})
+    pool = ScoringPool(cfg, tiny_model, PolicyFunction(chunk_tokens=4096), 1, {"num_cpus": 1, "max_restarts": 1})
     direct = ScoringService(cfg, tiny_model)
     batch, meta = batch_of(PAIRS), [{"answer": "46"}, {"answer": "56"}, {}, {"answer": "5"}]
     parts = [ray.put(batch.select([0, 1])), ray.put(batch.select([2, 3]))]  # as pending generate calls

@@ -124,7 +124,7 @@ def test_the_learner_moves_every_batch_it_computes_on(tiny_model, spy):
         device=torch.device("cpu"),
         kl_ctl=SimpleNamespace(value=0.01),
         temperature=1.0,
-        cfg=SimpleNamespace(logprob_chunk_tokens=16),
+        cfg=SimpleNamespace(logprob_chunk_tokens=16, packing=True, packing_row_tokens=0),
     )
     rank.sampling = sampling
     rank._policy_loss = lambda mb, total, agg, fill=None, idx=None: Learner._policy_loss(

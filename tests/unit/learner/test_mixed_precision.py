@@ -11,6 +11,7 @@ from learner.experience import ragged_to_dense
 from learner.models import PolicyValue, build_policy
 from reward_service.reference import ReferenceModel
 from rollout.types import pack
+from runtime.forward import PolicyFunction
 from runtime.logprobs import chunked_logprobs
 from tests.helpers import make_scored_batch
 
@@ -34,7 +35,7 @@ def test_bf16_logprobs_are_within_tolerance_of_float32_and_the_reference_is_the_
     assert fp32_logits == torch.float32 and bf16_logits == torch.bfloat16  # the matmuls did run in bf16
     gap = (fp32 - bf16).abs()[mask > 0]
     assert 0 < gap.mean() < MEAN_TOL and gap.max() < MAX_TOL
-    ref = ragged_to_dense(ReferenceModel(tiny_model, "bfloat16").logprobs(batch), mask)
+    ref = ragged_to_dense(ReferenceModel(tiny_model, PolicyFunction("bfloat16")).logprobs(batch), mask)
     assert torch.equal(ref, bf16)  # reference and policy: the same numbers, so the KL starts at exactly 0
 
 

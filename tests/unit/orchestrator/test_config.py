@@ -75,6 +75,10 @@ BASE = "data:\n  task: t\nlearner:\n  model_path: m\n"
             "command line 'algorithm.target_kl=0': algorithm.target_kl",
         ),
         (["novalue"], "overrides are key=value"),
+        (["learner.packing_row_tokens=-1"], "learner.packing_row_tokens: must be >= 0"),
+        (["learner.attn_implementation=flash"], "learner.attn_implementation: Invalid value 'flash'"),
+        # this machine has no flash-attn (test_flash_attention_needs_a_gpu_learner: with it)
+        (["learner.attn_implementation=flash_attention_2"], "flash_attention_2 needs the flash-attn package"),
     ],
 )
 def test_bad_overrides_fail_with_one_line_naming_the_key(overrides, message):
@@ -498,3 +502,17 @@ def test_a_negative_checkpoint_count_is_refused_naming_its_key(key):
     with pytest.raises(ConfigError, match=f"{key}: must be >= 0"):
         load_config(DEFAULT, [f"{key}=-1"])
     load_config(DEFAULT, [f"{key}=0"])
+
+
+def test_flash_attention_needs_a_gpu_learner():
+    from learner.config import Attention
+    from orchestrator.config.rules_learner import check_attention
+
+    cfg = load_config(REPO / "configs" / "grpo_tiny_cpu.yaml")
+    cfg.learner.attn_implementation = Attention.flash_attention_2
+    found = list(check_attention(cfg, installed=lambda name: True))
+    assert found == [
+        ("learner.attn_implementation", "flash_attention_2 runs on GPUs only: cluster.gpus_per_learner is 0")
+    ]
+    cfg.cluster.gpus_per_learner = 1
+    assert list(check_attention(cfg, installed=lambda name: True)) == []

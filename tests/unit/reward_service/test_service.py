@@ -16,6 +16,8 @@ from reward_service.reference import ReferenceModel
 from reward_service.service import ScoringService
 from reward_service.sources import REWARD_STATS_FILE, build_source
 from rollout.types import RolloutBatch
+from runtime.forward import PolicyFunction
+from runtime.packing import plan_rows
 
 tok = char_tokenizer()
 
@@ -58,9 +60,14 @@ def reward_model(tmp_path_factory):
     return path
 
 
-def test_reward_model_scores_prompt_plus_response(reward_model):
-    source = build_source(RewardSource(kind=SourceKind.reward_model, model_path=str(reward_model)), micro_batch_size=2)
+@pytest.mark.parametrize("packing", [None, 0])  # padded rows, packed rows (runtime/packing.py): the same scores
+def test_reward_model_scores_prompt_plus_response(reward_model, packing):
+    rm = RewardSource(kind=SourceKind.reward_model, model_path=str(reward_model))
+    source = build_source(rm, micro_batch_size=4, function=PolicyFunction(packing=packing))
     prompts, responses = [a for a, _ in PAIRS], [b for _, b in PAIRS]
+    if packing is not None:  # some packed row holds two sequences
+        lengths = [len(tok(p + r).input_ids) for p, r in zip(prompts, responses)]
+        assert plan_rows(torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths])).rows < 4
     got = source.score(prompts, responses, [{}] * 4)
     model = GPT2ForSequenceClassification.from_pretrained(reward_model).eval()
     with torch.no_grad():

@@ -1,0 +1,106 @@
+"""Padding-free packing (verl's use_remove_padding, OpenRLHF's packing_samples, TRL's padding_free): the real
+tokens of a micro-batch's padded rows laid end to end in fewer, fuller rows, position ids restarting at each
+sequence, so a forward computes (almost) only real tokens.
+
+transformers keeps attention inside each sequence from the position ids alone, when the attention mask is None:
+masking_utils' find_packed_sequence_indices builds the block-diagonal causal mask for sdpa and eager, and
+flash_attention_2 runs its varlen kernel. `PackPlan.unpack` puts every output back where the padded rows had it,
+so each loss and metric reads the same (B, L) tensors either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """Where each token of the padded (B, L) batch goes in the packed (rows, width) one: `source[k]` is the
+    flat index (b * L + j) of the padded token at packed slot k (row-major), -1 for the packed rows' own padding."""
+
+    source: torch.Tensor  # (rows * width,) long
+    rows: int
+    width: int
+    batch: int
+    length: int
+
+    @property
+    def real(self) -> int:
+        return int((self.source >= 0).sum())
+
+    @property
+    def computed(self) -> int:
+        return self.rows * self.width
+
+    def pack(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        """(input_ids, position_ids) of the packed rows, (rows, width) each. A packed row's padding repeats the
+        first packed token at position 0: each padding slot is a sequence of its own, attending to itself only,
+        and its output is dropped (not the pad id: transformers warns of padding without an attention mask)."""
+        real = (self.source >= 0).to(input_ids.device)
+        src = self.source.clamp(min=0).to(input_ids.device)
+        ids = torch.where(real, input_ids.reshape(-1)[src], input_ids.reshape(-1)[src[0]])
+        pos = torch.where(real, position_ids.reshape(-1)[src], 0)
+        return ids.view(self.rows, self.width), pos.view(self.rows, self.width)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """(rows, width, *rest) -> (B, L, *rest), zero where the padded batch had padding (masked there by
+        every reader). Differentiable: the backward gathers each token's gradient back to its packed slot."""
+        rest = packed.shape[2:]
+        flat = packed.reshape(self.rows * self.width, *rest)
+        real = (self.source >= 0).to(packed.device)
+        out = flat.new_zeros(self.batch * self.length, *rest)
+        out.index_copy_(0, self.source.to(packed.device)[real], flat[real])
+        return out.view(self.batch, self.length, *rest)
+
+
+def plan_rows(attention_mask: torch.Tensor, row_tokens: int = 0) -> PackPlan:
+    """Pack the sequences of `attention_mask` (B, L) (1 = a real token, any layout) into rows of at most
+    max(row_tokens, the longest sequence) tokens, first-fit by decreasing length. row_tokens 0: rows as long
+    as the longest sequence, so no row's attention costs more than a padded row's (sdpa and eager compute
+    each row's whole width squared; flash varlen does not, and takes a larger budget)."""
+    if row_tokens < 0:
+        raise ValueError(f"packing row_tokens {row_tokens}: expected 0 (the longest sequence) or a token budget")
+    batch, length = attention_mask.shape
+    lengths = attention_mask.sum(-1).tolist()
+    capacity = max([row_tokens, *lengths, 1])
+    rows: list[list[int]] = []  # sequence indices per row
+    room: list[int] = []
+    for b in sorted(range(batch), key=lambda i: -lengths[i]):
+        if lengths[b] == 0:
+            continue
+        fit = next((r for r, free in enumerate(room) if free >= lengths[b]), None)
+        if fit is None:
+            rows.append([]), room.append(capacity)
+            fit = len(rows) - 1
+        rows[fit].append(b)
+        room[fit] -= lengths[b]
+    width = max((capacity - free for free in room), default=1)
+    source = torch.full((max(len(rows), 1), width), -1, dtype=torch.long)
+    positions = [torch.nonzero(attention_mask[b], as_tuple=True)[0] + b * length for b in range(batch)]
+    for r, members in enumerate(rows):
+        flat = torch.cat([positions[b] for b in members])
+        source[r, : len(flat)] = flat
+    return PackPlan(source.reshape(-1), source.shape[0], width, batch, length)
+
+
+def real_share(attention_mask: torch.Tensor, packing: bool, row_tokens: int = 0) -> tuple[int, int]:
+    """(real tokens, computed tokens) of one forward over `attention_mask`'s rows: B x L padded, or the
+    packed rows (learner/packing_efficiency is their ratio, summed over an update's micro-batches)."""
+    real = int(attention_mask.sum())
+    if not packing:
+        return real, attention_mask.numel()
+    return real, plan_rows(attention_mask, row_tokens).computed
+
+
+def packed_forward(model, input_ids, attention_mask, position_ids, row_tokens: int = 0, **kwargs):
+    """`model`'s outputs over the padded rows, computed packed: (outputs over the packed rows, the plan that
+    unpacks them). kwargs go to the model (output_hidden_states). No KV cache: transformers reads packed
+    sequences from the position ids only without one (with one, attention would cross sequences)."""
+    first = position_ids.gather(1, attention_mask.argmax(-1, keepdim=True))[attention_mask.any(-1)]
+    if (first != 0).any():  # a sequence starting at p + 1 after one ending at p would read as one sequence
+        raise ValueError(f"packing needs each sequence's positions to start at 0, got {first.tolist()[:8]}")
+    plan = plan_rows(attention_mask, row_tokens)
+    ids, pos = plan.pack(input_ids, position_ids)
+    return model(input_ids=ids, attention_mask=None, position_ids=pos, **(kwargs | {"use_cache": False})), plan
