@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from learner.config import Attention, CriticInit, Dtype, LearnerConfig, LoraConfig, policy_function
 from runtime.device import compute
-from runtime.packing import packed_forward
+from runtime.packing import decoder_and_head, packed_causal_lm, packed_forward
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -39,18 +39,21 @@ class PolicyValue(nn.Module):
     def __init__(self, lm: nn.Module, value_head: bool, dtype: Dtype = Dtype.float32, packing: int | None = None):
         super().__init__()
         self.lm, self.dtype, self.packing = lm, dtype, packing
+        self._parts = decoder_and_head(lm) if packing is not None else None  # plain tuple: no second registration
         self.value_head = nn.Linear(hidden_size(lm.config), 1) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight), nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids, attention_mask, position_ids):
-        hidden = self.value_head is not None
+        hidden, inputs = self.value_head is not None, (input_ids, attention_mask, position_ids)
         with compute(self.dtype, input_ids.device):
-            out, plan = lm_outputs(self.lm, (input_ids, attention_mask, position_ids), self.packing, hidden)
-        values = None
-        if self.value_head is not None:
-            values = plan(self.value_head(out.hidden_states[-1].float()))[:, :-1].squeeze(-1)
-        return plan(out.logits)[:, :-1], values
+            if self.packing is None:
+                out = self.lm(**dict(zip(INPUTS, inputs)), output_hidden_states=hidden, use_cache=False)
+                logits, states = out.logits, out.hidden_states[-1] if hidden else None
+            else:
+                logits, states = packed_causal_lm(self.lm, self._parts, inputs, self.packing, hidden)
+        values = self.value_head(states[:, :-1].float()).squeeze(-1) if hidden else None
+        return logits[:, :-1], values
 
 
 class Critic(nn.Module):
@@ -62,22 +65,17 @@ class Critic(nn.Module):
         self.trunk, self.head, self.dtype, self.packing = trunk, head, dtype, packing
 
     def forward(self, input_ids, attention_mask, position_ids):
+        inputs = (input_ids, attention_mask, position_ids)
         with compute(self.dtype, input_ids.device):
-            out, plan = lm_outputs(self.trunk, (input_ids, attention_mask, position_ids), self.packing)
-        return plan(self.head(out.last_hidden_state.float()))[:, :-1].squeeze(-1)
+            if self.packing is None:
+                states = self.trunk(**dict(zip(INPUTS, inputs)), use_cache=False).last_hidden_state
+            else:
+                out, plan = packed_forward(self.trunk, *inputs, self.packing)
+                states = plan.unpack(out.last_hidden_state)
+        return self.head(states[:, :-1].float()).squeeze(-1)
 
 
-def lm_outputs(model: nn.Module, inputs: tuple, packing: int | None, hidden_states: bool = False):
-    """(the model's outputs, a function that lays a (rows, width, ...) output out as the padded (B, L, ...)
-    rows): packed rows of at most `packing` tokens (0 = the longest sequence), or the padded rows as given."""
-    input_ids, attention_mask, position_ids = inputs
-    kwargs = {"use_cache": False} | ({"output_hidden_states": True} if hidden_states else {})
-    if packing is None:
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs), (
-            lambda x: x
-        )
-    out, plan = packed_forward(model, input_ids, attention_mask, position_ids, packing, **kwargs)
-    return out, plan.unpack
+INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 def packing(cfg: LearnerConfig) -> int | None:

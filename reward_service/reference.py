@@ -8,28 +8,27 @@ from rollout.types import RolloutBatch, pack, unpad
 from runtime.device import compute, to_device
 from runtime.forward import PolicyFunction
 from runtime.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
-from runtime.packing import packed_forward
+from runtime.packing import decoder_and_head, packed_causal_lm
 
 
 def response_logprobs(
     model,
-    input_ids,
-    attention_mask,
-    position_ids,
-    response_mask,
+    inputs: tuple,
     temperature: float,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     packing: int | None = None,
+    parts: tuple | None = None,
 ) -> torch.Tensor:
-    """(B, L-1) logprob of each next token under `model` at `temperature`; 0 off the response.
+    """(B, L-1) logprob of each next token under `model` at `temperature`; 0 off the response. `inputs`:
+    rollout.types.pack's (input_ids, attention_mask, position_ids, response_mask).
     The learner's own function (runtime/logprobs.py), chunk by chunk: the same numbers as the
     policy's old logprobs, and no float32 (B, L-1, V) tensor. `packing`: a packed row's token budget
-    (runtime/packing.py), None = the padded rows as given."""
+    (runtime/packing.py), None = the padded rows as given; `parts`: decoder_and_head(model)."""
+    input_ids, attention_mask, position_ids, response_mask = inputs
     if packing is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     else:
-        out, plan = packed_forward(model, input_ids, attention_mask, position_ids, packing)
-        logits = plan.unpack(out.logits)
+        logits, _ = packed_causal_lm(model, parts, (input_ids, attention_mask, position_ids), packing)
     return chunked_logprobs(logits[:, :-1], input_ids[:, 1:], temperature, chunk_tokens) * response_mask
 
 
@@ -59,6 +58,7 @@ class ReferenceModel:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.micro_batch_size = micro_batch_size
+        self.parts = decoder_and_head(self.model) if function.packing is not None else None
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch, temperature: float = 1.0) -> list[list[float]]:
@@ -69,7 +69,7 @@ class ReferenceModel:
             f = self.function
             with compute(f.dtype, self.device):
                 logprobs = response_logprobs(
-                    self.model, *to_device(inputs, self.device), temperature, f.chunk_tokens, f.packing
+                    self.model, to_device(inputs, self.device), temperature, f.chunk_tokens, f.packing, self.parts
                 )
             out += unpad(logprobs.cpu(), inputs[-1])
         return out

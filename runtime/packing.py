@@ -104,3 +104,35 @@ def packed_forward(model, input_ids, attention_mask, position_ids, row_tokens: i
     plan = plan_rows(attention_mask, row_tokens)
     ids, pos = plan.pack(input_ids, position_ids)
     return model(input_ids=ids, attention_mask=None, position_ids=pos, **(kwargs | {"use_cache": False})), plan
+
+
+def decoder_and_head(lm) -> tuple | None:
+    """(decoder, lm_head) of a causal LM whose logits are exactly lm_head(decoder(...).last_hidden_state), checked
+    on a few tokens; None for one that transforms them after its head (Gemma's soft-capping, a logit scale).
+    Packed, the decoder runs on the packed rows and the head on its states laid back out as the padded rows: no
+    second copy of the logits, the largest tensor of a forward (vocabulary-sized per token)."""
+    try:
+        decoder, head = lm.get_decoder(), lm.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if decoder is None or head is None:
+        return None
+    device = next(lm.parameters()).device
+    ids = torch.arange(1, 5, device=device).view(1, -1) % lm.config.get_text_config().vocab_size
+    with torch.no_grad():
+        whole = lm(input_ids=ids, use_cache=False).logits
+        split = head(decoder(input_ids=ids, use_cache=False).last_hidden_state)
+    return (decoder, head) if torch.allclose(whole, split, rtol=1e-5, atol=1e-5) else None
+
+
+def packed_causal_lm(lm, parts: tuple | None, inputs: tuple, row_tokens: int, hidden: bool = False):
+    """(logits (B, L, V), the last hidden states (B, L, H) or None) of a causal LM over the padded rows `inputs`
+    (input_ids, attention_mask, position_ids), computed packed. parts: decoder_and_head(lm), or None: the whole
+    model on the packed rows, its logits unpacked (one more logits-sized tensor while both exist)."""
+    if parts is None:
+        out, plan = packed_forward(lm, *inputs, row_tokens, output_hidden_states=hidden)
+        return plan.unpack(out.logits), plan.unpack(out.hidden_states[-1]) if hidden else None
+    decoder, head = parts
+    out, plan = packed_forward(decoder, *inputs, row_tokens)
+    states = plan.unpack(out.last_hidden_state)
+    return head(states), states if hidden else None

@@ -64,15 +64,19 @@ def tiny_llama(tmp_path_factory):
     return str(init_tiny_llama(tmp_path_factory.mktemp("llama"), seed=3))
 
 
-def forward_all(model, batch, grad=True):
+def forward_all(model, batch, split=True):
     """Per-token logprobs, entropies and values of `model` on the packed batch, and the gradients of their sum."""
     ids, attention, positions, mask = pack(batch.prompt_ids, batch.response_ids, 0)
     model.zero_grad()
     seen = []
-    hook = model.lm.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
+    decoder = model.lm.get_decoder()  # the whole LM calls it; packed, the policy calls it alone, then the head
+    hook = decoder.register_forward_pre_hook(
+        lambda m, a, kw: seen.append((kw.get("input_ids") if "input_ids" in kw else a[0]).numel()), with_kwargs=True
+    )
     logits, values = model(ids, attention, positions)
     hook.remove()
     assert seen == [real_share(attention, model.packing is not None)[1]]  # the tokens the model really computed
+    assert model.packing is None or (model._parts is not None) == split  # split: no second copy of the logits
     assert plan_rows(attention).rows < len(ids)  # some rows do hold several sequences
     logprobs, entropy = chunked_logprobs_entropy(logits, ids[:, 1:], 1.0, 16, entropy_grad=True)
     total = (logprobs * mask).sum() + (entropy * mask).sum() + (0 if values is None else (values * mask).sum())
@@ -147,7 +151,9 @@ def test_every_loss_and_its_gradients_match_for_each_aggregation_with_masked_obs
 def test_the_packed_reference_gives_the_padded_logprobs(tiny_llama):
     batch, _ = make_scored_batch(tiny_llama, n_prompts=4, group=4, seed=8)
     padded = ReferenceModel(tiny_llama, PolicyFunction(), micro_batch_size=16).logprobs(batch)
-    packed = ReferenceModel(tiny_llama, PolicyFunction(packing=0), micro_batch_size=16).logprobs(batch)
+    reference = ReferenceModel(tiny_llama, PolicyFunction(packing=0), micro_batch_size=16)
+    assert reference.parts is not None  # the decoder on packed rows, the head on the padded layout
+    packed = reference.logprobs(batch)
     assert [len(r) for r in padded] == [len(r) for r in packed]
     assert max(abs(a - b) for x, y in zip(padded, packed) for a, b in zip(x, y)) < TOL
 
@@ -171,3 +177,21 @@ def test_the_policy_functions_default_chunk_is_the_logprob_modules():
     from runtime.logprobs import DEFAULT_CHUNK_TOKENS
 
     assert PolicyFunction().chunk_tokens == DEFAULT_CHUNK_TOKENS == LearnerConfig().logprob_chunk_tokens
+
+
+def test_a_model_that_scales_its_logits_after_the_head_is_packed_whole_with_the_same_numbers(tiny_model):
+    from transformers import CohereConfig, CohereForCausalLM
+
+    from runtime.packing import decoder_and_head
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    scaled = CohereForCausalLM(CohereConfig(**small, num_key_value_heads=2, logit_scale=0.0625, pad_token_id=0))
+    assert decoder_and_head(scaled.eval()) is None  # logits = head(states) * logit_scale: not split
+    batch, _ = make_scored_batch(tiny_model, n_prompts=3, group=4, seed=9)
+    policy = build_policy(LearnerConfig(model_path=tiny_model), value_head=True)
+    padded = forward_all(PolicyValue(policy.lm, True, packing=None), batch)
+    whole = PolicyValue(policy.lm, True, packing=0)
+    whole._parts, whole.value_head = None, policy.value_head  # as for such a model: the whole LM on packed rows
+    packed = forward_all(whole, batch, split=False)
+    assert all(torch.allclose(a, b, atol=TOL) for a, b in zip(padded[:3], packed[:3]))
+    assert same_gradients(padded[3], packed[3])
