@@ -10,6 +10,8 @@ Sections, each printing one JSON line (and "skipped" with the reason when it can
   sync      a weight broadcast between two processes (NCCL on GPUs, gloo on CPUs), GB/s
   scale     one learner rank at a realistic size: a GPT-2-small shape (12 x 768), 64 sequences of 128 prompt
             + 384 response tokens in micro-batches of 16, bf16, ZeRO 2: tokens/s, peak memory, MFU
+  yardstick relay's learner rank and reference forward beside a plain bf16 PyTorch loop (SDPA, packing, fused
+            AdamW) at Qwen2.5-0.5B's shape and varied lengths: tokens/s, MFU, ratios (scripts/yardstick.py)
 On a CPU (`--device cpu`, what tests/e2e/scripts/test_gpu_check.py runs) the same code runs with gloo, so the
 script itself is tested; the figures that matter come from a GPU (docs/gpu.md), where tests/gpu checks them.
 """
@@ -153,6 +155,18 @@ def check_scale(device: torch.device, root: Path, quick: bool) -> None:
     report("scale", sequences=n, tokens_per_sequence=p_len + r_len, micro_batch=micro, **figures)
 
 
+def check_yardstick(device: torch.device, root: Path, quick: bool) -> None:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return report("yardstick", skipped="deepspeed is not installed")
+    from scripts.yardstick import run
+
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    report("yardstick", device=name, **run(device, root, quick, learner_rank, peak))
+
+
 def surrogate(rank, batch, advantages: list[float]) -> float:
     """Sum over samples of advantage x mean logprob of the response: what a GRPO update raises."""
     logprobs = rank.policy_logprobs(batch)
@@ -255,6 +269,7 @@ def main() -> int:
         check_sync(device, args.quick)
         check_learner(device, model, args.quick)
         check_scale(device, Path(tmp), args.quick)
+        check_yardstick(device, Path(tmp), args.quick)
     return 0
 
 

@@ -32,3 +32,6 @@ def test_gpu_check_runs_every_section_on_the_cpu():
         assert learner["tokens_per_s"] > 0 and learner["surrogate_after"] > learner["surrogate_before"], learner
     scale = by[("scale", None)]  # the realistic-size learner, small here: it runs, and counts what it timed
     assert scale["tokens_per_s"] > 0 and scale["tokens_per_sequence"] == 32 and scale["sequences"] == 8, scale
+    yard = by[("yardstick", None)]  # relay beside the plain loop, on the same small model and batch
+    assert yard["shape"] == "small" and yard["sequences"] == 8 and yard["tokens"] > 8 * 12, yard
+    assert yard["update_ratio"] > 0 and yard["reference_ratio"] > 0, yard

@@ -59,3 +59,10 @@ def test_a_bf16_learner_rank_at_gpt2_small_size_runs_and_reports_its_throughput(
     row = sections[("scale", None)]
     assert "skipped" not in row, row
     assert row["tokens_per_sequence"] == 512 and row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1, row
+
+
+def test_the_plain_loop_yardstick_runs_at_the_qwen_shape_and_reports_both_sides(sections):
+    row = sections[("yardstick", None)]  # the goals (docs/gpu.md): update_ratio >= 0.8, relay_update_mfu >= 0.3
+    assert row["shape"] == "qwen2.5-0.5b" and 400 < row["params_m"] < 600, row
+    assert row["relay_update_tokens_per_s"] > 0 and row["plain_update_tokens_per_s"] > 0, row
+    assert row["relay_update_mfu"] is not None and row["plain_reference_mfu"] is not None, row

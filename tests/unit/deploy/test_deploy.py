@@ -1,4 +1,5 @@
-"""Deployment recipes: the cluster files checked (a real `ray job submit`: tests/e2e/deploy/test_ray_job_submit.py)."""
+"""Deployment recipes: the cluster files checked (a real `ray job submit` to two nodes:
+tests/e2e/deploy/test_multinode.py)."""
 
 import re
 import subprocess
