@@ -23,6 +23,9 @@ from orchestrator.tools.plan_model import (
 # ---------------------------------------------------------------- roles
 Lines = list[tuple[str, float, str]]  # (what, bytes, how it was counted)
 RESIDENT = ("weights", "gradients", "optimizer")  # what a learner keeps between updates
+# runtime/packing.py: rows no longer than the longest sequence (packing_row_tokens 0) hold at most the padded rows'
+# tokens, so the worst case (every sequence at the full length) is the padded one; mixed lengths compute fewer
+PACKED = "; packed (learner.packing): the same at full length, about the real tokens' share for mixed lengths"
 
 
 @dataclass
@@ -66,7 +69,7 @@ def learner_lines(
             f"{who} activations",
             activation_bytes(s, micro_batch, tokens, lc.dtype.value, ckpt),
             f"micro-batch {micro_batch} x {tokens} tokens, gradient checkpointing {'on' if ckpt else 'off'} "
-            f"({'off' if ckpt else 'on'}: {fmt(other)})",
+            f"({'off' if ckpt else 'on'}: {fmt(other)})" + (PACKED if getattr(lc, "packing", False) else ""),
         )
     )
     if lm_head:  # the loss's logprobs (and entropy) come chunk by chunk: runtime/logprobs.py

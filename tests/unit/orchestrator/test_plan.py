@@ -365,3 +365,16 @@ def test_a_judge_model_counts_in_the_scoring_service(capsys):
         main(["plan", "configs/grpo_tiny_cpu.yaml", f"reward.sources=[{{kind: math_answer}}, {other}]"])
         rows = _rows(capsys.readouterr().out)
         assert rows.get("judge 1 KV cache") == (f"{kv * 2**30 / 1e9:.2f} GB" if engine == "vllm" else None), rows
+
+
+def test_packing_keeps_the_worst_case_and_says_so():
+    """Packed rows are never longer than the longest sequence: at full length they hold the padded rows' tokens."""
+    sections = {}
+    for packing in (False, True):
+        cfg = load_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", [f"learner.packing={packing}"])
+        sections[packing] = dict(plan_train(cfg, 80 * P.GB, None).sections)["learner rank (x1)"]
+    assert [b for _, b, _ in sections[False]] == [b for _, b, _ in sections[True]]
+    notes = {
+        packing: dict((k, how) for k, _, how in lines)["policy activations"] for packing, lines in sections.items()
+    }
+    assert "packed" in notes[True] and "packed" not in notes[False]
