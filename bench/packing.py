@@ -31,7 +31,7 @@ def train(root: Path, config: str, name: str, packing: bool, steps: int) -> None
 
 def figures(run_dir: Path, warmup: int) -> dict[str, float]:
     rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "timing/total" in r]
-    out = {k: statistics.median(r[k] for r in rows[warmup:]) for k in PHASES}
+    out = {k: statistics.median(r[k] for r in rows[warmup:] if k in r) for k in PHASES}  # a step may train nothing
     after = json.loads((run_dir / "eval_after.json").read_text())
     return out | {k: after[k] for k in HELD_OUT}
 

@@ -330,14 +330,16 @@ class LearnerConfig:
     AVX512-BF16/AMX CPUs and GPUs; 50-100x slower on AVX2-only CPUs); auto = bfloat16 where the learner's device
     has native bf16, else float32, chosen once at launch on the driver and printed"""
     packing: bool = True
-    """padding-free packing: each forward's sequences laid end to end in rows of at most packing_row_tokens
-    tokens, attention kept inside each sequence (runtime/packing.py); false = right-padded rows"""
+    """padding-free packing of the RL forwards (update, old logprobs, critic, reference, reward models): each
+    forward's sequences laid end to end in rows of at most packing_row_tokens tokens, attention kept inside each
+    sequence (runtime/packing.py); false = right-padded rows. A model whose attention mask ignores position ids
+    (OPT, Falcon, Bloom, MPT) is computed padded, said at start; relay sft and rm pad"""
     packing_row_tokens: int = 0
     """a packed row's token budget; 0 = the micro-batch's longest sequence (sdpa and eager pay each row's width
-    squared in attention; flash_attention_2 does not and gains from a larger budget)"""
+    squared in attention); under flash_attention_2 a micro-batch is always one row (its varlen kernel)"""
     attn_implementation: Attention = Attention.sdpa
-    """attention kernel: sdpa, eager or flash_attention_2 (needs the flash-attn package and a GPU); the
-    reference model uses the same"""
+    """attention kernel: sdpa, eager or flash_attention_2 (needs the flash-attn package, GPUs for the learner and
+    the scoring service, and learner.dtype bfloat16); the reference model uses the same"""
     logprob_chunk_tokens: int = 1024
     """tokens whose logits are upcast to float32 at once for logprobs/entropy (each chunk holds tokens * vocab * 4
     bytes), forward and backward"""

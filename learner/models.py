@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from learner.config import Attention, CriticInit, Dtype, LearnerConfig, LoraConfig, policy_function
 from runtime.device import compute
-from runtime.packing import decoder_and_head, packed_causal_lm, packed_forward
+from runtime.packing import decoder_and_head, packed_causal_lm, packed_forward, packing_for
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -38,8 +38,8 @@ class PolicyValue(nn.Module):
 
     def __init__(self, lm: nn.Module, value_head: bool, dtype: Dtype = Dtype.float32, packing: int | None = None):
         super().__init__()
-        self.lm, self.dtype, self.packing = lm, dtype, packing
-        self._parts = decoder_and_head(lm) if packing is not None else None  # plain tuple: no second registration
+        self.lm, self.dtype, self.packing = lm, dtype, packing_for(lm, packing)
+        self._parts = decoder_and_head(lm) if self.packing is not None else None  # a tuple: no second registration
         self.value_head = nn.Linear(hidden_size(lm.config), 1) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight), nn.init.zeros_(self.value_head.bias)
@@ -62,7 +62,7 @@ class Critic(nn.Module):
 
     def __init__(self, trunk: nn.Module, head: nn.Linear, dtype: Dtype = Dtype.float32, packing: int | None = None):
         super().__init__()
-        self.trunk, self.head, self.dtype, self.packing = trunk, head, dtype, packing
+        self.trunk, self.head, self.dtype, self.packing = trunk, head, dtype, packing_for(trunk, packing)
 
     def forward(self, input_ids, attention_mask, position_ids):
         inputs = (input_ids, attention_mask, position_ids)

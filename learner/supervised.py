@@ -16,7 +16,7 @@ from learner.checkpoint import _gathered
 from learner.config import LearnerConfig, SupervisedTrainConfig
 from learner.engine import RankAddress, init_distributed, make_engine
 from learner.group import RankPlacement, start_ranks
-from learner.models import no_dropout_config
+from learner.models import load_model, no_dropout_config
 from learner.worker import seed_everything
 from runtime import watchdog
 from runtime.device import collective_backend, compute, process_device
@@ -28,15 +28,16 @@ SFT, RM = "sft", "rm"
 def build_model(cfg: LearnerConfig, kind: str, pad_token_id: int | None) -> torch.nn.Module:
     """The trained model: a causal LM (SFT) or a one-output sequence classifier (RM), without
     dropout, float32 weights (cfg.dtype is the compute dtype, learner.models.compute), with gradient
-    checkpointing when configured (as the policy and critic)."""
+    checkpointing when configured and the attention kernel of learner.attn_implementation (as the policy and
+    critic; the stages pad their rows, learner.packing is the RL forwards')."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    config, dtype = no_dropout_config(cfg.model_path), torch.float32
+    config = no_dropout_config(cfg.model_path)
     if kind == RM:
         config.num_labels, config.pad_token_id = 1, pad_token_id  # pad marks each sequence's end
-        model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, config=config, dtype=dtype)
+        model = load_model(AutoModelForSequenceClassification.from_pretrained, cfg, cfg.model_path, config=config)
     else:
-        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, config=config, dtype=dtype)
+        model = load_model(AutoModelForCausalLM.from_pretrained, cfg, cfg.model_path, config=config)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

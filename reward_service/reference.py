@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from rollout.types import RolloutBatch, pack, unpad
 from runtime.device import compute, to_device
 from runtime.forward import PolicyFunction
 from runtime.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
-from runtime.packing import decoder_and_head, packed_causal_lm
+from runtime.packing import decoder_and_head, packed_causal_lm, packing_for
 
 
 def response_logprobs(
@@ -58,7 +60,9 @@ class ReferenceModel:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.micro_batch_size = micro_batch_size
-        self.parts = decoder_and_head(self.model) if function.packing is not None else None
+        packing = packing_for(self.model, function.packing, "learner.packing (the reference)")
+        self.function = dataclasses.replace(function, packing=packing)
+        self.parts = decoder_and_head(self.model) if packing is not None else None
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch, temperature: float = 1.0) -> list[list[float]]:

@@ -23,7 +23,7 @@ from reward_service.rm_input import pad_right, rm_input_ids
 from runtime.device import to_device
 from runtime.endpoint_auth import REWARD_KEY_ENV, env_key
 from runtime.forward import PolicyFunction
-from runtime.packing import packed_forward
+from runtime.packing import packed_forward, packing_for
 from runtime.prompts import is_chat
 
 REWARD_STATS_FILE = "relay_reward_stats.json"  # written next to a reward model by `relay rm`
@@ -133,7 +133,8 @@ class RewardModelSource:
         stats = Path(cfg.model_path) / REWARD_STATS_FILE
         saved = json.loads(stats.read_text()) if stats.exists() else {"mean": 0.0, "std": 1.0}
         self.mean, self.std = float(saved["mean"]), float(saved["std"])
-        self.micro_batch_size, self.packing = micro_batch_size, packing
+        self.micro_batch_size = micro_batch_size
+        self.packing = packing_for(self.model.base_model, packing, f"learner.packing ({cfg.model_path})")
 
     @torch.no_grad()
     def score(self, prompts, responses, metadata) -> list[float]:

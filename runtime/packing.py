@@ -10,9 +10,15 @@ so each loss and metric reads the same (B, L) tensors either way.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
+ONE_ROW = 2**62  # a row budget every micro-batch fits in: flash-attention's varlen path takes one packed row only
+# config keys of models that transform their logits after the head (Gemma 2, Cohere, Granite, MiniCPM)
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "scale_emb", "dim_model_base")
 
 
 @dataclass(frozen=True)
@@ -101,9 +107,40 @@ def packed_forward(model, input_ids, attention_mask, position_ids, row_tokens: i
     first = position_ids.gather(1, attention_mask.argmax(-1, keepdim=True))[attention_mask.any(-1)]
     if (first != 0).any():  # a sequence starting at p + 1 after one ending at p would read as one sequence
         raise ValueError(f"packing needs each sequence's positions to start at 0, got {first.tolist()[:8]}")
+    if flash(model):  # transformers runs the varlen kernel for a batch of one row; several would attend across
+        row_tokens = ONE_ROW
     plan = plan_rows(attention_mask, row_tokens)
     ids, pos = plan.pack(input_ids, position_ids)
     return model(input_ids=ids, attention_mask=None, position_ids=pos, **(kwargs | {"use_cache": False})), plan
+
+
+def flash(model) -> bool:
+    return str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
+
+
+def packs_apart(model) -> bool:
+    """Whether `model` keeps packed sequences apart: a sequence's outputs in a packed row do not change with the
+    sequence before it. Not so where the model's attention mask ignores position ids (OPT, Falcon, Bloom and MPT
+    in transformers 5.19): packed, each sequence would attend to the ones before it in its row. Checked on two
+    rows that differ only in their first sequence (the same shapes and kernels: equal to the bit when apart)."""
+    if flash(model):  # the varlen kernel splits the row by its position ids (and runs on a GPU only)
+        return True
+    device = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 6, 7]], device=device) % vocab  # then [6, 7] in both
+    pos = torch.tensor([[0, 1, 2, 0, 1]] * 2, device=device)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False)
+    last = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+    return torch.allclose(last[0, 3:].float(), last[1, 3:].float(), rtol=1e-5, atol=1e-6)
+
+
+def packing_for(model, row_tokens: int | None, key: str = "learner.packing") -> int | None:
+    """row_tokens, or None (padded rows, said once) for a model that would not keep packed sequences apart."""
+    if row_tokens is None or packs_apart(model):
+        return row_tokens
+    log.warning("%s: %s lets packed sequences attend to each other: padded rows", key, type(model).__name__)
+    return None
 
 
 def decoder_and_head(lm) -> tuple | None:
@@ -111,6 +148,9 @@ def decoder_and_head(lm) -> tuple | None:
     on a few tokens; None for one that transforms them after its head (Gemma's soft-capping, a logit scale).
     Packed, the decoder runs on the packed rows and the head on its states laid back out as the padded rows: no
     second copy of the logits, the largest tensor of a forward (vocabulary-sized per token)."""
+    config = lm.config.get_text_config()
+    if any(getattr(config, k, None) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS):  # a cap on tiny logits is x
+        return None
     try:
         decoder, head = lm.get_decoder(), lm.get_output_embeddings()
     except (AttributeError, NotImplementedError):

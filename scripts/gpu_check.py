@@ -69,8 +69,10 @@ def learner_rank(model: str, device: torch.device, zero: int, lr: float, n: int,
 
 def timed_updates(rank, batch, scored, device: torch.device, steps: int) -> dict:
     """One untimed update (it pays CUDA's start-up and kernel choice), then `steps` timed ones: the figures
-    every learner section reports. MFU counts 8 x parameters per token: the forward for the old logprobs,
-    then the update's forward and backward."""
+    every learner section reports. MFU counts 6 x parameters per token for the update's forward and backward, 8
+    where the rank also makes a forward for the old logprobs (not in one on-policy epoch: experience.single_pass)."""
+    from learner.experience import single_pass
+
     rank.update(batch, scored, 0)
     start = time.perf_counter()
     for step in range(1, steps + 1):
@@ -80,13 +82,14 @@ def timed_updates(rank, batch, scored, device: torch.device, steps: int) -> dict
     params = sum(p.numel() for p in rank.policy.parameters())
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    flops = 6 if rank.single_pass and single_pass(rank.algo, len(batch)) else 8
     return dict(
         device=name,
         params_m=round(params / 1e6, 1),
         tokens_per_s=round(tokens / seconds, 1),
         seconds_per_update=round(seconds / steps, 3),
         peak_memory_gb=peak_memory_gb(device),
-        mfu=round(8 * params * tokens / seconds / (peak * 1e12), 4) if peak else None,
+        mfu=round(flops * params * tokens / seconds / (peak * 1e12), 4) if peak else None,
     )
 
 

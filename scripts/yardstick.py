@@ -4,10 +4,12 @@ forward beside a plain PyTorch loop on the same model, batch and lengths, in the
 The model is Qwen2.5-0.5B's shape, randomly initialised (24 x 896, 14 heads / 2 KV heads, vocabulary 151,936;
 --quick: a small one); the batch has realistic variable lengths (prompts 64-256 tokens, responses log-normal
 around 256, 16-1024). The plain loop keeps bf16 weights (float32 on a CPU), packs each micro-batch's sequences
-into one row (transformers' packed position ids), attends with SDPA and steps a fused AdamW: no DeepSpeed, no
-chunked logprobs, no metrics. Both do the same work per update: a no-grad forward for the old logprobs, then
-a forward and a backward per micro-batch. Figures: real tokens/s, MFU (8 x parameters per token for an update,
-2 for the reference forward), and relay's tokens/s over the plain loop's.
+into rows as relay does (no longer than the longest; transformers' packed position ids), attends with SDPA and
+steps a fused AdamW: no DeepSpeed, no chunked logprobs, no metrics. Both do the same work per update: a forward
+and a backward per micro-batch, and a no-grad forward for the old logprobs only where relay makes one (this
+section's single on-policy epoch takes them from the update's own forward). Figures: real tokens/s, MFU (6 or
+8 x parameters per token for an update, 2 for the reference forward), and the plain loop's seconds over relay's
+(relay's tokens/s as a share of the plain loop's).
 """
 
 from __future__ import annotations
@@ -77,32 +79,36 @@ def variable_batch(n: int, group: int, vocab: int, quick: bool, seed: int = 0):
     return batch, ScoredBatch(rewards, {}, [True] * n, [False] * n, [[0.0] * k for k in lengths], raw=list(rewards))
 
 
-def packed_row(batch, rows: list[int], device: torch.device):
-    """One packed row of `rows`' prompt + response: (ids, positions, the response targets' mask, (1, T-1))."""
-    seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in rows]
-    ids = torch.tensor([t for s in seqs for t in s], device=device).unsqueeze(0)
-    pos = torch.cat([torch.arange(len(s)) for s in seqs]).to(device).unsqueeze(0)
-    target = torch.cat([torch.arange(len(s)) >= len(batch.prompt_ids[i]) for s, i in zip(seqs, rows)])
-    target[torch.cumsum(torch.tensor([len(s) for s in seqs]), 0)[:-1]] = False  # a sequence's first token
-    return ids, pos, target[1:].to(device).unsqueeze(0).float()
+def plain_logprobs(model, batch, rows: list[int], device: torch.device):
+    """Each response token's logprob (B, L-1) for samples `rows` and their mask: the micro-batch packed into rows
+    no longer than its longest sequence (relay's default rule, runtime.packing.plan_rows), one forward, the next
+    token's logprob read in the packed rows and laid back out as the padded ones."""
+    from rollout.types import pack
+    from runtime.packing import plan_rows
+
+    ids, attention, positions, mask = pack(
+        [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], 0
+    )
+    plan = plan_rows(attention)
+    packed, packed_positions = (t.to(device) for t in plan.pack(ids, positions))
+    logits = model(input_ids=packed, position_ids=packed_positions, use_cache=False).logits[:, :-1].float()
+    following = torch.log_softmax(logits, -1).gather(-1, packed[:, 1:, None]).squeeze(-1)  # slot k: token k + 1's
+    # a sequence's last slot reads the next sequence's first token: off the response mask, as padding is
+    return plan.unpack(torch.nn.functional.pad(following, (0, 1)))[:, :-1], mask.to(device)
 
 
-def row_logprobs(model, ids, pos):
-    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[:, :-1].float()
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-
-
-def plain_update(model, optimizer, batch, advantages: torch.Tensor, micro: int, device) -> None:
-    """The plain loop's update: old logprobs (no grad), then a clipped policy-gradient step over micro-batches."""
+def plain_update(model, optimizer, batch, advantages: torch.Tensor, micro: int, old_forward: bool) -> None:
+    """The plain loop's update: the old logprobs (a no-grad forward when relay makes one too: old_forward), then
+    a clipped policy-gradient step over micro-batches."""
+    device = next(model.parameters()).device
     rows = [list(range(i, min(i + micro, len(batch)))) for i in range(0, len(batch), micro)]
-    packed = [packed_row(batch, r, device) for r in rows]
     with torch.no_grad():
-        old = [row_logprobs(model, ids, pos) for ids, pos, _ in packed]
-    tokens = sum(float(mask.sum()) for _, _, mask in packed)
-    for r, (ids, pos, mask), before in zip(rows, packed, old):
-        lengths = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in r]
-        adv = torch.cat([torch.full((n,), float(advantages[i])) for n, i in zip(lengths, r)])[1:].to(device)
-        ratio = torch.exp(row_logprobs(model, ids, pos) - before)
+        old = [plain_logprobs(model, batch, r, device)[0] for r in rows] if old_forward else [None] * len(rows)
+    tokens = sum(len(r) for r in batch.response_ids)
+    for r, before in zip(rows, old):
+        logprobs, mask = plain_logprobs(model, batch, r, device)
+        ratio = torch.exp(logprobs - (logprobs.detach() if before is None else before))
+        adv = advantages[r].to(device)[:, None]
         loss = -(torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * mask).sum() / tokens
         loss.backward()
     optimizer.step()
@@ -133,22 +139,27 @@ def run(device: torch.device, root: Path, quick: bool, learner_rank, peak_tflops
     from transformers import AutoModelForCausalLM
 
     from learner.algorithms import grpo_advantages
+    from learner.experience import single_pass
     from reward_service.reference import ReferenceModel
     from runtime.forward import PolicyFunction
 
-    path, (n, group, micro), repeats = build_model(root, quick), (8, 4, 4) if quick else (64, 8, 8), 2 if quick else 3
+    path, (n, group, micro), repeats = build_model(root, quick), (8, 4, 4) if quick else (64, 4, 8), 2 if quick else 3
     batch, scored = variable_batch(n, group, (SMALL if quick else QWEN_05B)["vocab_size"], quick)
     tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rank, steps = learner_rank(path, device, 0, 1e-6, n, micro), iter(range(10**6))
     params = sum(p.numel() for p in rank.policy.parameters())
+    # one epoch of one mini-batch is on-policy: relay takes the old logprobs from the update's own forward
+    old_forward = not (rank.single_pass and single_pass(rank.algo, n))
     relay_update = timed(lambda: rank.update(batch, scored, next(steps)), device, repeats)
     ref = ReferenceModel(path, PolicyFunction(str(dtype).removeprefix("torch."), packing=0), micro, device)
     relay_ref = timed(lambda: ref.logprobs(batch), device, repeats)
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
     optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-6, fused=device.type == "cuda")
     advantages = grpo_advantages(torch.tensor(scored.rewards), group)
-    plain_s = timed(lambda: plain_update(plain.train(), optimizer, batch, advantages, micro, device), device, repeats)
+    plain_s = timed(
+        lambda: plain_update(plain.train(), optimizer, batch, advantages, micro, old_forward), device, repeats
+    )
     rows = [list(range(i, min(i + micro, n))) for i in range(0, n, micro)]
     plain_ref = timed(lambda: plain_reference(plain.eval(), batch, rows, device), device, repeats)
 
@@ -164,8 +175,9 @@ def run(device: torch.device, root: Path, quick: bool, learner_rank, peak_tflops
         relay_update_tokens_per_s=round(tokens / relay_update, 1),
         plain_update_tokens_per_s=round(tokens / plain_s, 1),
         update_ratio=round(plain_s / relay_update, 3),
-        relay_update_mfu=mfu(8, relay_update),
-        plain_update_mfu=mfu(8, plain_s),
+        old_logprob_forward=old_forward,  # counted in both sides' FLOPs: 8 x params per token with it, else 6
+        relay_update_mfu=mfu(8 if old_forward else 6, relay_update),
+        plain_update_mfu=mfu(8 if old_forward else 6, plain_s),
         relay_reference_tokens_per_s=round(tokens / relay_ref, 1),
         plain_reference_tokens_per_s=round(tokens / plain_ref, 1),
         reference_ratio=round(plain_ref / relay_ref, 3),
@@ -176,5 +188,5 @@ def run(device: torch.device, root: Path, quick: bool, learner_rank, peak_tflops
 
 @torch.no_grad()
 def plain_reference(model, batch, rows: list[list[int]], device: torch.device) -> list[torch.Tensor]:
-    """The plain loop's reference forward: each micro-batch as one packed row, its tokens' logprobs."""
-    return [row_logprobs(model, *packed_row(batch, r, device)[:2]) for r in rows]
+    """The plain loop's reference forward: each micro-batch's response logprobs (B, L-1), zero off the responses."""
+    return [logprobs * mask for logprobs, mask in (plain_logprobs(model, batch, r, device) for r in rows)]

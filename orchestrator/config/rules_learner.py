@@ -54,8 +54,11 @@ def check_attention(cfg, installed=lambda name: importlib.util.find_spec(name) i
         return
     if not installed("flash_attn"):
         yield "learner.attn_implementation", "flash_attention_2 needs the flash-attn package (pip install flash-attn)"
-    if cfg.cluster.gpus_per_learner <= 0:
-        yield "learner.attn_implementation", "flash_attention_2 runs on GPUs only: cluster.gpus_per_learner is 0"
+    for key in ("gpus_per_learner", "gpus_per_scoring"):  # the reference computes the policy's function: same kernel
+        if getattr(cfg.cluster, key) <= 0:
+            yield "learner.attn_implementation", f"flash_attention_2 runs on GPUs only: cluster.{key} is 0"
+    if str(getattr(lr.dtype, "value", lr.dtype)) == "float32":
+        yield "learner.attn_implementation", "flash_attention_2 computes in bf16 or fp16: set learner.dtype=bfloat16"
 
 
 def critic_path_used(cfg) -> bool:

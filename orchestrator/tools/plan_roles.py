@@ -72,12 +72,36 @@ def learner_lines(
             f"({'off' if ckpt else 'on'}: {fmt(other)})" + (PACKED if getattr(lc, "packing", False) else ""),
         )
     )
+    attention = attention_line(s, lc, micro_batch, tokens, who)
+    lines += [attention] if attention else []
     if lm_head:  # the loss's logprobs (and entropy) come chunk by chunk: runtime/logprobs.py
         temps = "backward with entropy" if entropy_grad else "backward"
         lines.append(
             (f"{who} logits", *logits_bytes(s, micro_batch, tokens, lc.dtype.value, lc.logprob_chunk_tokens, temps))
         )
     return lines
+
+
+def attention_line(s: ModelShape, lc, micro_batch: int, tokens: int, who: str):
+    """What attention keeps beyond activation_bytes (which assumes SDPA on rows of `tokens`): eager's scores and
+    probabilities, each layer's [heads, W, W] per row kept for backward, or the boolean mask of packed rows
+    wider than a sequence (packing_row_tokens). W: a row's width; rows x W = micro_batch x tokens at most."""
+    kernel = str(getattr(lc.attn_implementation, "value", lc.attn_implementation))
+    width = max(lc.packing_row_tokens, tokens) if lc.packing and kernel != "flash_attention_2" else tokens
+    if kernel == "eager":
+        scores = 2 * s.layers * s.heads * micro_batch * tokens * width * DTYPE_BYTES[lc.dtype.value]
+        return (
+            f"{who} attention scores",
+            scores,
+            f"eager: scores and probabilities, {s.heads} heads x rows {width} wide",
+        )
+    if width > tokens:
+        return (
+            f"{who} attention mask",
+            micro_batch * tokens * width,
+            f"packed rows {width} tokens wide, bool [W, W] each",
+        )
+    return None
 
 
 def scoring_lines(

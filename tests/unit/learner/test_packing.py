@@ -195,3 +195,58 @@ def test_a_model_that_scales_its_logits_after_the_head_is_packed_whole_with_the_
     packed = forward_all(whole, batch, split=False)
     assert all(torch.allclose(a, b, atol=TOL) for a, b in zip(padded[:3], packed[:3]))
     assert same_gradients(padded[3], packed[3])
+
+
+def test_a_model_whose_mask_ignores_position_ids_is_not_packed(tiny_model, caplog):
+    """OPT's attention mask is causal over the whole row whatever the position ids: packed, a sequence would
+    attend to the one before it (0.13 off in logits), so relay computes its padded rows instead and says so."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from runtime.packing import packs_apart
+
+    opt = OPTForCausalLM(
+        OPTConfig(
+            vocab_size=64,
+            hidden_size=32,
+            ffn_dim=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            word_embed_proj_dim=32,
+            pad_token_id=0,
+        )
+    ).eval()
+    assert not packs_apart(opt)
+    with caplog.at_level("WARNING"):
+        assert PolicyValue(opt, False, packing=0).packing is None
+    assert "attend to each other" in caplog.text
+    gpt = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    assert packs_apart(gpt) and PolicyValue(gpt, False, packing=0).packing == 0
+
+
+def test_under_flash_attention_every_micro_batch_is_one_packed_row():
+    """transformers' varlen flash path reads a batch of one row only: several rows would attend across
+    sequences, so packed_forward puts a micro-batch in one row whatever the budget."""
+    from types import SimpleNamespace
+
+    from runtime.packing import packed_forward
+
+    seen = []
+
+    def model(input_ids, attention_mask, position_ids, use_cache):
+        seen.append((tuple(input_ids.shape), position_ids.tolist(), attention_mask, use_cache))
+        return "out"
+
+    model.config = SimpleNamespace(_attn_implementation="flash_attention_2")
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    _, plan = packed_forward(model, torch.ones(3, 3, dtype=torch.long), mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    assert plan.rows == 1 and seen == [((1, 6), [[0, 1, 2, 0, 1, 0]], None, False)]
+
+
+def test_a_soft_cap_on_the_logits_is_found_from_the_config_even_where_the_logits_are_tiny():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from runtime.packing import decoder_and_head
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    gemma = Gemma2ForCausalLM(Gemma2Config(**small, num_key_value_heads=1, head_dim=16, final_logit_softcapping=30.0))
+    assert decoder_and_head(gemma.eval()) is None

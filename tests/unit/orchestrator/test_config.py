@@ -504,7 +504,7 @@ def test_a_negative_checkpoint_count_is_refused_naming_its_key(key):
     load_config(DEFAULT, [f"{key}=0"])
 
 
-def test_flash_attention_needs_a_gpu_learner():
+def test_flash_attention_needs_gpus_for_the_learner_and_the_reference_and_bf16():
     from learner.config import Attention
     from orchestrator.config.rules_learner import check_attention
 
@@ -512,7 +512,10 @@ def test_flash_attention_needs_a_gpu_learner():
     cfg.learner.attn_implementation = Attention.flash_attention_2
     found = list(check_attention(cfg, installed=lambda name: True))
     assert found == [
-        ("learner.attn_implementation", "flash_attention_2 runs on GPUs only: cluster.gpus_per_learner is 0")
+        ("learner.attn_implementation", "flash_attention_2 runs on GPUs only: cluster.gpus_per_learner is 0"),
+        ("learner.attn_implementation", "flash_attention_2 runs on GPUs only: cluster.gpus_per_scoring is 0"),
+        ("learner.attn_implementation", "flash_attention_2 computes in bf16 or fp16: set learner.dtype=bfloat16"),
     ]
-    cfg.cluster.gpus_per_learner = 1
+    cfg.cluster.gpus_per_learner = cfg.cluster.gpus_per_scoring = 1
+    cfg.learner.dtype = "bfloat16"
     assert list(check_attention(cfg, installed=lambda name: True)) == []

@@ -378,3 +378,21 @@ def test_packing_keeps_the_worst_case_and_says_so():
         packing: dict((k, how) for k, _, how in lines)["policy activations"] for packing, lines in sections.items()
     }
     assert "packed" in notes[True] and "packed" not in notes[False]
+
+
+def test_eager_attention_and_wide_packed_rows_add_what_they_keep():
+    base = ["learner.packing=true"]
+    lines = {}
+    for name, extra in {
+        "sdpa": [],
+        "eager": ["learner.attn_implementation=eager"],
+        "wide": ["learner.packing_row_tokens=1200"],
+    }.items():
+        cfg = load_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", base + extra)
+        learner = dict(plan_train(cfg, 80 * P.GB, None).sections)["learner rank (x1)"]
+        lines[name] = {k: v for k, v, _ in learner}
+    mb, tokens, size = 16, 96 + 24, P.DTYPE_BYTES[cfg.learner.dtype.value]  # SmolLM2: 30 layers, 9 heads
+    assert "policy attention scores" not in lines["sdpa"] and "policy attention mask" not in lines["sdpa"]
+    # eager: 2 x layers x heads x micro-batch x tokens x width x bytes, width = the sequence
+    assert lines["eager"]["policy attention scores"] == 2 * 30 * 9 * mb * tokens * tokens * size
+    assert lines["wide"]["policy attention mask"] == mb * tokens * 1200  # rows of 1,200 tokens: a bool [W, W] each

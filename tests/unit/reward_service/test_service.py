@@ -198,3 +198,19 @@ def test_episode_rewards_and_overlong_shaping_in_the_service(tiny_model):
     assert scored.components["overlong"] == [-1.0, -1.0, 0.0]  # 9 and 4 model tokens: at or past the limit
     assert scored.rewards == [0.0, -0.5, 0.0]
     assert batch_metrics(batch, scored)["reward/environment/invalid_frac"] == pytest.approx(1 / 3)
+
+
+def test_a_reward_model_that_cannot_keep_packed_sequences_apart_scores_padded_rows(tmp_path):
+    from transformers import OPTConfig, OPTForSequenceClassification
+
+    path = tmp_path / "opt-rm"
+    small = dict(vocab_size=len(tok), hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2)
+    OPTForSequenceClassification(
+        OPTConfig(**small, word_embed_proj_dim=32, num_labels=1, pad_token_id=0)
+    ).save_pretrained(path)
+    tok.save_pretrained(path)
+    rm = RewardSource(kind=SourceKind.reward_model, model_path=str(path))
+    padded = build_source(rm, micro_batch_size=4).score([a for a, _ in PAIRS], [b for _, b in PAIRS], [{}] * 4)
+    source = build_source(rm, micro_batch_size=4, function=PolicyFunction(packing=0))
+    assert source.packing is None  # OPT's mask ignores position ids: packed, each sequence would read the last
+    assert source.score([a for a, _ in PAIRS], [b for _, b in PAIRS], [{}] * 4) == padded
