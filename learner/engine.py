@@ -166,7 +166,7 @@ def update_metrics(sums: dict[str, float], n_mini: int) -> dict[str, float]:
     tokens, not half), the non-finite loss count as a count, a loss (one per mini-batch) averaged."""
     tokens = sums.get(TOKENS, 0.0)
     out = {}
-    if sums.get(COMPUTED):  # real / computed tokens of the update's decoder forwards (runtime.packing.real_share;
+    if sums.get(COMPUTED):  # real / computed tokens of the update's decoder forwards (PolicyValue.tokens;
         # the LM head runs on the padded layout either way)
         out["learner/packing_efficiency"] = sums[REAL] / sums[COMPUTED]
     for k, v in sums.items():

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from learner.config import Attention, CriticInit, Dtype, LearnerConfig, LoraConfig, policy_function
 from runtime.device import compute
-from runtime.packing import decoder_and_head, packed_causal_lm, packed_forward, packing_for
+from runtime.packing import decoder_and_head, packed_causal_lm, packed_forward, packing_for, real_share
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -40,6 +40,7 @@ class PolicyValue(nn.Module):
         super().__init__()
         self.lm, self.dtype, self.packing = lm, dtype, packing_for(lm, packing)
         self._parts = decoder_and_head(lm) if self.packing is not None else None  # a tuple: no second registration
+        self.tokens = (0, 0)  # (real, computed) tokens of the last forward: what it did, packed or not
         self.value_head = nn.Linear(hidden_size(lm.config), 1) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight), nn.init.zeros_(self.value_head.bias)
@@ -50,8 +51,10 @@ class PolicyValue(nn.Module):
             if self.packing is None:
                 out = self.lm(**dict(zip(INPUTS, inputs)), output_hidden_states=hidden, use_cache=False)
                 logits, states = out.logits, out.hidden_states[-1] if hidden else None
+                self.tokens = real_share(attention_mask, packing=False)
             else:
-                logits, states = packed_causal_lm(self.lm, self._parts, inputs, self.packing, hidden)
+                logits, states, plan = packed_causal_lm(self.lm, self._parts, inputs, self.packing, hidden)
+                self.tokens = (plan.real, plan.computed)
         values = self.value_head(states[:, :-1].float()).squeeze(-1) if hidden else None
         return logits[:, :-1], values
 

@@ -38,7 +38,6 @@ from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch
 from runtime.device import collective_backend, process_device, to_device
 from runtime.logprobs import SamplerSettings, chunked_logprobs
-from runtime.packing import real_share
 from runtime.ports import free_port
 from runtime.profiling import Profiled
 from runtime.seeds import stream_seed
@@ -202,7 +201,7 @@ class Learner(WeightSender, Profiled):
                 else:
                     self.critic_engine.backward(self.algo.gae.vf_coef * vf_loss * weight)
                     self.critic_engine.step()
-            m[REAL], m[COMPUTED] = real_share(mb.attention_mask, self.cfg.packing, self.cfg.packing_row_tokens)
+            m[REAL], m[COMPUTED] = self.policy.tokens  # as the forward computed them (flash: one row; OPT: padded)
             if not torch.isfinite(policy_loss):
                 m["learner/nonfinite_losses"] = 1.0  # its gradients are non-finite: the step is skipped
             self.policy_engine.backward(policy_loss * weight)

@@ -30,7 +30,7 @@ def response_logprobs(
     if packing is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     else:
-        logits, _ = packed_causal_lm(model, parts, (input_ids, attention_mask, position_ids), packing)
+        logits, _, _ = packed_causal_lm(model, parts, (input_ids, attention_mask, position_ids), packing)
     return chunked_logprobs(logits[:, :-1], input_ids[:, 1:], temperature, chunk_tokens) * response_mask
 
 

@@ -166,13 +166,13 @@ def decoder_and_head(lm) -> tuple | None:
 
 
 def packed_causal_lm(lm, parts: tuple | None, inputs: tuple, row_tokens: int, hidden: bool = False):
-    """(logits (B, L, V), the last hidden states (B, L, H) or None) of a causal LM over the padded rows `inputs`
-    (input_ids, attention_mask, position_ids), computed packed. parts: decoder_and_head(lm), or None: the whole
-    model on the packed rows, its logits unpacked (one more logits-sized tensor while both exist)."""
+    """(logits (B, L, V), the last hidden states (B, L, H) or None, the plan) of a causal LM over the padded rows
+    `inputs` (input_ids, attention_mask, position_ids), computed packed. parts: decoder_and_head(lm), or None: the
+    whole model on the packed rows, its logits unpacked (one more logits-sized tensor while both exist)."""
     if parts is None:
         out, plan = packed_forward(lm, *inputs, row_tokens, output_hidden_states=hidden)
-        return plan.unpack(out.logits), plan.unpack(out.hidden_states[-1]) if hidden else None
+        return plan.unpack(out.logits), plan.unpack(out.hidden_states[-1]) if hidden else None, plan
     decoder, head = parts
     out, plan = packed_forward(decoder, *inputs, row_tokens)
     states = plan.unpack(out.last_hidden_state)
-    return head(states), states if hidden else None
+    return head(states), states if hidden else None, plan

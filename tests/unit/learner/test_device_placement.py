@@ -115,6 +115,7 @@ def test_the_learner_moves_every_batch_it_computes_on(tiny_model, spy):
             pass
 
     rank = SimpleNamespace(
+        policy=policy,
         policy_engine=Engine(),
         critic_engine=None,
         algo=algo,

@@ -250,3 +250,21 @@ def test_a_soft_cap_on_the_logits_is_found_from_the_config_even_where_the_logits
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     gemma = Gemma2ForCausalLM(Gemma2Config(**small, num_key_value_heads=1, head_dim=16, final_logit_softcapping=30.0))
     assert decoder_and_head(gemma.eval()) is None
+
+
+def test_the_forward_reports_the_tokens_it_computed_padded_when_it_fell_back(tiny_model):
+    """learner/packing_efficiency reads PolicyValue.tokens: what the forward did, not what the config asked."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    small = dict(vocab_size=80, hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2)
+    opt = OPTForCausalLM(OPTConfig(**small, word_embed_proj_dim=32, pad_token_id=0)).eval()
+    # lengths 3, 3 and 10: the two short ones share a packed row
+    ids, attention, positions, _ = pack([[5, 6], [7, 8], [5, 6, 7, 8, 9, 10, 11, 12]], [[9], [10], [13, 14]], 0)
+    fallen = PolicyValue(opt, False, packing=0)  # asked to pack, computes padded rows
+    with torch.no_grad():
+        fallen(ids, attention, positions)
+    assert fallen.tokens == real_share(attention, packing=False) != real_share(attention, packing=True)
+    packed = PolicyValue(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), False, packing=0)
+    with torch.no_grad():
+        packed(ids, attention, positions)
+    assert packed.tokens == real_share(attention, packing=True)
