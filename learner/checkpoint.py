@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from learner.config import policy_function, zero_stage
+
 TAG = "state"
 
 
@@ -93,14 +95,34 @@ def save_learner(learner, path: str) -> None:
     )
     if learner.rank == 0:
         (out / "learner.json").write_text(
-            json.dumps({"kl_controller": learner.kl_ctl.state_dict(), "updates": learner.updates})
+            json.dumps({"kl_controller": learner.kl_ctl.state_dict(), "updates": learner.updates} | layout(learner.cfg))
         )
     if learner.world > 1:
         dist.barrier()
 
 
+def layout(cfg) -> dict:
+    """How the DeepSpeed state is laid out: the weights' dtype (float32, or bf16 with float32 masters) and the
+    ZeRO stage run (learner.config.zero_stage). A resume must run the same, or DeepSpeed cannot load it."""
+    return {"weights": policy_function(cfg).weights, "zero_stage": zero_stage(cfg)}
+
+
+def check_layout(src: Path, saved: dict, cfg) -> None:
+    """A checkpoint from before the layout was recorded held float32 weights at learner.zero_stage."""
+    want, have = layout(cfg), {"weights": saved.get("weights", "float32"), "zero_stage": saved.get("zero_stage")}
+    have["zero_stage"] = cfg.zero_stage if have["zero_stage"] is None else have["zero_stage"]
+    if have != want:
+        precision = "master_weights" if have["weights"] == "bfloat16" else "autocast"
+        raise ValueError(
+            f"{src}: saved with {have['weights']} weights at ZeRO {have['zero_stage']}, and this run has "
+            f"{want['weights']} weights at ZeRO {want['zero_stage']} (learner.precision, learner.zero_stage): resume "
+            f"with learner.precision={precision} and learner.zero_stage={have['zero_stage']}"
+        )
+
+
 def load_learner(learner, path: str) -> None:
     src = Path(path)
+    check_layout(src, json.loads((src / "learner.json").read_text()), learner.cfg)
     _load_engine(learner.policy_engine, src / "deepspeed_policy")
     if learner.critic_engine is not None:
         _load_engine(learner.critic_engine, src / "deepspeed_critic")

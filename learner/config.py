@@ -274,6 +274,14 @@ class Dtype(str, Enum):
     auto = "auto"  # resolved at launch (orchestrator/config/dtype.py): no role ever runs in "auto"
 
 
+class Precision(str, Enum):
+    """How learner.dtype bfloat16 holds the trained weights (float32 runs hold float32 weights: autocast, no-op)."""
+
+    auto = "auto"  # resolved at launch (orchestrator/config/dtype.py): master_weights on GPUs, autocast on CPUs
+    autocast = "autocast"  # float32 weights, gradients and Adam state; matmuls in bf16 under torch.autocast
+    master_weights = "master_weights"  # bf16 weights, activations and gradients; float32 masters and Adam state
+
+
 class Attention(str, Enum):
     """The attention kernel of the learner's and the reference's forwards (transformers' attn_implementation)."""
 
@@ -329,6 +337,11 @@ class LearnerConfig:
     """compute dtype; bfloat16 = autocast over float32 weights, optimizer and gradients (2-4x faster matmuls on
     AVX512-BF16/AMX CPUs and GPUs; 50-100x slower on AVX2-only CPUs); auto = bfloat16 where the learner's device
     has native bf16, else float32, chosen once at launch on the driver and printed"""
+    precision: Precision = Precision.auto
+    """with dtype bfloat16: autocast (float32 weights, each weight cast for each matmul) or master_weights (bf16
+    weights and activations, float32 master weights and Adam state in DeepSpeed's bf16 optimizer at ZeRO stage 2 or
+    3, where DeepSpeed sums gradients in float32: a zero_stage 0 or 1 runs stage 2); auto = master_weights on GPUs,
+    autocast on CPUs (measured faster there, docs/benchmarks.md), chosen at launch and printed"""
     packing: bool = True
     """padding-free packing of the RL forwards (update, old logprobs, critic, reference, reward models): each
     forward's sequences laid end to end in rows of at most packing_row_tokens tokens, attention kept inside each
@@ -382,4 +395,20 @@ def policy_function(cfg: LearnerConfig) -> PolicyFunction:
         cfg.logprob_chunk_tokens,
         cfg.packing_row_tokens if cfg.packing else None,
         Attention(cfg.attn_implementation).value,
+        "bfloat16" if master_weights(cfg) else "float32",
     )
+
+
+def master_weights(cfg: LearnerConfig) -> bool:
+    """Whether the learner holds bf16 weights with float32 masters (learner.precision master_weights, resolved
+    at launch; a learner outside a run leaves auto: autocast, as before the key existed)."""
+    return Precision(cfg.precision) == Precision.master_weights and Dtype(cfg.dtype) == Dtype.bfloat16
+
+
+def zero_stage(cfg: LearnerConfig) -> int:
+    """The ZeRO stage the learner runs: learner.zero_stage, at least 2 under master weights. There DeepSpeed 0.19
+    sums a step's micro-batch gradients in float32 (data_types.grad_accum_dtype fp32); its stage-0 and stage-1
+    bf16 optimizers sum them in bf16 whatever that key says (tests/unit/learner/test_master_weights.py measured
+    a 1.5e-3 gradient error on a toy model). Stage 2 only shards gradients, masters and Adam state, which one
+    rank keeps whole; OpenRLHF's default stage."""
+    return max(cfg.zero_stage, 2) if master_weights(cfg) else cfg.zero_stage

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.config import LearnerConfig, OptimizerKind
+from learner.config import LearnerConfig, OptimizerKind, master_weights, zero_stage
 
 
 class FiniteSteps:
@@ -95,26 +95,31 @@ def warmup_schedule(warmup_steps: int):
 def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_batch: int, grad_accum: int):
     import deepspeed
 
+    stage = zero_stage(cfg)
     ds = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         # without ZeRO the guarded optimizer clips (it sees whole gradients); with ZeRO, DeepSpeed does
-        "gradient_clipping": cfg.grad_clip if cfg.zero_stage > 0 else 0.0,
-        "zero_optimization": {"stage": cfg.zero_stage},
+        "gradient_clipping": cfg.grad_clip if stage > 0 else 0.0,
+        "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,  # GuardedAdamW is torch's AdamW plus a finiteness check
-        # learner.dtype bfloat16 is autocast over float32 weights (learner.models.compute), not DeepSpeed's
-        # bf16 weights: one path on CPU and GPU, and DeepSpeed's bf16 optimizer is slow on CPU
         "steps_per_print": 2**31,
         "wall_clock_breakdown": False,
     }
+    if master_weights(cfg):  # bf16 weights; DeepSpeed keeps float32 masters and accumulates gradients in float32
+        for param in module.parameters():  # the heads built in float32 (the value head) too; not module.to(): it
+            param.data = param.data.to(torch.bfloat16)  # would cast the float32 buffers transformers keeps (RoPE's)
+        ds |= {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}
+    # otherwise learner.dtype bfloat16 is autocast over float32 weights (learner.models.compute)
     params = [p for p in module.parameters() if p.requires_grad]
     schedule = warmup_schedule(cfg.warmup_steps)
     adam = dict(lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    max_norm = cfg.grad_clip if cfg.zero_stage == 0 else 0.0
+    max_norm = cfg.grad_clip if stage == 0 else 0.0
     if cfg.optimizer == OptimizerKind.torch_adamw:
-        optimizer = GuardedAdamW(params, max_norm=max_norm, **adam)
+        fused = next(iter(params)).device.type == "cuda"  # torch's fused AdamW kernel: one launch for every tensor
+        optimizer = GuardedAdamW(params, max_norm=max_norm, fused=fused or None, **adam)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    elif cfg.zero_stage == 0:  # built here, guarded: DeepSpeed checks gradients for non-finite values only under ZeRO
+    elif stage == 0:  # built here, guarded: DeepSpeed checks gradients for non-finite values only under ZeRO
         optimizer = guarded_deepspeed_adam()(params, max_norm=max_norm, adam_w_mode=True, **adam)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     else:
@@ -127,7 +132,7 @@ def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_ba
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=module, model_parameters=params, optimizer=optimizer, lr_scheduler=scheduler, config=ds
     )
-    if cfg.zero_stage == 0 and torch.distributed.get_world_size() == 1:
+    if stage == 0 and torch.distributed.get_world_size() == 1:
         # one rank has nothing to all-reduce, but DeepSpeed would still flatten every gradient into a
         # bucket and copy it back each step (0.6 s of a SmolLM2 update on a CPU)
         engine.enable_backward_allreduce = False

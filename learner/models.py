@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from learner.config import Attention, CriticInit, Dtype, LearnerConfig, LoraConfig, policy_function
+from learner.config import CriticInit, Dtype, LearnerConfig, LoraConfig, policy_function
 from runtime.device import compute
 from runtime.packing import decoder_and_head, packed_causal_lm, packed_forward, packing_for, real_share
 
@@ -36,9 +36,16 @@ class PolicyValue(nn.Module):
     runtime/packing.py; None = the padded rows as given). Either way the outputs are laid out as the padded
     rows: every loss reads the same tensors."""
 
-    def __init__(self, lm: nn.Module, value_head: bool, dtype: Dtype = Dtype.float32, packing: int | None = None):
+    def __init__(
+        self,
+        lm: nn.Module,
+        value_head: bool,
+        dtype: Dtype = Dtype.float32,
+        packing: int | None = None,
+        weights="float32",
+    ):
         super().__init__()
-        self.lm, self.dtype, self.packing = lm, dtype, packing_for(lm, packing)
+        self.lm, self.dtype, self.packing, self.weights = lm, dtype, packing_for(lm, packing), weights
         self._parts = decoder_and_head(lm) if self.packing is not None else None  # a tuple: no second registration
         self.tokens = (0, 0)  # (real, computed) tokens of the last forward: what it did, packed or not
         self.value_head = nn.Linear(hidden_size(lm.config), 1) if value_head else None
@@ -47,7 +54,7 @@ class PolicyValue(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids):
         hidden, inputs = self.value_head is not None, (input_ids, attention_mask, position_ids)
-        with compute(self.dtype, input_ids.device):
+        with compute(self.dtype, input_ids.device, self.weights):
             if self.packing is None:
                 out = self.lm(**dict(zip(INPUTS, inputs)), output_hidden_states=hidden, use_cache=False)
                 logits, states = out.logits, out.hidden_states[-1] if hidden else None
@@ -55,7 +62,7 @@ class PolicyValue(nn.Module):
             else:
                 logits, states, plan = packed_causal_lm(self.lm, self._parts, inputs, self.packing, hidden)
                 self.tokens = (plan.real, plan.computed)
-        values = self.value_head(states[:, :-1].float()).squeeze(-1) if hidden else None
+        values = scalar_head(self.value_head, states[:, :-1]) if hidden else None
         return logits[:, :-1], values
 
 
@@ -63,19 +70,33 @@ class Critic(nn.Module):
     """A separate value model: a transformer trunk and a scalar head. forward -> values (B, L-1), padded
     or packed as PolicyValue."""
 
-    def __init__(self, trunk: nn.Module, head: nn.Linear, dtype: Dtype = Dtype.float32, packing: int | None = None):
+    def __init__(
+        self,
+        trunk: nn.Module,
+        head: nn.Linear,
+        dtype: Dtype = Dtype.float32,
+        packing: int | None = None,
+        weights="float32",
+    ):
         super().__init__()
         self.trunk, self.head, self.dtype, self.packing = trunk, head, dtype, packing_for(trunk, packing)
+        self.weights = weights
 
     def forward(self, input_ids, attention_mask, position_ids):
         inputs = (input_ids, attention_mask, position_ids)
-        with compute(self.dtype, input_ids.device):
+        with compute(self.dtype, input_ids.device, self.weights):
             if self.packing is None:
                 states = self.trunk(**dict(zip(INPUTS, inputs)), use_cache=False).last_hidden_state
             else:
                 out, plan = packed_forward(self.trunk, *inputs, self.packing)
                 states = plan.unpack(out.last_hidden_state)
-        return self.head(states[:, :-1].float()).squeeze(-1)
+        return scalar_head(self.head, states[:, :-1])
+
+
+def scalar_head(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
+    """A scalar head's float32 outputs (B, L): over float32 states (float32 weights) or the bf16 ones of a
+    bf16 head (learner.precision master_weights)."""
+    return linear(states.to(linear.weight.dtype)).squeeze(-1).float()
 
 
 INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -87,11 +108,12 @@ def packing(cfg: LearnerConfig) -> int | None:
 
 
 def load_model(load, cfg: LearnerConfig, *args, **kwargs) -> nn.Module:
-    """load(*args) (a from_pretrained or from_config) with float32 weights and the attention kernel; a model
-    without that kernel fails naming the key."""
-    attention = Attention(cfg.attn_implementation).value
+    """load(*args) (a from_pretrained or from_config) with the learner's weight dtype (float32, or bf16 under
+    master weights) and the attention kernel; a model without that kernel fails naming the key."""
+    function = policy_function(cfg)
+    attention, dtype = function.attention, getattr(torch, function.weights)
     try:
-        return load(*args, dtype=torch.float32, attn_implementation=attention, **kwargs)
+        return load(*args, dtype=dtype, attn_implementation=attention, **kwargs)
     except (ValueError, ImportError) as e:
         if attention not in str(e) and "attention" not in str(e).lower():
             raise
@@ -104,7 +126,7 @@ def build_policy(cfg: LearnerConfig, value_head: bool) -> PolicyValue:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora.rank > 0:
         lm = add_lora(lm, cfg.lora)
-    return PolicyValue(lm, value_head, cfg.dtype, packing(cfg))
+    return PolicyValue(lm, value_head, cfg.dtype, packing(cfg), policy_function(cfg).weights)
 
 
 def add_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
@@ -138,7 +160,7 @@ def build_critic(cfg: LearnerConfig) -> Critic:
     if cfg.critic_init == CriticInit.reward_model:
         score = _reward_model_head(path)
         head.weight.data.copy_(score.reshape(1, -1)), head.bias.data.zero_()
-    return Critic(trunk, head, cfg.dtype, packing(cfg))
+    return Critic(trunk, head, cfg.dtype, packing(cfg), policy_function(cfg).weights)
 
 
 def _reward_model_head(path: str) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from learner import algorithms as A
 from learner.checkpoint import _gathered
-from learner.config import LearnerConfig, SupervisedTrainConfig
+from learner.config import LearnerConfig, SupervisedTrainConfig, policy_function
 from learner.engine import RankAddress, init_distributed, make_engine
 from learner.group import RankPlacement, start_ranks
 from learner.models import load_model, no_dropout_config
@@ -27,7 +27,7 @@ SFT, RM = "sft", "rm"
 
 def build_model(cfg: LearnerConfig, kind: str, pad_token_id: int | None) -> torch.nn.Module:
     """The trained model: a causal LM (SFT) or a one-output sequence classifier (RM), without
-    dropout, float32 weights (cfg.dtype is the compute dtype, learner.models.compute), with gradient
+    dropout, the learner's weight dtype (learner.models.load_model; cfg.dtype is the compute dtype), with gradient
     checkpointing when configured and the attention kernel of learner.attn_implementation (as the policy and
     critic; the stages pad their rows, learner.packing is the RL forwards')."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -95,7 +95,7 @@ class SupervisedLearner:
 
     def _loss(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         if self.kind == SFT:
-            with compute(self.cfg.dtype, self.device):
+            with compute(self.cfg.dtype, self.device, policy_function(self.cfg).weights):
                 logits = self.engine(
                     input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows]
                 ).logits
@@ -114,7 +114,7 @@ class SupervisedLearner:
         }
 
     def _reward(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        with compute(self.cfg.dtype, self.device):
+        with compute(self.cfg.dtype, self.device, policy_function(self.cfg).weights):
             return self.engine(input_ids=ids, attention_mask=attention).logits[:, 0].float()
 
     def save(self, path: str) -> None:

@@ -44,8 +44,9 @@ class WeightSender:
         self._staged: list[torch.Tensor] = []  # its copy of the weights, reused from sync to sync
 
     def weight_buckets(self, bucket_mb: int) -> list[list[TensorMeta]]:
-        # sent in the engines' dtype (rollout.dtype = learner.dtype): bf16 runs cast the float32 master
-        # weights on the way, as autocast casts them for the learner's own matmuls
+        # sent in the engines' dtype (rollout.dtype = learner.dtype): bf16 autocast runs cast the float32
+        # weights on the way, as autocast casts them for the learner's own matmuls; master_weights runs send
+        # the bf16 weights the learner computes with, as they are
         metas = [
             TensorMeta(
                 n,

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from learner import algorithms as A
-from learner.config import AlgorithmConfig, KLControllerKind, LearnerConfig, ValueHead
+from learner.config import AlgorithmConfig, KLControllerKind, LearnerConfig, ValueHead, zero_stage
 from learner.engine import (
     COMPUTED,
     REAL,
@@ -275,7 +275,8 @@ class Learner(WeightSender, Profiled):
             "value_head": self.policy.value_head is not None,
             "critic": self.critic is not None,
             "trainable": [n for n, p in self.policy.named_parameters() if p.requires_grad],
-            "zero_stage": self.cfg.zero_stage,
+            "zero_stage": zero_stage(self.cfg),  # at least 2 under master weights
+            "weights": str(next(self.policy.parameters()).dtype).removeprefix("torch."),
             "world_size": self.world,
         }
 

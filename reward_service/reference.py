@@ -45,14 +45,17 @@ class ReferenceModel:
         micro_batch_size: int = 16,
         device: torch.device = torch.device("cpu"),
     ):
-        """`function`: the learner's, applied as the learner does (dtype: float32 weights, bf16 autocast;
-        packing; the attention kernel), so at step 0 the reference's logprobs are the policy's;
+        """`function`: the learner's, applied as the learner does (dtype and weights: float32, bf16 autocast over
+        float32 weights, or bf16 weights; packing; the attention kernel), so at step 0 the reference's logprobs
+        are the policy's;
         `device`: the scoring process's (runtime.device)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device, self.function = device, function
         self.model = (
-            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=function.attention)
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, function.weights), attn_implementation=function.attention
+            )
             .eval()
             .to(device)
         )
@@ -71,7 +74,7 @@ class ReferenceModel:
             sl = slice(i, i + self.micro_batch_size)
             inputs = pack(batch.prompt_ids[sl], batch.response_ids[sl], self.pad_id)
             f = self.function
-            with compute(f.dtype, self.device):
+            with compute(f.dtype, self.device, f.weights):
                 logprobs = response_logprobs(
                     self.model, to_device(inputs, self.device), temperature, f.chunk_tokens, f.packing, self.parts
                 )

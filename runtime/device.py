@@ -49,16 +49,20 @@ def to_device(tensors, device: torch.device):
     return tensors
 
 
-def compute(dtype: str, device: torch.device):
-    """The context a forward runs in. "bfloat16" is mixed precision: float32 weights, matmuls in bf16
-    under torch.autocast (CPU cores with AVX512-BF16/AMX and GPUs run them 2-4x faster), softmax and
-    norms as autocast keeps them; optimizer, weights and gradients stay float32, and backward, run
-    after the context, follows the forward's dtypes (PyTorch's AMP rule). The learner, the reference
-    and the SFT/RM stages all use it, so their logprobs are the same function."""
+def compute(dtype: str, device: torch.device, weights: str = "float32"):
+    """The context a forward runs in. "bfloat16" over float32 `weights` is mixed precision: matmuls in bf16
+    under torch.autocast (CPU cores with AVX512-BF16/AMX and GPUs run them 2-4x faster), softmax and norms as
+    autocast keeps them; optimizer, weights and gradients stay float32, and backward, run after the context,
+    follows the forward's dtypes (PyTorch's AMP rule). Over bfloat16 `weights` (learner.precision
+    master_weights) it computes in the weights' dtype, as the model's code says (no autocast: the bf16 forward
+    of verl's and OpenRLHF's learners). The learner, the reference and the SFT/RM stages all use
+    it, so their logprobs are the same function."""
     if dtype not in ("float32", "bfloat16"):  # "auto" is resolved at launch (orchestrator/config/dtype.py)
         name = getattr(dtype, "value", dtype)
         raise ValueError(f"learner.dtype {name!r}: expected float32 or bfloat16, resolved before any role starts")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    if dtype == "bfloat16" and weights == "float32":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def malloc_env(keep_freed_memory: bool, gpu: bool, threaded: bool = False) -> dict[str, str]:

@@ -53,16 +53,27 @@ def tiny_model(root: Path, quick: bool) -> str:
     return str(init_tiny_gpt(root / "policy", n_positions=128, **shape))
 
 
+def rank_config(model: str, device: torch.device, zero: int, lr: float):
+    """A learner rank's section: bf16 on CUDA, float32 on the CPU, in the precision `relay train` chooses there
+    (learner.precision auto: bf16 weights with float32 masters on CUDA, which run ZeRO 2 at least)."""
+    from learner.config import Dtype, LearnerConfig
+    from orchestrator.config.dtype import choose_precision
+
+    dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
+    cfg = LearnerConfig(model_path=model, lr=lr, zero_stage=zero, dtype=dtype)
+    cfg.precision = choose_precision(dtype.value, device.type)[0]
+    return cfg
+
+
 def learner_rank(model: str, device: torch.device, zero: int, lr: float, n: int, micro: int):
-    """One DeepSpeed learner rank (a Learner outside Ray) in bf16 on CUDA, float32 on the CPU."""
-    from learner.config import AlgorithmConfig, Dtype, LearnerConfig
+    """One DeepSpeed learner rank (a Learner outside Ray) of rank_config's section."""
+    from learner.config import AlgorithmConfig
     from learner.engine import RankAddress
     from learner.worker import Learner
     from runtime.logprobs import SamplerSettings
     from runtime.ports import free_port
 
-    dtype = Dtype.bfloat16 if device.type == "cuda" else Dtype.float32
-    cfg = LearnerConfig(model_path=model, lr=lr, zero_stage=zero, dtype=dtype)
+    cfg = rank_config(model, device, zero, lr)
     algo = AlgorithmConfig(mini_batch_size=n, micro_batch_size=micro, init_kl_coef=0.01)
     return Learner(cfg, algo, SamplerSettings(n_samples_per_prompt=4), 0, RankAddress(0, 1, "127.0.0.1", free_port()))
 
@@ -103,7 +114,9 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
 
     batch, scored = make_scored_batch(model, n_prompts=4 if quick else 16, group=4, seed=0)
     advantages = grpo_advantages(torch.tensor(scored.rewards), 4).tolist()
-    for zero in (0, 2):
+    from learner.config import zero_stage
+
+    for zero in dict.fromkeys(zero_stage(rank_config(model, device, z, 1e-4)) for z in (0, 2)):  # CUDA: 2 only
         reset_peak(device)
         rank = learner_rank(model, device, zero, 1e-4, len(batch), len(batch))
         before = surrogate(rank, batch, advantages)
@@ -112,6 +125,7 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
             "learner",
             zero_stage=zero,
             dtype="bfloat16" if device.type == "cuda" else "float32",
+            precision=rank.cfg.precision.value,
             **figures,
             surrogate_before=before,
             surrogate_after=surrogate(rank, batch, advantages),

@@ -14,6 +14,7 @@ section's single on-policy epoch takes them from the update's own forward). Figu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -139,9 +140,9 @@ def run(device: torch.device, root: Path, quick: bool, learner_rank, peak_tflops
     from transformers import AutoModelForCausalLM
 
     from learner.algorithms import grpo_advantages
+    from learner.config import policy_function
     from learner.experience import single_pass
     from reward_service.reference import ReferenceModel
-    from runtime.forward import PolicyFunction
 
     path, (n, group, micro), repeats = build_model(root, quick), (8, 4, 4) if quick else (64, 4, 8), 2 if quick else 3
     batch, scored = variable_batch(n, group, (SMALL if quick else QWEN_05B)["vocab_size"], quick)
@@ -152,7 +153,7 @@ def run(device: torch.device, root: Path, quick: bool, learner_rank, peak_tflops
     # one epoch of one mini-batch is on-policy: relay takes the old logprobs from the update's own forward
     old_forward = not (rank.single_pass and single_pass(rank.algo, n))
     relay_update = timed(lambda: rank.update(batch, scored, next(steps)), device, repeats)
-    ref = ReferenceModel(path, PolicyFunction(str(dtype).removeprefix("torch."), packing=0), micro, device)
+    ref = ReferenceModel(path, dataclasses.replace(policy_function(rank.cfg), packing=0), micro, device)
     relay_ref = timed(lambda: ref.logprobs(batch), device, repeats)
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
     optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-6, fused=device.type == "cuda")

@@ -140,9 +140,14 @@ def _algorithm(a) -> str:
 
 
 def _dtypes(cfg) -> str:
-    """The learner's and the engines' dtype, as resolved at launch (dtype: auto)."""
+    """The learner's and the engines' dtype, as resolved at launch (dtype: auto), and how a bf16 learner holds its
+    weights (learner.precision)."""
     learner, engines = getattr(cfg.learner.dtype, "value", cfg.learner.dtype), cfg.rollout.dtype
-    return f"{learner} (learner and engines)" if learner == engines else f"{learner} learner, {engines} engines"
+    held = {"master_weights": "; bf16 weights, float32 masters", "autocast": "; autocast over float32 weights"}
+    how = held.get(getattr(cfg.learner.precision, "value", ""), "") if learner == "bfloat16" else ""
+    return (
+        f"{learner} (learner and engines{how})" if learner == engines else f"{learner} learner{how}, {engines} engines"
+    )
 
 
 def _async(cfg) -> list[tuple[str, str]]:

@@ -1,4 +1,5 @@
-"""`dtype: auto` for learner.dtype and rollout.dtype, resolved once at launch, on the driver.
+"""`dtype: auto` for learner.dtype and rollout.dtype, and `precision: auto` for learner.precision, resolved once
+at launch, on the driver.
 
 The driver resolves it (load_config) and the roles receive the resolved value with the rest of the config
 tree, so the learner, the scoring service and the engines always agree (weights travel in rollout.dtype,
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from learner.config import LearnerConfig
+from learner.config import LearnerConfig, Precision
 from rollout.config import RolloutConfig
 
 # Measured on a 2-core AVX2 EPYC: float32 matmuls 51 GFLOP/s, bf16 0-1 GFLOP/s (PyTorch's scalar fallback)
@@ -112,7 +113,36 @@ def resolve_dtypes(tree, probe=probe) -> tuple[list[str], list[tuple[str, str]]]
         problems += [(key, choice.problem) for key, _ in members if choice.problem]
         for _, section in members:
             section.dtype = type(section.dtype)(choice.dtype)  # LearnerConfig's Dtype, RolloutConfig's str
-    return lines, problems
+    return lines + resolve_precision(tree), problems
+
+
+# Measured with bench/precision.py (docs/benchmarks.md), SmolLM2-135M update on an AVX512-BF16 CPU
+CPU_AUTOCAST = "on a CPU autocast over float32 weights measured faster than bf16 weights with float32 masters"
+
+
+LORA_AUTOCAST = "LoRA merges its adapters into the weights at each sync, which bf16 weights would round"
+
+
+def choose_precision(dtype: str, device: str, lora: bool = False) -> tuple[Precision, str]:
+    """learner.precision auto's choice for a learner computing in `dtype` on `device` (with LoRA or not), and why."""
+    if dtype != "bfloat16":
+        return Precision.autocast, ""  # float32 weights: there is nothing to choose
+    if lora:
+        return Precision.autocast, LORA_AUTOCAST
+    if device == "cuda":
+        return Precision.master_weights, "bf16 weights and activations, float32 masters and Adam state on the GPU"
+    return Precision.autocast, CPU_AUTOCAST
+
+
+def resolve_precision(tree) -> list[str]:
+    """Set every learner.precision auto of the tree (dtypes already resolved) to its choice; the lines to print."""
+    lines = []
+    for key, section, device in _dtype_sections(tree):
+        if isinstance(section, LearnerConfig) and Precision(section.precision) == Precision.auto:
+            section.precision, why = choose_precision(str(_value(section.dtype)), device, section.lora.rank > 0)
+            where = key.removesuffix(".dtype")
+            lines += [f"{where}.precision auto -> {section.precision.value}: {why}"] if why else []
+    return lines
 
 
 def _value(dtype) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from learner.config import Attention, CriticInit, ValueHead
+from learner.config import Attention, CriticInit, Precision, ValueHead
 
 
 def check_learner(cfg):
@@ -32,6 +32,7 @@ def check_learner(cfg):
             "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2",
         )
     yield from check_attention(cfg)
+    yield from check_precision(lr)
     needs_critic = cfg.algorithm.needs_critic
     if (
         needs_critic
@@ -59,6 +60,20 @@ def check_attention(cfg, installed=lambda name: importlib.util.find_spec(name) i
             yield "learner.attn_implementation", f"flash_attention_2 runs on GPUs only: cluster.{key} is 0"
     if str(getattr(lr.dtype, "value", lr.dtype)) == "float32":
         yield "learner.attn_implementation", "flash_attention_2 computes in bf16 or fp16: set learner.dtype=bfloat16"
+
+
+def check_precision(lr):
+    """master_weights holds bf16 weights: a float32 run has none, and LoRA would merge its adapters into them."""
+    if Precision(lr.precision) != Precision.master_weights:
+        return
+    if str(getattr(lr.dtype, "value", lr.dtype)) != "bfloat16":
+        yield "learner.precision", "master_weights holds bf16 weights: set learner.dtype=bfloat16 (or precision=auto)"
+    if lr.lora.rank > 0:
+        yield (
+            "learner.precision",
+            "master_weights with LoRA would merge the adapters into bf16 base weights at every weight sync and "
+            "unmerge them, which rounds the frozen weights a little each time; use precision=autocast with LoRA",
+        )
 
 
 def critic_path_used(cfg) -> bool:

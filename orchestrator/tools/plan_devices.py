@@ -59,7 +59,7 @@ def _per_device(share: float) -> int:
 
 
 def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=None, plan=None) -> Plan:
-    from learner.config import CriticInit, ValueHead
+    from learner.config import CriticInit, ValueHead, policy_function, zero_stage
     from reward_service.config import SourceKind
 
     plan = plan or Plan([], [], [], [])
@@ -79,7 +79,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         scalar_head=has_critic and not separate,
         entropy_grad=cfg.algorithm.entropy_coef != 0,
     )
-    if cfg.async_training.mode.value != "sync" and lc.zero_stage != 3:  # Learner.send_weights(background=True)
+    if cfg.async_training.mode.value != "sync" and zero_stage(lc) != 3:  # Learner.send_weights(background=True)
         learner.append(
             (
                 "policy staged weights",
@@ -101,7 +101,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         if s.kind == SourceKind.reward_model
     ]
     rollout = rollout_lines(policy, rc, gpu_bytes if c.gpus_per_rollout_worker > 0 else None)
-    scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, lc.dtype.value, lc.logprob_chunk_tokens)
+    scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, policy_function(lc))
     scoring += _judge_lines(plan, cfg, gpu_bytes)
     plan.sections += [
         (f"learner rank (x{c.learner_ranks})", learner),

@@ -136,13 +136,25 @@ def lora_params(s: ModelShape, rank: int, targets: list[str]) -> int:
 
 
 # ---------------------------------------------------------------- learner
-def training_states(n_params: int, trainable: int, dtype: str, zero_stage: int, ranks: int) -> dict[str, float]:
-    """Bytes per rank of float32 weights and gradients and AdamW's 2 moments (8 B/param), in either
-    `dtype` (bfloat16 is autocast over float32 weights: it changes activations, not states). ZeRO
-    shards over the ranks: 1 the optimizer state, 2 also gradients, 3 also weights."""
+def training_states(
+    n_params: int, trainable: int, dtype: str, zero_stage: int, ranks: int, master: bool = False
+) -> dict[str, float]:
+    """Bytes per rank of the trained model's states. ZeRO shards over the ranks: 1 the optimizer state (and
+    masters), 2 also gradients, 3 also weights. Autocast (`dtype` float32 or bfloat16 over float32 weights: it
+    changes activations, not states): float32 weights and gradients and AdamW's 2 moments (8 B/param). `master`
+    (learner.precision master_weights): bf16 weights, float32 masters, AdamW's moments and the float32 gradient
+    sums (backward's bf16 gradients pass through DeepSpeed's reduce bucket, as float32 ones do: not counted)."""
     b, optim = DTYPE_BYTES["float32"], 8 * trainable
     shard = lambda x, stage: x / ranks if zero_stage >= stage else x  # noqa: E731
-    return {"weights": shard(n_params * b, 3), "gradients": shard(trainable * b, 2), "optimizer": shard(optim, 1)}
+    if not master:
+        return {"weights": shard(n_params * b, 3), "gradients": shard(trainable * b, 2), "optimizer": shard(optim, 1)}
+    half = DTYPE_BYTES["bfloat16"]
+    return {
+        "weights": shard(n_params * half, 3),
+        "master weights": shard(trainable * b, 1),
+        "gradients": shard(trainable * b, 2),
+        "optimizer": shard(optim, 1),
+    }
 
 
 def activation_bytes(s: ModelShape, micro_batch: int, tokens: int, dtype: str, checkpointing: bool) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from learner.config import master_weights, zero_stage
 from orchestrator.tools.plan_model import (
     DTYPE_BYTES,
     ModelShape,
@@ -19,10 +20,11 @@ from orchestrator.tools.plan_model import (
     training_states,
     vllm_gpu,
 )
+from runtime.forward import PolicyFunction
 
 # ---------------------------------------------------------------- roles
 Lines = list[tuple[str, float, str]]  # (what, bytes, how it was counted)
-RESIDENT = ("weights", "gradients", "optimizer")  # what a learner keeps between updates
+RESIDENT = ("weights", "master weights", "gradients", "optimizer")  # what a learner keeps between updates
 # runtime/packing.py: rows no longer than the longest sequence (packing_row_tokens 0) hold at most the padded rows'
 # tokens, so the worst case (every sequence at the full length) is the padded one; mixed lengths compute fewer
 PACKED = "; packed (learner.packing): the same at full length, about the real tokens' share for mixed lengths"
@@ -49,19 +51,23 @@ def learner_lines(
 ) -> Lines:
     """One trained model on one learner rank: states, activations and (with an LM head) logits."""
     ranks, micro_batch, tokens = load.ranks, load.micro_batch, load.tokens
-    n = param_count(s, lm_head) + (s.hidden + 1 if scalar_head else 0)
-    trainable, how = n, f"ZeRO-{lc.zero_stage} over {ranks} rank(s), {lc.dtype.value}"
+    n, master, stage = (
+        param_count(s, lm_head) + (s.hidden + 1 if scalar_head else 0),
+        master_weights(lc),
+        zero_stage(lc),
+    )
+    precision = ", bf16 weights with float32 masters" if master else ""
+    trainable, how = n, f"ZeRO-{stage} over {ranks} rank(s), {lc.dtype.value}{precision}"
     if lc.lora.rank:  # the base stays frozen: gradients and AdamW state for the adapters (and heads) only
         adapters = lora_params(s, lc.lora.rank, list(lc.lora.target_modules))
         trainable, n = adapters + n - param_count(s, lm_head), n + adapters
         how += f", LoRA rank {lc.lora.rank}: {fmt_params(adapters)} of {fmt_params(n)} params trained"
     lines = [
-        (f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, lc.zero_stage, ranks).items()
+        (f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, stage, ranks, master).items()
     ]
-    if lc.zero_stage == 3:  # each layer's weights are gathered whole to compute it
-        lines.append(
-            (f"{who} gathered layer", layer_params(s) * DTYPE_BYTES["float32"], "ZeRO-3: one layer's full weights")
-        )
+    if stage == 3:  # each layer's weights are gathered whole to compute it
+        weight = DTYPE_BYTES["bfloat16" if master else "float32"]
+        lines.append((f"{who} gathered layer", layer_params(s) * weight, "ZeRO-3: one layer's full weights"))
     ckpt = lc.gradient_checkpointing
     other = activation_bytes(s, micro_batch, tokens, lc.dtype.value, not ckpt)
     lines.append(
@@ -105,14 +111,15 @@ def attention_line(s: ModelShape, lc, micro_batch: int, tokens: int, who: str):
 
 
 def scoring_lines(
-    ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, dtype: str, chunk_tokens: int
+    ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, function: PolicyFunction
 ) -> Lines:
-    """The frozen scoring service in the learner's dtype: reference policy (float32 weights computed
-    in `dtype`, as the policy's, runtime.device.compute), reward models, and the reference's logits
-    (its peak: the layers' smaller temporaries are freed by then)."""
+    """The frozen scoring service in the learner's dtype: reference policy (the policy's weight dtype, computed in
+    its dtype: runtime.device.compute), reward models, and the reference's logits (its peak: the layers' smaller
+    temporaries are freed by then)."""
+    dtype, weights, chunk_tokens = function.dtype, function.weights, function.chunk_tokens
     b = DTYPE_BYTES[dtype]
     lines = [
-        ("reference weights", param_count(ref) * DTYPE_BYTES["float32"], f"float32, computed in {dtype}"),
+        ("reference weights", param_count(ref) * DTYPE_BYTES[weights], f"{weights}, computed in {dtype}"),
         ("reference logits", *logits_bytes(ref, micro_batch, tokens, dtype, chunk_tokens, "no grad")),
     ]
     lines += [

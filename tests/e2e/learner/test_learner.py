@@ -17,6 +17,7 @@ from learner.config import (
     LearnerConfig,
     LoraConfig,
     OptimizerKind,
+    Precision,
     ValueHead,
 )
 from learner.group import LearnerGroup, RankPlacement
@@ -88,13 +89,18 @@ def test_one_update_changes_parameters_and_lowers_the_surrogate_loss(ray_cluster
     assert metrics["learner/grad_norm"] > 0 and metrics["learner/skipped_steps"] == 0
 
 
-def test_a_bf16_grpo_update_runs_and_lowers_the_surrogate_loss(ray_cluster, tiny_model):
-    """learner.dtype bfloat16 (autocast over float32 master weights): chunked logprobs from bf16
-    logits train as fp32 do, and the weights stay float32."""
+@pytest.mark.parametrize("precision", [Precision.autocast, Precision.master_weights])
+def test_a_bf16_grpo_update_runs_and_lowers_the_surrogate_loss(ray_cluster, tiny_model, precision):
+    """learner.dtype bfloat16, autocast over float32 weights or bf16 weights over float32 masters (ZeRO 2):
+    chunked logprobs from bf16 logits train as fp32 do, and the weights (what the engines get) are float32 or
+    bf16 as the precision says."""
     batch, scored = make_scored_batch(tiny_model, seed=1)
-    group = learners(tiny_model, dtype=Dtype.bfloat16, logprob_chunk_tokens=16)  # several chunks per micro-batch
+    # several logprob chunks per micro-batch
+    group = learners(tiny_model, dtype=Dtype.bfloat16, logprob_chunk_tokens=16, precision=precision)
+    assert group.describe()["zero_stage"] == (2 if precision == Precision.master_weights else 0)
+    weights = torch.bfloat16 if precision == Precision.master_weights else torch.float32
     before, after, metrics, mask, (loss_before, loss_after) = update_once(group, batch, scored)
-    assert all(v.dtype == torch.float32 for v in after.values()) and changed(before, after)
+    assert all(v.dtype == weights for v in after.values()) and changed(before, after)
     assert loss_after < loss_before - 0.01
     for key in ("loss/policy", "learner/entropy", "loss/kl", "learner/grad_norm"):
         assert math.isfinite(metrics[key]), key
@@ -219,11 +225,16 @@ def test_a_nan_batch_is_skipped_and_counted(ray_cluster, tiny_model, optimizer):
     assert all(torch.isfinite(t).all() for t in after.values())
 
 
-def test_resume_is_bit_identical(ray_cluster, tiny_model, tmp_path):
+@pytest.mark.parametrize("precision", [Precision.autocast, Precision.master_weights])
+def test_resume_is_bit_identical(ray_cluster, tiny_model, tmp_path, precision):
+    """Float32 weights, or bf16 weights whose float32 masters the checkpoint keeps (DeepSpeed's state): the
+    resumed update equals the uninterrupted one to the bit, the policy and the separate critic."""
     b1, s1 = make_scored_batch(tiny_model, seed=6)
     b2, s2 = make_scored_batch(tiny_model, seed=7)
     a = algo(estimator=Estimator.gae, kl_controller="adaptive", target_kl=0.01, kl_horizon=100)
-    first = learners(tiny_model, a=a, value_head=ValueHead.separate)
+    kw = dict(value_head=ValueHead.separate, precision=precision)
+    kw |= {"dtype": Dtype.bfloat16} if precision == Precision.master_weights else {}
+    first = learners(tiny_model, a=a, **kw)
     try:
         first.update(b1, s1, step=0)
         first.update_kl(0.5, 16)
@@ -233,7 +244,7 @@ def test_resume_is_bit_identical(ray_cluster, tiny_model, tmp_path):
         want_state = first.policy_state()
     finally:
         first.shutdown()
-    second = learners(tiny_model, a=a, value_head=ValueHead.separate)
+    second = learners(tiny_model, a=a, **kw)
     try:
         second.load(saved)
         got = second.update(b2, s2, step=1)

@@ -1,26 +1,14 @@
-"""The NaN guard holds for every optimizer x ZeRO stage: a step on non-finite gradients changes no weight
+"""The NaN guard holds for every optimizer x ZeRO stage x bf16 precision (float32 weights, or bf16 weights with
+float32 masters in DeepSpeed's bf16 optimizer: learner.precision): a step on non-finite gradients changes no weight
 and no optimizer moment, nor moves the lr schedule (warmup), and is counted once (engine.skipped_steps,
 what learner/skipped_steps reports); a finite step still trains. Real DeepSpeed engines (make_engine), one
 gloo rank in this process."""
 
-import os
-
 import pytest
 import torch
 
-from learner.config import LearnerConfig, OptimizerKind
-from learner.engine import RankAddress, init_distributed, make_engine, skipped_steps
-from runtime.ports import free_port
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    env = dict(os.environ)
-    init_distributed(RankAddress(0, 1, "127.0.0.1", free_port(), threads=1), "gloo")
-    yield
-    # the group stays: DeepSpeed keeps references to it, and a later rank in this process reuses it
-    os.environ.clear()
-    os.environ.update(env)  # init_distributed set RANK, MASTER_PORT, ...: not for the tests after these
+from learner.config import Dtype, LearnerConfig, OptimizerKind, Precision
+from learner.engine import make_engine, skipped_steps
 
 
 def weights(engine) -> list[torch.Tensor]:
@@ -38,13 +26,16 @@ def step(engine, x: torch.Tensor) -> None:
     engine.step()
 
 
+@pytest.mark.parametrize("precision", [Precision.autocast, Precision.master_weights])
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 @pytest.mark.parametrize("optimizer", list(OptimizerKind))
-def test_a_nonfinite_step_is_skipped_and_counted(one_rank, optimizer, zero):
+def test_a_nonfinite_step_is_skipped_and_counted(one_rank, optimizer, zero, precision):
     torch.manual_seed(0)
-    cfg = LearnerConfig(model_path="unused", zero_stage=zero, optimizer=optimizer, warmup_steps=10)
+    dtype = Dtype.bfloat16 if precision == Precision.master_weights else Dtype.float32
+    cfg = LearnerConfig(model_path="unused", zero_stage=zero, optimizer=optimizer, warmup_steps=10, dtype=dtype)
+    cfg.precision = precision
     engine = make_engine(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)), cfg, 1e-2, 2, 1)
-    x = torch.randn(2, 8)
+    x = torch.randn(2, 8).to(next(engine.module.parameters()).dtype)
     before = weights(engine)
     step(engine, x)
     trained = weights(engine)

@@ -140,6 +140,13 @@ def test_record_launch_writes_the_config_and_returns_a_short_summary(tmp_path):
     )
     in_flight = load_config(DEFAULT, [f"run_root={tmp_path}", "name=async", "async_training.mode=in_flight"])
     assert "  async       in_flight, off-policy correction tis" in record_launch(in_flight, "train").splitlines()
+    for precision, held in (
+        ("autocast", "autocast over float32 weights"),
+        ("master_weights", "bf16 weights, float32 masters"),
+    ):
+        bf16 = ["learner.dtype=bfloat16", "rollout.dtype=bfloat16", f"learner.precision={precision}"]
+        bf16 = load_config(DEFAULT, [f"run_root={tmp_path}", f"name={precision}", *bf16])
+        assert f"  dtype       bfloat16 (learner and engines; {held})" in record_launch(bf16, "train").splitlines()
     written = (run / "config.yaml").read_text()
     assert written.startswith("# relay train: ") and written.endswith(commented_yaml(cfg))
     assert load_config(run / "config.yaml") == cfg  # the written file is a config that runs again

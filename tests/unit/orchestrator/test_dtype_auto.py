@@ -5,9 +5,19 @@ bf16 gets without native bf16, and the refusal where nothing can be asked."""
 import pytest
 import torch
 
-from learner.config import Dtype, LearnerConfig
+from learner.config import Dtype, LearnerConfig, Precision
 from orchestrator.cli import main
-from orchestrator.config.dtype import Capabilities, choose, cpu_flags, probe, resolve_dtypes
+from orchestrator.config.dtype import (
+    CPU_AUTOCAST,
+    LORA_AUTOCAST,
+    Capabilities,
+    choose,
+    choose_precision,
+    cpu_flags,
+    probe,
+    resolve_dtypes,
+    resolve_precision,
+)
 from orchestrator.config.load import ConfigError, load_config
 from orchestrator.config.schema import PipelineConfig, TrainConfig
 from runtime.device import compute
@@ -104,7 +114,11 @@ def test_resolution_sets_each_section_from_its_own_device_in_place():
         "dtype auto -> bfloat16 (ppo.learner.dtype, ppo.rollout.dtype): this GPU has native bf16 "
         "(NVIDIA H100 80GB HBM3)",
         "dtype auto -> float32 (rm.learner.dtype, sft.learner.dtype): this CPU has no native bf16 (AVX2)",
+        "ppo.learner.precision auto -> master_weights: bf16 weights and activations, float32 masters and Adam "
+        "state on the GPU",
     ]
+    assert pipe.ppo.learner.precision is Precision.master_weights  # bf16 on a GPU: bf16 weights, float32 masters
+    assert pipe.sft.learner.precision is Precision.autocast  # float32: nothing to choose, nothing said
     assert resolve_dtypes(TrainConfig(), fake_probe) == ([], []) and seen == ["cpu", "cuda", "cpu"]  # float32: none
 
 
@@ -126,10 +140,13 @@ def test_the_smollm2_preset_asks_for_auto_and_the_launch_prints_the_choice_once(
     expected = choose("auto", probe("cpu"), KEYS)
     cfg = load_config(SMOLLM2, [])
     assert (cfg.learner.dtype.value, cfg.rollout.dtype) == (expected.dtype, expected.dtype)
-    assert capsys.readouterr().err == f"relay: {expected.line}\n"
+    assert capsys.readouterr().err == f"relay: {expected.line}\n" + PRECISION_LINE * (expected.dtype == "bfloat16")
     warning = choose("bfloat16", probe("cpu"), KEYS).line  # "" on a CPU with native bf16
     load_config(SMOLLM2, ["learner.dtype=bfloat16", "rollout.dtype=bfloat16"])
-    assert capsys.readouterr().err == (f"relay: {warning}\n" if warning else "")
+    assert capsys.readouterr().err == (f"relay: {warning}\n" if warning else "") + PRECISION_LINE
+
+
+PRECISION_LINE = f"relay: learner.precision auto -> autocast: {CPU_AUTOCAST}\n"  # bf16 on a CPU
 
 
 def test_relay_plan_says_which_dtype_auto_chose_and_why(capsys):
@@ -149,3 +166,44 @@ def test_auto_for_a_gpu_learner_this_process_cannot_see_is_a_config_error():
 def test_an_unresolved_auto_never_runs_as_float32_silently():
     with pytest.raises(ValueError, match="learner.dtype 'auto'"):
         compute(Dtype.auto, torch.device("cpu"))
+
+
+def test_precision_auto_is_master_weights_on_gpus_and_autocast_on_cpus_and_an_explicit_one_stays():
+    assert choose_precision("bfloat16", "cuda")[0] is Precision.master_weights
+    assert choose_precision("bfloat16", "cpu") == (Precision.autocast, CPU_AUTOCAST)
+    assert choose_precision("float32", "cuda") == (Precision.autocast, "")  # float32 weights: nothing to say
+    assert choose_precision("bfloat16", "cuda", lora=True) == (Precision.autocast, LORA_AUTOCAST)
+    run = TrainConfig(learner=LearnerConfig(model_path="m", dtype=Dtype.bfloat16))
+    run.rollout.dtype = "bfloat16"
+    assert resolve_precision(run) == [f"learner.precision auto -> autocast: {CPU_AUTOCAST}"]
+    assert run.learner.precision is Precision.autocast
+    run = TrainConfig(learner=LearnerConfig(model_path="m", dtype=Dtype.bfloat16, precision=Precision.master_weights))
+    assert resolve_precision(run) == [] and run.learner.precision is Precision.master_weights  # asked: kept
+
+
+@pytest.mark.parametrize(
+    ("over", "says"),
+    [
+        ({"learner.precision": "master_weights"}, "set learner.dtype=bfloat16"),
+        (
+            {
+                "learner.precision": "master_weights",
+                "learner.dtype": "bfloat16",
+                "rollout.dtype": "bfloat16",
+                "learner.lora.rank": 4,
+            },
+            "use precision=autocast with LoRA",
+        ),
+    ],
+)
+def test_master_weights_refuses_float32_and_lora_naming_the_key(tiny_model, over, says):
+    args = [f"learner.model_path={tiny_model}", *(f"{k}={v}" for k, v in over.items())]
+    with pytest.raises(ConfigError, match=f"learner.precision: .*{says}"):
+        load_config(REPO / "configs" / "grpo_tiny_cpu.yaml", args)
+
+
+def test_a_gpu_preset_with_lora_resolves_to_autocast_and_loads():
+    """precision auto never chooses what the config rules refuse: LoRA with bf16 weights."""
+    qwen = REPO / "configs" / "grpo_qwen2.5-0.5b_1node_gpu.yaml"
+    assert load_config(qwen, []).learner.precision is Precision.master_weights
+    assert load_config(qwen, ["learner.lora.rank=8"]).learner.precision is Precision.autocast

@@ -134,33 +134,48 @@ def test_ppo_llama_8b_on_80gb_by_hand(capsys):
     print(out)
     assert "built-in table (llama-3.1-8b)" in out and "8.030B params" in out
     rows = _rows(out)
-    # policy 8.03B params, ZeRO-3 over 16 ranks, bf16 autocast over float32 weights: weights 8.03e9 x 4 B / 16
-    # = 2.01 GB, gradients the same, AdamW 2 moments 8 B x 8.03e9 / 16 = 4.02 GB;
-    # one gathered layer 218M x 4 B = 0.87 GB
-    assert rows["policy weights"] == "2.01 GB" and rows["policy gradients"] == "2.01 GB"
-    assert rows["policy optimizer"] == "4.02 GB" and rows["policy gathered layer"] == "0.87 GB"
-    # critic from the RM: 8.03B - 0.525B LM head = 7.505B: 4 B / 16 = 1.88 GB, 8 B / 16 = 3.75 GB
-    assert rows["critic weights"] == "1.88 GB" and rows["critic optimizer"] == "3.75 GB"
+    # policy 8.03B params, ZeRO-3 over 16 ranks, bf16 on GPUs: learner.precision auto -> master_weights (bf16
+    # weights, float32 masters): weights 8.03e9 x 2 B / 16 = 1.00 GB, masters and float32 gradient sums
+    # 8.03e9 x 4 B / 16 = 2.01 GB each, AdamW 2 moments 8 B x 8.03e9 / 16 = 4.02 GB;
+    # one gathered layer 218M x 2 B = 0.44 GB
+    assert "learner.precision auto -> master_weights" in out
+    assert rows["policy weights"] == "1.00 GB" and rows["policy master weights"] == "2.01 GB"
+    assert rows["policy gradients"] == "2.01 GB"
+    assert rows["policy optimizer"] == "4.02 GB" and rows["policy gathered layer"] == "0.44 GB"
+    # critic from the RM: 8.03B - 0.525B LM head = 7.505B: 2 B / 16 = 0.94 GB, 4 B / 16 = 1.88 GB, 8 B / 16 = 3.75 GB
+    assert rows["critic weights"] == "0.94 GB" and rows["critic master weights"] == "1.88 GB"
+    assert rows["critic optimizer"] == "3.75 GB"
     # logits (chunked): bf16 2 x 2048 x 128256 x 2 B = 1.05 GB, and its gradient 1.05 GB; 2048 tokens > 1024:
     # chunks of 1024 tokens, 2 float32 temporaries (entropy_coef 0) 2 x 1024 x 128256 x 4 B = 1.05 GB -> 3.15 GB
     assert rows["policy logits"] == "3.15 GB"
     # checkpointed: 2 x 2048 x (32 x 4096 + 8 x 4096 + 5 x 14336 + 2 x 4096) x 2 B = 2.00 GB
-    # total: 2.01 + 2.01 + 4.02 + 0.87 + 2.00 + 3.15 + critic 1.88 + 1.88 + 3.75 + 0.87 + 2.00
-    # = 24.44 GB (24.43 unrounded)
-    assert rows["policy activations"] == "2.00 GB" and rows["total"] == "24.43 GB"
+    # total: 1.00 + 2.01 + 2.01 + 4.02 + 0.44 + 2.00 + 3.15 + critic 0.94 + 1.88 + 1.88 + 3.75 + 0.44 + 2.00
+    # = 25.52 GB (25.49 unrounded)
+    assert rows["policy activations"] == "2.00 GB" and rows["total"] == "25.49 GB"
     # vLLM, TP 2: 16.06 GB bf16 / 2 = 8.03 GB; KV 0.85 x 80 - 8.03 = 59.97 GB at 65,536 B/token
     assert rows["vLLM weights"] == "8.03 GB" and rows["vLLM KV cache"] == "59.97 GB" and "915,066 tokens" in out
-    # scoring on its own GPU: reference float32 weights computed in bf16 (as the policy), 8.03B x 4 B = 32.12 GB,
+    # scoring on its own GPU: reference bf16 weights computed in bf16 (as the policy), 8.03B x 2 B = 16.06 GB,
     # reward model 7.505B x 2 B = 15.01 GB; reference logits bf16 16 x 2048 x 128256 x 2 B = 8.41 GB + 2 float32
-    # chunks 2 x 1024 x 128256 x 4 B = 1.05 GB = 9.46 GB; 56.59 GB in all
-    assert rows["reference weights"] == "32.12 GB" and rows["reward model 0 weights"] == "15.01 GB"
+    # chunks 2 x 1024 x 128256 x 4 B = 1.05 GB = 9.46 GB; 40.53 GB in all
+    assert rows["reference weights"] == "16.06 GB" and rows["reward model 0 weights"] == "15.01 GB"
     assert rows["reference logits"] == "9.46 GB"
     assert _devices(out) == {
-        "learner GPU (1 rank(s) each)": "24.43 GB",
+        "learner GPU (1 rank(s) each)": "25.49 GB",
         "rollout GPU (1 worker(s) each)": "68.00 GB",
-        "scoring GPU (reference + reward models)": "56.59 GB",
+        "scoring GPU (reference + reward models)": "40.53 GB",
     }  # nothing left on the host
     assert "verdict: fits" in out
+
+
+def test_autocast_on_gpus_plans_float32_weights_and_no_masters(capsys):
+    """learner.precision autocast (the CPU's choice), asked for on the 8B preset: float32 weights, gradients and
+    AdamW (2.01 + 2.01 + 4.02 GB per rank at ZeRO-3 over 16), one gathered layer in float32, and the reference's
+    float32 weights (8.03B x 4 B = 32.12 GB), as before master weights existed."""
+    assert main(["plan", str(REPO / "configs/ppo_llama-8b_multinode_gpu.yaml"), "learner.precision=autocast"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["policy weights"] == "2.01 GB" and rows["policy gradients"] == "2.01 GB"
+    assert rows["policy optimizer"] == "4.02 GB" and rows["policy gathered layer"] == "0.87 GB"
+    assert "policy master weights" not in rows and rows["reference weights"] == "32.12 GB"
 
 
 def test_grpo_qwen_preset_by_hand(capsys):
@@ -173,10 +188,10 @@ def test_grpo_qwen_preset_by_hand(capsys):
     # policy logits: bf16 8 x 1536 x 151936 x 2 B = 3.73 GB, x 2 with the gradient = 7.47 GB; rows of 1536
     # tokens > 1024: chunks of 1024, 2 x 1024 x 151936 x 4 B = 1.24 GB -> 8.71 GB
     assert rows["policy logits"] == "8.71 GB"
-    # reference: 494.03M x 4 B (float32 weights) = 1.98 GB; logits 16 x 1536 x 151936 x 2 B = 7.47 GB
-    # + 2 x 1024 x 151936 x 4 B = 1.24 GB -> 8.71 GB; 10.69 GB on the scoring GPU
-    assert rows["reference weights"] == "1.98 GB" and rows["reference logits"] == "8.71 GB"
-    assert _devices(out)["scoring GPU (reference + reward models)"] == "10.69 GB"
+    # reference: 494.03M x 2 B (bf16 weights, as the policy's under master weights) = 0.99 GB; logits 16 x 1536 x
+    # 151936 x 2 B = 7.47 GB + 2 x 1024 x 151936 x 4 B = 1.24 GB -> 8.71 GB; 9.70 GB on the scoring GPU
+    assert rows["reference weights"] == "0.99 GB" and rows["reference logits"] == "8.71 GB"
+    assert _devices(out)["scoring GPU (reference + reward models)"] == "9.70 GB"
 
 
 def test_async_training_counts_the_staged_weights_on_the_learner(capsys):
@@ -198,22 +213,22 @@ def test_scoring_joins_the_colocated_gpu(capsys):
         "GPU awake: vLLM + learner states + scoring",
         "GPU asleep: learner update + scoring weights",
     ]
-    # awake: vLLM 68.00 + learner states (ZeRO-2 over 4, float32 master) 1.98 + 0.49 + 0.99 = 3.46 + scoring 10.69
-    # = 82.15 GB (over 72); asleep: learner 13.52 (logits 1.25 GB below the old 4-temporary backward) + reference
-    # weights 1.98 = 15.49 GB (15.50 from rounded parts)
-    assert devices["GPU awake: vLLM + learner states + scoring"] == "82.15 GB"
-    assert devices["GPU asleep: learner update + scoring weights"] == "15.49 GB"
+    # awake: vLLM 68.00 + learner states (ZeRO-2 over 4, bf16 weights 0.99, float32 masters 0.49, gradient sums
+    # 0.49, AdamW 0.99) 2.96 + scoring 9.70 = 80.66 GB (over 72); asleep: learner 13.02 + reference weights 0.99
+    # = 14.01 GB
+    assert devices["GPU awake: vLLM + learner states + scoring"] == "80.66 GB"
+    assert devices["GPU asleep: learner update + scoring weights"] == "14.01 GB"
     # a judge on its own vLLM engine never sleeps: its weights and KV cache (0.1 x 80 GB = 8 GB) stay, awake or not
     judge = "{kind: judge, model_path: 'builtin://tiny-addition-gpt', judge_gpu_memory_utilization: 0.1}"
     assert main(base + [f"reward.sources=[{{kind: math_answer}}, {judge}]"]) == 1
     with_judge = _devices(capsys.readouterr().out)
-    assert with_judge["GPU asleep: learner update + scoring weights"] == "23.49 GB"
-    assert with_judge["GPU awake: vLLM + learner states + scoring"] == "90.15 GB"
+    assert with_judge["GPU asleep: learner update + scoring weights"] == "22.01 GB"
+    assert with_judge["GPU awake: vLLM + learner states + scoring"] == "88.66 GB"
     # without a GPU it is back in host memory, next to nothing else
     assert main(base + ["cluster.gpus_per_scoring=0"]) == 0
     devices = _devices(capsys.readouterr().out)
-    # 68.00 + 3.46 = 71.46 GB (under 72)
-    assert devices["GPU awake: vLLM + learner states"] == "71.46 GB" and devices["host: scoring"] == "10.69 GB"
+    # 68.00 + 2.96 = 70.96 GB (under 72)
+    assert devices["GPU awake: vLLM + learner states"] == "70.96 GB" and devices["host: scoring"] == "9.70 GB"
 
 
 def test_smaller_gpu_does_not_fit(capsys):
