@@ -405,6 +405,9 @@ def master_weights(cfg: LearnerConfig) -> bool:
     return Precision(cfg.precision) == Precision.master_weights and Dtype(cfg.dtype) == Dtype.bfloat16
 
 
+BUCKET = int(5e8)  # DeepSpeed's default reduce and all-gather bucket (elements), allocated whatever the model's size
+
+
 def zero_stage(cfg: LearnerConfig) -> int:
     """The ZeRO stage the learner runs: learner.zero_stage, at least 2 under master weights. There DeepSpeed 0.19
     sums a step's micro-batch gradients in float32 (data_types.grad_accum_dtype fp32); its stage-0 and stage-1

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.config import LearnerConfig, OptimizerKind, master_weights, zero_stage
+from learner.config import BUCKET, LearnerConfig, OptimizerKind, master_weights, zero_stage
+from runtime.device import bf16_parameters, process_device
 
 
 class FiniteSteps:
@@ -92,31 +93,44 @@ def warmup_schedule(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_batch: int, grad_accum: int):
-    import deepspeed
-
-    stage = zero_stage(cfg)
+def deepspeed_config(cfg: LearnerConfig, stage: int, micro_batch: int, grad_accum: int, params: int) -> dict:
+    """The engine's DeepSpeed config. Master weights: bf16 weights, float32 masters, and gradients summed in
+    float32 over micro-batches (grad_accum_dtype) and over ranks (communication_data_type: DeepSpeed would
+    reduce them in the bf16 model dtype, 1.8e-4 off on two ranks of a toy model). ZeRO's buckets no larger than
+    the model (a 1 GB bf16 bucket for a 4k-parameter head otherwise)."""
+    bucket = min(BUCKET, -(-max(params, 1) // 8) * 8)  # a multiple of DeepSpeed's alignment (2 to 8 elements)
     ds = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         # without ZeRO the guarded optimizer clips (it sees whole gradients); with ZeRO, DeepSpeed does
         "gradient_clipping": cfg.grad_clip if stage > 0 else 0.0,
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket},
         "zero_allow_untested_optimizer": True,  # GuardedAdamW is torch's AdamW plus a finiteness check
         "steps_per_print": 2**31,
         "wall_clock_breakdown": False,
     }
-    if master_weights(cfg):  # bf16 weights; DeepSpeed keeps float32 masters and accumulates gradients in float32
-        for param in module.parameters():  # the heads built in float32 (the value head) too; not module.to(): it
-            param.data = param.data.to(torch.bfloat16)  # would cast the float32 buffers transformers keeps (RoPE's)
+    if master_weights(cfg):
         ds |= {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}
+        ds |= {"communication_data_type": "fp32"}
+    return ds
+
+
+def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_batch: int, grad_accum: int):
+    import deepspeed
+
+    stage = zero_stage(cfg)
+    ds = deepspeed_config(cfg, stage, micro_batch, grad_accum, sum(p.numel() for p in module.parameters()))
+    if master_weights(cfg):
+        bf16_parameters(module)  # the heads relay builds in float32 (the value head) too
     # otherwise learner.dtype bfloat16 is autocast over float32 weights (learner.models.compute)
     params = [p for p in module.parameters() if p.requires_grad]
     schedule = warmup_schedule(cfg.warmup_steps)
     adam = dict(lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     max_norm = cfg.grad_clip if stage == 0 else 0.0
     if cfg.optimizer == OptimizerKind.torch_adamw:
-        fused = next(iter(params)).device.type == "cuda"  # torch's fused AdamW kernel: one launch for every tensor
+        # torch's fused AdamW kernel, one launch for every tensor; decided by the rank's device, as the model is
+        # still on the CPU here (DeepSpeed moves it in initialize)
+        fused = process_device().type == "cuda"
         optimizer = GuardedAdamW(params, max_norm=max_norm, fused=fused or None, **adam)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     elif stage == 0:  # built here, guarded: DeepSpeed checks gradients for non-finite values only under ZeRO

@@ -94,9 +94,11 @@ class Critic(nn.Module):
 
 
 def scalar_head(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
-    """A scalar head's float32 outputs (B, L): over float32 states (float32 weights) or the bf16 ones of a
-    bf16 head (learner.precision master_weights)."""
-    return linear(states.to(linear.weight.dtype)).squeeze(-1).float()
+    """A scalar head's outputs (B, L), computed in float32 whatever the head's and the states' dtype: bf16 weights
+    (learner.precision master_weights) would round values of ~10 by ~0.03, which GAE and the value loss read.
+    The gradient still reaches the head's own parameters."""
+    bias = None if linear.bias is None else linear.bias.float()
+    return nn.functional.linear(states.float(), linear.weight.float(), bias).squeeze(-1)
 
 
 INPUTS = ("input_ids", "attention_mask", "position_ids")

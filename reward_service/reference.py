@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from rollout.types import RolloutBatch, pack, unpad
-from runtime.device import compute, to_device
+from runtime.device import bf16_parameters, compute, to_device
 from runtime.forward import PolicyFunction
 from runtime.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 from runtime.packing import decoder_and_head, packed_causal_lm, packing_for
@@ -60,6 +60,8 @@ class ReferenceModel:
             .to(device)
         )
         self.model.requires_grad_(False)
+        if function.weights == "bfloat16":
+            bf16_parameters(self.model)  # as the learner holds them (make_engine)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.micro_batch_size = micro_batch_size

@@ -65,6 +65,17 @@ def compute(dtype: str, device: torch.device, weights: str = "float32"):
     return nullcontext()
 
 
+def bf16_parameters(module: torch.nn.Module) -> torch.nn.Module:
+    """Every floating parameter in bf16, the buffers as they are (transformers keeps RoPE's frequencies float32):
+    how the learner holds bf16 weights (learner.precision master_weights) and how the reference loads them, so
+    the two compute one function; also the few parameters a model keeps float32 under from_pretrained(dtype=bf16)
+    (transformers' _keep_in_fp32_modules_strict), as DeepSpeed's bf16 optimizer takes one dtype."""
+    for param in module.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(torch.bfloat16)
+    return module
+
+
 def malloc_env(keep_freed_memory: bool, gpu: bool, threaded: bool = False) -> dict[str, str]:
     """Environment for a role's process. keep_freed_memory on a CPU process: glibc malloc serves
     every allocation from its heap (no mmap) and never trims it, so the large tensors a step

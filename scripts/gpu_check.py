@@ -215,16 +215,18 @@ def check_logprobs(device: torch.device, quick: bool) -> None:
 
 
 def check_scoring(device: torch.device, model: str) -> None:
+    """The reference computing the learner's function (rank_config's: bf16 weights on CUDA) against float32."""
+    from learner.config import policy_function
     from reward_service.reference import ReferenceModel
     from runtime.forward import PolicyFunction
     from tests.helpers import make_scored_batch
 
     batch, _ = make_scored_batch(model, n_prompts=4, group=4, seed=1)
-    dtype = "bfloat16" if device.type == "cuda" else "float32"
-    on_device = ReferenceModel(model, PolicyFunction(dtype), 8, device).logprobs(batch)
+    function = policy_function(rank_config(model, device, 0, 1e-4))
+    on_device = ReferenceModel(model, function, 8, device).logprobs(batch)
     on_cpu = ReferenceModel(model, PolicyFunction("float32"), 8, torch.device("cpu")).logprobs(batch)
     diff = max(abs(a - b) for x, y in zip(on_device, on_cpu) for a, b in zip(x, y))
-    report("scoring", device=str(device), dtype=dtype, max_diff_vs_cpu_float32=diff)
+    report("scoring", device=str(device), dtype=function.dtype, weights=function.weights, max_diff_vs_cpu_float32=diff)
 
 
 def _sync_rank(rank: int, port: int, backend: str, numel: int, out) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from learner.config import KLControllerKind
+from learner.config import KLControllerKind, zero_stage
 from orchestrator.config.load import to_dict
 
 
@@ -143,8 +143,10 @@ def _dtypes(cfg) -> str:
     """The learner's and the engines' dtype, as resolved at launch (dtype: auto), and how a bf16 learner holds its
     weights (learner.precision)."""
     learner, engines = getattr(cfg.learner.dtype, "value", cfg.learner.dtype), cfg.rollout.dtype
-    held = {"master_weights": "; bf16 weights, float32 masters", "autocast": "; autocast over float32 weights"}
-    how = held.get(getattr(cfg.learner.precision, "value", ""), "") if learner == "bfloat16" else ""
+    masters = f"; bf16 weights, float32 masters, ZeRO {zero_stage(cfg.learner)}"  # 2 at least
+    held = {"master_weights": masters, "autocast": "; autocast over float32 weights"}
+    precision = str(getattr(cfg.learner.precision, "value", cfg.learner.precision))
+    how = held.get(precision, "") if learner == "bfloat16" else ""
     return (
         f"{learner} (learner and engines{how})" if learner == engines else f"{learner} learner{how}, {engines} engines"
     )

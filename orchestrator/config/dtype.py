@@ -120,6 +120,7 @@ def resolve_dtypes(tree, probe=probe) -> tuple[list[str], list[tuple[str, str]]]
 CPU_AUTOCAST = "on a CPU autocast over float32 weights measured faster than bf16 weights with float32 masters"
 
 
+MASTERS = "bf16 weights and activations, float32 masters and Adam state on the GPU (ZeRO stage 2 at least)"
 LORA_AUTOCAST = "LoRA merges its adapters into the weights at each sync, which bf16 weights would round"
 
 
@@ -130,7 +131,7 @@ def choose_precision(dtype: str, device: str, lora: bool = False) -> tuple[Preci
     if lora:
         return Precision.autocast, LORA_AUTOCAST
     if device == "cuda":
-        return Precision.master_weights, "bf16 weights and activations, float32 masters and Adam state on the GPU"
+        return Precision.master_weights, MASTERS
     return Precision.autocast, CPU_AUTOCAST
 
 

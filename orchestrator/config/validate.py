@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from orchestrator.config.rules_algorithm import check_algorithm, check_batches, check_method
-from orchestrator.config.rules_learner import check_learner, critic_path_used
+from orchestrator.config.rules_learner import check_learner, check_precision, critic_path_used
 from orchestrator.config.rules_reward import check_rewards
 from orchestrator.config.rules_rollout import check_env, check_sampling
 from orchestrator.config.rules_run import (
@@ -57,6 +57,7 @@ def validate_stage(cfg, prefix: str = "") -> Iterator[tuple[str, str]]:
         yield f"{prefix}data.rejected_samples", f"must be >= 1, got {cfg.data.rejected_samples}"
     if cfg.scratch.tokenizer not in ("char", "bpe"):
         yield f"{prefix}scratch.tokenizer", f"must be char or bpe, got {cfg.scratch.tokenizer!r}"
+    yield from ((f"{prefix}{key}", problem) for key, problem in check_precision(cfg.learner))
 
 
 def validate_pipeline(cfg) -> Iterator[tuple[str, str]]:

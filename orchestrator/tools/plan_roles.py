@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from learner.config import master_weights, zero_stage
+from learner.config import BUCKET, master_weights, zero_stage
 from orchestrator.tools.plan_model import (
     DTYPE_BYTES,
     ModelShape,
@@ -24,7 +24,7 @@ from runtime.forward import PolicyFunction
 
 # ---------------------------------------------------------------- roles
 Lines = list[tuple[str, float, str]]  # (what, bytes, how it was counted)
-RESIDENT = ("weights", "master weights", "gradients", "optimizer")  # what a learner keeps between updates
+RESIDENT = ("weights", "gradients", "optimizer", "bucket")  # what a learner keeps between updates (by last word)
 # runtime/packing.py: rows no longer than the longest sequence (packing_row_tokens 0) hold at most the padded rows'
 # tokens, so the worst case (every sequence at the full length) is the padded one; mixed lengths compute fewer
 PACKED = "; packed (learner.packing): the same at full length, about the real tokens' share for mixed lengths"
@@ -65,6 +65,8 @@ def learner_lines(
     lines = [
         (f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, stage, ranks, master).items()
     ]
+    if stage >= 2:  # DeepSpeed's gradient bucket (learner.engine.deepspeed_config)
+        lines += reduce_bucket_lines(trainable, master, who)
     if stage == 3:  # each layer's weights are gathered whole to compute it
         weight = DTYPE_BYTES["bfloat16" if master else "float32"]
         lines.append((f"{who} gathered layer", layer_params(s) * weight, "ZeRO-3: one layer's full weights"))
@@ -86,6 +88,17 @@ def learner_lines(
             (f"{who} logits", *logits_bytes(s, micro_batch, tokens, lc.dtype.value, lc.logprob_chunk_tokens, temps))
         )
     return lines
+
+
+def reduce_bucket_lines(trainable: int, master: bool, who: str) -> Lines:
+    """ZeRO 2-3's gradient bucket: min(5e8, the trained parameters) elements (learner.config.BUCKET) of the
+    gradients' dtype, kept allocated; under master weights also its float32 copy while it is reduced
+    (communication_data_type), not kept."""
+    elements = min(BUCKET, trainable)
+    bucket = (f"{who} reduce bucket", elements * (2 if master else 4), f"ZeRO 2-3: {elements:,} gradient elements")
+    if not master:
+        return [bucket]
+    return [bucket, (f"{who} reduce copy", elements * 4, "float32 while the bf16 bucket is reduced, then freed")]
 
 
 def attention_line(s: ModelShape, lc, micro_batch: int, tokens: int, who: str):

@@ -13,7 +13,7 @@ from learner.checkpoint import check_layout, layout
 from learner.config import Dtype, LearnerConfig, Precision, policy_function
 from learner.engine import make_engine, zero_stage
 from learner.experience import ragged_to_dense
-from learner.models import build_policy
+from learner.models import build_policy, scalar_head
 from learner.tiny_gpt import init_tiny_llama
 from reward_service.reference import ReferenceModel
 from rollout.types import pack
@@ -139,17 +139,28 @@ def tiny_llama(tmp_path_factory):
     return str(init_tiny_llama(tmp_path_factory.mktemp("llama"), seed=4))
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt2_keeping_ln_f_float32"])
 def test_the_learner_computes_in_bf16_weights_and_the_reference_computes_the_same(
-    one_rank, tiny_model, tiny_llama, arch
+    one_rank, tiny_model, tiny_llama, arch, monkeypatch, tmp_path
 ):
-    """Through the learner's DeepSpeed engine: only parameters turn bf16. A Llama's RoPE frequencies stay the
-    float32 buffer transformers keeps (cast with the module, they moved the learner's logprobs 0.46 nats away
-    from the reference's on SmolLM2: a KL of 0.002 per token at step 1)."""
-    path = tiny_model if arch == "gpt2" else tiny_llama
+    """Through the learner's DeepSpeed engine: every parameter bf16, every buffer as transformers keeps it. A
+    Llama's RoPE frequencies stay float32 (cast with the module, they moved the learner's logprobs 0.46 nats away
+    from the reference's on SmolLM2: a KL of 0.002 per token at step 1); a parameter transformers keeps float32
+    (_keep_in_fp32_modules_strict) is bf16 on both sides."""
+    path = tiny_llama if arch == "llama" else tiny_model
+    if arch == "gpt2_keeping_ln_f_float32":
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
+
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        with torch.no_grad():  # weights bf16 does not hold (a new model's are 1 and 0)
+            model.transformer.ln_f.weight.add_(0.01 * torch.randn(model.config.n_embd))
+        path = tmp_path / "ln_f"
+        model.save_pretrained(path), AutoTokenizer.from_pretrained(tiny_model).save_pretrained(path)
+        monkeypatch.setattr(GPT2LMHeadModel, "_keep_in_fp32_modules_strict", ["ln_f"], raising=False)
     cfg = master_cfg(model_path=path)
     policy = build_policy(cfg, value_head=True)
-    assert {p.dtype for p in policy.lm.parameters()} == {torch.bfloat16}  # loaded in bf16: no float32 copy
+    kept = arch == "gpt2_keeping_ln_f_float32"
+    assert ({p.dtype for p in policy.lm.parameters()} == {torch.bfloat16}) != kept  # loaded in bf16, but ln_f
     buffers = {n: b.dtype for n, b in policy.named_buffers()}
     engine = make_engine(policy, cfg, 1e-3, 8, 1)
     assert {p.dtype for p in engine.module.parameters()} == {torch.bfloat16}  # the value head too
@@ -183,3 +194,69 @@ def test_a_resume_in_another_precision_fails_naming_the_keys_to_resume_with(tmp_
         check_layout(tmp_path, {}, master_cfg())
     with pytest.raises(ValueError, match=f"{tmp_path}: saved with bfloat16 weights at ZeRO 2.*precision=master_"):
         check_layout(tmp_path, layout(master_cfg()), autocast)
+
+
+def two_rank_step(rank: int, port: int, out) -> None:
+    """One master-weights step of rank `rank` of 2 on its own micro-batch; rank 0 puts the engine's gradient norm
+    and a float32 sum's (of both ranks' bf16 gradients, averaged as DeepSpeed averages over ranks)."""
+    from learner.engine import RankAddress, init_distributed
+
+    init_distributed(RankAddress(rank, 2, "127.0.0.1", port, threads=1), "gloo")
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 1)).to(torch.bfloat16)
+    xs = [torch.randn(4, 256, dtype=torch.bfloat16) for _ in range(2)]
+    twin, sums = copy.deepcopy(module), None
+    for x in xs:
+        twin.zero_grad()
+        twin(x).float().pow(2).mean().backward()
+        grads = torch.cat([p.grad.float().flatten() / 2 for p in twin.parameters()])
+        sums = grads if sums is None else sums + grads
+    engine = make_engine(module, master_cfg(grad_clip=0.0), 1e-3, 4, 1)
+    engine.set_gradient_accumulation_boundary(True)
+    engine.backward(engine(xs[rank]).float().pow(2).mean())
+    engine.step()
+    if rank == 0:
+        out.put((float(engine.get_global_grad_norm()), float(sums.norm())))
+
+
+def test_two_ranks_sum_their_bf16_gradients_in_float32():
+    """Across ranks too: DeepSpeed reduces in the model's dtype unless told (communication_data_type fp32); in
+    bf16 the two-rank norm was 1.8e-4 off the float32 sum, in float32 it is 9e-8 off."""
+    import torch.multiprocessing as mp
+
+    from runtime.ports import free_port
+
+    ctx, port = mp.get_context("spawn"), free_port()
+    out = ctx.Queue()
+    ranks = [ctx.Process(target=two_rank_step, args=(r, port, out)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    try:
+        got, want = out.get(timeout=600)  # a hang guard only
+    finally:
+        for p in ranks:
+            p.join(timeout=60)
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_a_bf16_value_head_computes_in_float32():
+    torch.manual_seed(2)
+    head = torch.nn.Linear(16, 1).to(torch.bfloat16)
+    states = (torch.randn(2, 5, 16) * 4).to(torch.bfloat16)
+    got = scalar_head(head, states)
+    want = torch.nn.functional.linear(states.float(), head.weight.float(), head.bias.float()).squeeze(-1)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert not torch.equal(got, head(states).float().squeeze(-1))  # in bf16 the values round
+    got.sum().backward()
+    assert head.weight.grad is not None and head.weight.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_adamw_is_fused_where_the_rank_computes_on_cuda(one_rank, monkeypatch, device):
+    """The rank's device decides (runtime.device.process_device), not the module's: it is still on the CPU when
+    the optimizer is built (DeepSpeed moves it in initialize). torch's fused AdamW also runs on a CPU here."""
+    import learner.engine as E
+
+    monkeypatch.setattr(E, "process_device", lambda: torch.device(device))
+    engine = make_engine(torch.nn.Linear(8, 1), LearnerConfig(model_path="unused"), 1e-3, 2, 1)
+    assert bool(engine.optimizer.defaults["fused"]) == (device == "cuda")

@@ -142,7 +142,7 @@ def test_record_launch_writes_the_config_and_returns_a_short_summary(tmp_path):
     assert "  async       in_flight, off-policy correction tis" in record_launch(in_flight, "train").splitlines()
     for precision, held in (
         ("autocast", "autocast over float32 weights"),
-        ("master_weights", "bf16 weights, float32 masters"),
+        ("master_weights", "bf16 weights, float32 masters, ZeRO 2"),
     ):
         bf16 = ["learner.dtype=bfloat16", "rollout.dtype=bfloat16", f"learner.precision={precision}"]
         bf16 = load_config(DEFAULT, [f"run_root={tmp_path}", f"name={precision}", *bf16])

@@ -10,6 +10,7 @@ from orchestrator.cli import main
 from orchestrator.config.dtype import (
     CPU_AUTOCAST,
     LORA_AUTOCAST,
+    MASTERS,
     Capabilities,
     choose,
     choose_precision,
@@ -114,8 +115,7 @@ def test_resolution_sets_each_section_from_its_own_device_in_place():
         "dtype auto -> bfloat16 (ppo.learner.dtype, ppo.rollout.dtype): this GPU has native bf16 "
         "(NVIDIA H100 80GB HBM3)",
         "dtype auto -> float32 (rm.learner.dtype, sft.learner.dtype): this CPU has no native bf16 (AVX2)",
-        "ppo.learner.precision auto -> master_weights: bf16 weights and activations, float32 masters and Adam "
-        "state on the GPU",
+        f"ppo.learner.precision auto -> master_weights: {MASTERS}",
     ]
     assert pipe.ppo.learner.precision is Precision.master_weights  # bf16 on a GPU: bf16 weights, float32 masters
     assert pipe.sft.learner.precision is Precision.autocast  # float32: nothing to choose, nothing said
@@ -207,3 +207,10 @@ def test_a_gpu_preset_with_lora_resolves_to_autocast_and_loads():
     qwen = REPO / "configs" / "grpo_qwen2.5-0.5b_1node_gpu.yaml"
     assert load_config(qwen, []).learner.precision is Precision.master_weights
     assert load_config(qwen, ["learner.lora.rank=8"]).learner.precision is Precision.autocast
+
+
+def test_a_stage_refuses_master_weights_in_float32_too():
+    from orchestrator.config.schema import StageConfig
+
+    with pytest.raises(ConfigError, match="learner.precision: master_weights holds bf16 weights"):
+        load_config(REPO / "configs" / "sft_tiny_cpu.yaml", ["learner.precision=master_weights"], root=StageConfig)
