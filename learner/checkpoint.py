@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from learner.config import policy_function, zero_stage
+from learner.precision import policy_function, zero_stage
 
 TAG = "state"
 

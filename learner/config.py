@@ -3,8 +3,6 @@
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runtime.forward import PolicyFunction
-
 
 class Method(str, Enum):
     """A named recipe (algorithm.method): the keys its paper fixes, set together (orchestrator/config/methods.py)."""
@@ -334,14 +332,15 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, more compute"""
     dtype: Dtype = Dtype.float32
-    """compute dtype; bfloat16 = autocast over float32 weights, optimizer and gradients (2-4x faster matmuls on
-    AVX512-BF16/AMX CPUs and GPUs; 50-100x slower on AVX2-only CPUs); auto = bfloat16 where the learner's device
-    has native bf16, else float32, chosen once at launch on the driver and printed"""
+    """compute dtype; bfloat16 holds the weights as learner.precision says (2-4x faster matmuls on AVX512-BF16/AMX
+    CPUs and GPUs; 50-100x slower on AVX2-only CPUs); auto = bfloat16 where the learner's device has native bf16,
+    else float32, chosen once at launch on the driver and printed"""
     precision: Precision = Precision.auto
     """with dtype bfloat16: autocast (float32 weights, each weight cast for each matmul) or master_weights (bf16
     weights and activations, float32 master weights and Adam state in DeepSpeed's bf16 optimizer at ZeRO stage 2 or
     3, where DeepSpeed sums gradients in float32: a zero_stage 0 or 1 runs stage 2); auto = master_weights on GPUs,
-    autocast on CPUs (measured faster there, docs/benchmarks.md), chosen at launch and printed"""
+    autocast on CPUs (bf16 weights measured no faster there, docs/benchmarks.md) and with LoRA, chosen at launch
+    and printed"""
     packing: bool = True
     """padding-free packing of the RL forwards (update, old logprobs, critic, reference, reward models): each
     forward's sequences laid end to end in rows of at most packing_row_tokens tokens, attention kept inside each
@@ -386,32 +385,3 @@ class SupervisedTrainConfig:
     """steps between held-out evaluations (and at the end)"""
     margin: float = 0.0
     """RM only: -log sigmoid(r_chosen - r_rejected - margin)"""
-
-
-def policy_function(cfg: LearnerConfig) -> PolicyFunction:
-    """How the learner computes the policy's forward, for the reference to compute it the same way."""
-    return PolicyFunction(
-        Dtype(cfg.dtype).value,
-        cfg.logprob_chunk_tokens,
-        cfg.packing_row_tokens if cfg.packing else None,
-        Attention(cfg.attn_implementation).value,
-        "bfloat16" if master_weights(cfg) else "float32",
-    )
-
-
-def master_weights(cfg: LearnerConfig) -> bool:
-    """Whether the learner holds bf16 weights with float32 masters (learner.precision master_weights, resolved
-    at launch; a learner outside a run leaves auto: autocast, as before the key existed)."""
-    return Precision(cfg.precision) == Precision.master_weights and Dtype(cfg.dtype) == Dtype.bfloat16
-
-
-BUCKET = int(5e8)  # DeepSpeed's default reduce and all-gather bucket (elements), allocated whatever the model's size
-
-
-def zero_stage(cfg: LearnerConfig) -> int:
-    """The ZeRO stage the learner runs: learner.zero_stage, at least 2 under master weights. There DeepSpeed 0.19
-    sums a step's micro-batch gradients in float32 (data_types.grad_accum_dtype fp32); its stage-0 and stage-1
-    bf16 optimizers sum them in bf16 whatever that key says (tests/unit/learner/test_master_weights.py measured
-    a 1.5e-3 gradient error on a toy model). Stage 2 only shards gradients, masters and Adam state, which one
-    rank keeps whole; OpenRLHF's default stage."""
-    return max(cfg.zero_stage, 2) if master_weights(cfg) else cfg.zero_stage

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.config import BUCKET, LearnerConfig, OptimizerKind, master_weights, zero_stage
+from learner.config import LearnerConfig, OptimizerKind
+from learner.precision import BUCKET, master_weights, zero_stage
 from runtime.device import bf16_parameters, process_device
 
 

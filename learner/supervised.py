@@ -13,10 +13,11 @@ import torch
 
 from learner import algorithms as A
 from learner.checkpoint import _gathered
-from learner.config import LearnerConfig, SupervisedTrainConfig, policy_function
+from learner.config import LearnerConfig, SupervisedTrainConfig
 from learner.engine import RankAddress, init_distributed, make_engine
 from learner.group import RankPlacement, start_ranks
 from learner.models import load_model, no_dropout_config
+from learner.precision import policy_function
 from learner.worker import seed_everything
 from runtime import watchdog
 from runtime.device import collective_backend, compute, process_device

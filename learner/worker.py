@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from learner import algorithms as A
-from learner.config import AlgorithmConfig, KLControllerKind, LearnerConfig, ValueHead, zero_stage
+from learner.config import AlgorithmConfig, KLControllerKind, LearnerConfig, ValueHead
 from learner.engine import (
     COMPUTED,
     REAL,
@@ -33,6 +33,7 @@ from learner.experience import Experience, ForwardSettings, MicroBatch, experien
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.micro_batch_loss import LossSettings, loss_norm_tokens, micro_metrics, policy_loss
 from learner.models import build_critic, build_policy, merged_lora, rollout_weights
+from learner.precision import zero_stage
 from learner.weight_sender import WeightSender
 from reward_service.types import ScoredBatch
 from rollout.types import RolloutBatch

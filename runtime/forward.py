@@ -10,7 +10,7 @@ from dataclasses import dataclass
 class PolicyFunction:
     """How the policy's forward is computed, as the learner computes it: the reference model computes its
     logprobs the same way, so at step 0 they are the policy's (learner.dtype, logprob_chunk_tokens, packing,
-    attn_implementation, precision: `learner.config.policy_function`)."""
+    attn_implementation, precision: `learner.precision.policy_function`)."""
 
     dtype: str = "float32"
     """float32 or bfloat16 (runtime.device.compute)"""

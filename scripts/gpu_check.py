@@ -114,7 +114,7 @@ def check_learner(device: torch.device, model: str, quick: bool) -> None:
 
     batch, scored = make_scored_batch(model, n_prompts=4 if quick else 16, group=4, seed=0)
     advantages = grpo_advantages(torch.tensor(scored.rewards), 4).tolist()
-    from learner.config import zero_stage
+    from learner.precision import zero_stage
 
     for zero in dict.fromkeys(zero_stage(rank_config(model, device, z, 1e-4)) for z in (0, 2)):  # CUDA: 2 only
         reset_peak(device)
@@ -216,7 +216,7 @@ def check_logprobs(device: torch.device, quick: bool) -> None:
 
 def check_scoring(device: torch.device, model: str) -> None:
     """The reference computing the learner's function (rank_config's: bf16 weights on CUDA) against float32."""
-    from learner.config import policy_function
+    from learner.precision import policy_function
     from reward_service.reference import ReferenceModel
     from runtime.forward import PolicyFunction
     from tests.helpers import make_scored_batch

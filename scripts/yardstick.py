@@ -140,8 +140,8 @@ def run(device: torch.device, root: Path, quick: bool, learner_rank, peak_tflops
     from transformers import AutoModelForCausalLM
 
     from learner.algorithms import grpo_advantages
-    from learner.config import policy_function
     from learner.experience import single_pass
+    from learner.precision import policy_function
     from reward_service.reference import ReferenceModel
 
     path, (n, group, micro), repeats = build_model(root, quick), (8, 4, 4) if quick else (64, 4, 8), 2 if quick else 3

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from learner.config import KLControllerKind, zero_stage
+from learner.config import KLControllerKind
+from learner.precision import zero_stage
 from orchestrator.config.load import to_dict
 
 

@@ -116,10 +116,9 @@ def resolve_dtypes(tree, probe=probe) -> tuple[list[str], list[tuple[str, str]]]
     return lines + resolve_precision(tree), problems
 
 
-# Measured with bench/precision.py (docs/benchmarks.md), SmolLM2-135M update on an AVX512-BF16 CPU
-CPU_AUTOCAST = "on a CPU autocast over float32 weights measured faster than bf16 weights with float32 masters"
-
-
+# Measured with bench/ab.py (docs/benchmarks.md, "bf16 precision"): SmolLM2-135M on an AVX512-BF16 CPU, update
+# 0.98x and step 0.96x autocast's time with bf16 weights, which round the checkpoint's float32 weights at load
+CPU_AUTOCAST = "on a CPU bf16 weights measured no faster, and autocast keeps the checkpoint's float32 weights"
 MASTERS = "bf16 weights and activations, float32 masters and Adam state on the GPU (ZeRO stage 2 at least)"
 LORA_AUTOCAST = "LoRA merges its adapters into the weights at each sync, which bf16 weights would round"
 

@@ -10,8 +10,8 @@ from contextlib import AbstractContextManager
 
 import ray
 
-from learner.config import policy_function
 from learner.group import LearnerGroup, RankPlacement
+from learner.precision import policy_function
 from orchestrator.config.schema import TrainConfig
 from orchestrator.loop.endpoint import start_gateway
 from orchestrator.loop.placement import RoleBundles, cpu_threads, one_unit_of, placement

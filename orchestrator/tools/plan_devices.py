@@ -59,7 +59,8 @@ def _per_device(share: float) -> int:
 
 
 def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=None, plan=None) -> Plan:
-    from learner.config import CriticInit, ValueHead, policy_function, zero_stage
+    from learner.config import CriticInit, ValueHead
+    from learner.precision import policy_function, zero_stage
     from reward_service.config import SourceKind
 
     plan = plan or Plan([], [], [], [])

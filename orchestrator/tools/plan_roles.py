@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from learner.config import BUCKET, master_weights, zero_stage
+from learner.precision import BUCKET, master_weights, zero_stage
 from orchestrator.tools.plan_model import (
     DTYPE_BYTES,
     ModelShape,

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from learner.checkpoint import check_layout, layout
-from learner.config import Dtype, LearnerConfig, Precision, policy_function
+from learner.config import Dtype, LearnerConfig, Precision
 from learner.engine import make_engine, zero_stage
 from learner.experience import ragged_to_dense
 from learner.models import build_policy, scalar_head
+from learner.precision import policy_function
 from learner.tiny_gpt import init_tiny_llama
 from reward_service.reference import ReferenceModel
 from rollout.types import pack

@@ -8,6 +8,7 @@ import pytest
 import torch
 from bos_tokenizer import bos_tokenizer
 
+from learner.config import LearnerConfig
 from learner.supervised import SupervisedLearner
 from learner.tiny_gpt import char_tokenizer, init_tiny_gpt
 from orchestrator.config.schema import StageConfig
@@ -123,7 +124,8 @@ def test_the_service_scores_what_the_stage_forward_computes(tmp_path, rm_dir):
     rows = [{"prompt": "12+3=", "chosen": "15", "rejected": "0"}, {"prompt": CHAT, "chosen": "1", "rejected": "0"}]
     batch, _ = encode_rm(tok, rows, stage(tmp_path, False))
     with torch.no_grad():
-        stage_rank = SimpleNamespace(engine=model, cfg=SimpleNamespace(dtype="float32"), device=torch.device("cpu"))
+        cfg = LearnerConfig(model_path="unused")  # float32: what the stage trained in
+        stage_rank = SimpleNamespace(engine=model, cfg=cfg, device=torch.device("cpu"))
         trained = SupervisedLearner._reward(stage_rank, batch["chosen_ids"], batch["chosen_attention"])
     scores = source.score(["x", "x"], ["15", "1"], [{"prompt": r["prompt"]} for r in rows])
     assert scores == pytest.approx(((trained - 0.5) / 2.0).tolist(), abs=1e-5)
