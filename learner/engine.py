@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from learner.config import LearnerConfig, OptimizerKind
-from learner.precision import BUCKET, master_weights, zero_stage
+from learner.precision import bucket_elements, master_weights, zero_stage
 from runtime.device import bf16_parameters, process_device
 
 
@@ -94,12 +94,12 @@ def warmup_schedule(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-def deepspeed_config(cfg: LearnerConfig, stage: int, micro_batch: int, grad_accum: int, params: int) -> dict:
+def deepspeed_config(cfg: LearnerConfig, stage: int, micro_batch: int, grad_accum: int, trained: int) -> dict:
     """The engine's DeepSpeed config. Master weights: bf16 weights, float32 masters, and gradients summed in
     float32 over micro-batches (grad_accum_dtype) and over ranks (communication_data_type: DeepSpeed would
     reduce them in the bf16 model dtype, 1.8e-4 off on two ranks of a toy model). ZeRO's buckets no larger than
-    the model (a 1 GB bf16 bucket for a 4k-parameter head otherwise)."""
-    bucket = min(BUCKET, -(-max(params, 1) // 8) * 8)  # a multiple of DeepSpeed's alignment (2 to 8 elements)
+    the `trained` parameters (a 1 GB bf16 bucket for a 4k-parameter head otherwise): bucket_elements."""
+    bucket = bucket_elements(trained)
     ds = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
@@ -120,11 +120,11 @@ def make_engine(module: torch.nn.Module, cfg: LearnerConfig, lr: float, micro_ba
     import deepspeed
 
     stage = zero_stage(cfg)
-    ds = deepspeed_config(cfg, stage, micro_batch, grad_accum, sum(p.numel() for p in module.parameters()))
     if master_weights(cfg):
         bf16_parameters(module)  # the heads relay builds in float32 (the value head) too
     # otherwise learner.dtype bfloat16 is autocast over float32 weights (learner.models.compute)
-    params = [p for p in module.parameters() if p.requires_grad]
+    params = [p for p in module.parameters() if p.requires_grad]  # what DeepSpeed buckets (LoRA: the adapters)
+    ds = deepspeed_config(cfg, stage, micro_batch, grad_accum, sum(p.numel() for p in params))
     schedule = warmup_schedule(cfg.warmup_steps)
     adam = dict(lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     max_norm = cfg.grad_clip if stage == 0 else 0.0

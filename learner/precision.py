@@ -28,6 +28,12 @@ def master_weights(cfg: LearnerConfig) -> bool:
 BUCKET = int(5e8)  # DeepSpeed's default reduce and all-gather bucket (elements), allocated whatever the model's size
 
 
+def bucket_elements(trained: int) -> int:
+    """ZeRO's reduce and all-gather buckets for `trained` parameters: DeepSpeed's 5e8 elements, or fewer for a
+    smaller model, rounded up to a multiple of its alignment (2 to 8 elements)."""
+    return min(BUCKET, -(-max(trained, 1) // 8) * 8)
+
+
 def zero_stage(cfg: LearnerConfig) -> int:
     """The ZeRO stage the learner runs: learner.zero_stage, at least 2 under master weights. There DeepSpeed 0.19
     sums a step's micro-batch gradients in float32 (data_types.grad_accum_dtype fp32); its stage-0 and stage-1

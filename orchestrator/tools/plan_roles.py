@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from learner.precision import BUCKET, master_weights, zero_stage
+from learner.precision import bucket_elements, master_weights, zero_stage
 from orchestrator.tools.plan_model import (
     DTYPE_BYTES,
     ModelShape,
@@ -66,7 +66,7 @@ def learner_lines(
         (f"{who} {k}", v, how) for k, v in training_states(n, trainable, lc.dtype.value, stage, ranks, master).items()
     ]
     if stage >= 2:  # DeepSpeed's gradient bucket (learner.engine.deepspeed_config)
-        lines += reduce_bucket_lines(trainable, master, who)
+        lines += reduce_bucket_lines(trainable, master, stage, who)
     if stage == 3:  # each layer's weights are gathered whole to compute it
         weight = DTYPE_BYTES["bfloat16" if master else "float32"]
         lines.append((f"{who} gathered layer", layer_params(s) * weight, "ZeRO-3: one layer's full weights"))
@@ -90,15 +90,16 @@ def learner_lines(
     return lines
 
 
-def reduce_bucket_lines(trainable: int, master: bool, who: str) -> Lines:
-    """ZeRO 2-3's gradient bucket: min(5e8, the trained parameters) elements (learner.config.BUCKET) of the
-    gradients' dtype, kept allocated; under master weights also its float32 copy while it is reduced
-    (communication_data_type), not kept."""
-    elements = min(BUCKET, trainable)
-    bucket = (f"{who} reduce bucket", elements * (2 if master else 4), f"ZeRO 2-3: {elements:,} gradient elements")
-    if not master:
-        return [bucket]
-    return [bucket, (f"{who} reduce copy", elements * 4, "float32 while the bf16 bucket is reduced, then freed")]
+def reduce_bucket_lines(trainable: int, master: bool, stage: int, who: str) -> Lines:
+    """ZeRO 2-3's gradient bucket of bucket_elements(trained parameters), kept allocated, in DeepSpeed 0.19's
+    dtypes: float32 under autocast; under master weights bf16 at ZeRO 2, with a bf16 flat copy and its float32
+    copy while it is reduced (communication_data_type), and float32 at ZeRO 3, which fills it directly."""
+    elements = bucket_elements(trainable)
+    how = f"ZeRO {stage}: {elements:,} gradient elements"
+    if not master or stage == 3:
+        return [(f"{who} reduce bucket", elements * 4, how + ", float32")]
+    copy = (f"{who} reduce copy", elements * 6, "bf16 flat and float32 copies while the bucket is reduced, then freed")
+    return [(f"{who} reduce bucket", elements * 2, how + ", bf16"), copy]
 
 
 def attention_line(s: ModelShape, lc, micro_batch: int, tokens: int, who: str):
