@@ -31,7 +31,9 @@ def cause(error: BaseException) -> str:
     """The error in one line: a dead actor's class and Ray's reason, a remote error's own type and message."""
     if isinstance(error, ray.exceptions.RayTaskError):
         inner = error.cause if error.cause is not None else error
-        return f"{type(inner).__name__} in {error.function_name}: {_first_line(inner)}"
+        # a RayTaskError(DistNetworkError) and its kin delegate attributes to the cause, which has no function_name
+        where = vars(error).get("function_name") or getattr(inner, "function_name", "a Ray task")
+        return f"{type(inner).__name__} in {where}: {_first_line(inner)}"
     if isinstance(error, ray.exceptions.RayActorError):
         found = re.search(r"class_name: (\S+)", str(error))
         reason = " ".join(line.strip() for line in str(error).splitlines() if "because" in line)

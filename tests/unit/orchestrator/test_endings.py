@@ -52,3 +52,19 @@ def test_a_remote_error_is_named_by_its_own_type_and_the_call():
     inner = raised(ZeroDivisionError("division by zero"))
     remote = ray.exceptions.RayTaskError("Learner.train", "Traceback ...", inner)
     assert cause(remote) == "ZeroDivisionError in Learner.train: division by zero"
+
+
+def test_a_remote_error_whose_type_ray_wraps_names_its_type_and_message():
+    """Ray raises a remote torch DistNetworkError as RayTaskError(DistNetworkError), whose attributes come from the
+    cause: the run's last line said AttributeError ('function_name') instead of the port in use (CI, 2026-12-06)."""
+    import ray
+    import torch
+
+    from orchestrator.loop.endings import cause
+
+    try:
+        raise torch.distributed.DistNetworkError("failed to listen on port 25865: EADDRINUSE")
+    except torch.distributed.DistNetworkError as e:
+        error = ray.exceptions.RayTaskError("Learner.init_weight_sync", "traceback", e).as_instanceof_cause()
+    said = cause(error)
+    assert said.startswith("DistNetworkError in ") and "EADDRINUSE" in said, said
