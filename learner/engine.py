@@ -111,8 +111,7 @@ def deepspeed_config(cfg: LearnerConfig, stage: int, micro_batch: int, grad_accu
         "wall_clock_breakdown": False,
     }
     if master_weights(cfg):
-        ds |= {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}
-        ds |= {"communication_data_type": "fp32"}
+        ds |= {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}
     return ds
 
 
