@@ -187,9 +187,9 @@ class LearnerGroup:
     def weight_buckets(self, bucket_mb: int):
         return watchdog.get(self.ranks[0].weight_buckets.remote(bucket_mb))
 
-    def sync_address(self) -> tuple[str, int]:
-        """(IP, port) for the weight-sync store, on rank 0's node: rank 0 serves it."""
-        return watchdog.get(self.ranks[0].sync_address.remote())
+    def sync_address(self, backend: str, timeout_s: float) -> tuple[str, int]:
+        """(IP, port) of the weight-sync store, on rank 0's node: rank 0 serves it (WeightSender.sync_address)."""
+        return watchdog.get(self.ranks[0].sync_address.remote(backend, timeout_s))
 
     def init_weight_sync(self, address: GroupAddress, backend: str) -> list:
         """Rank 0 joins the rollout sync group at `address` as its rank 0, on the rollout side's

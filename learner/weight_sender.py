@@ -29,6 +29,7 @@ from rollout.weight_sync import (
     staged_tensors,
     wire_tensors,
 )
+from runtime.ports import free_port, listening_store
 
 
 class WeightSender:
@@ -42,6 +43,7 @@ class WeightSender:
         self._ipc_kept: list[torch.Tensor] = []  # what the engines' IPC handles point into, until the next sync
         self._sending: _Sending | None = None  # a background weight broadcast (send_weights)
         self._staged: list[torch.Tensor] = []  # its copy of the weights, reused from sync to sync
+        self._store = None  # relay_gloo: the group's store, listening since sync_address chose its port
 
     def weight_buckets(self, bucket_mb: int) -> list[list[TensorMeta]]:
         # sent in the engines' dtype (rollout.dtype = learner.dtype): bf16 autocast runs cast the float32
@@ -57,6 +59,18 @@ class WeightSender:
         ]
         return plan_buckets(metas, bucket_mb << 20)
 
+    def sync_address(self, backend: str = GLOO_BACKEND, timeout_s: float = 300.0) -> tuple[str, int]:
+        """Where the weight-sync group's store listens: rank 0 serves it, on its node's IP (the one Ray
+        uses between nodes). relay_gloo: the store listens from now on, so the port can't be taken before
+        the group forms. vLLM's NCCL engine binds its own store: a port free now."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        if backend != GLOO_BACKEND:
+            return ip, free_port(ip)
+        self._store = listening_store(ip, timeout_s)
+        return ip, self._store.port
+
     def init_weight_sync(self, address: GroupAddress, backend: str) -> None:
         """Rank 0 joins the rollout side's group at `address` as its sender (rank 0), on the rollout
         side's `backend` (rollout.weight_sync.BACKENDS)."""
@@ -70,7 +84,8 @@ class WeightSender:
                 )
             if backend == GLOO_BACKEND:
                 a = address
-                self.sync_group = SyncGroup(a.host, a.port, 0, a.world_size, "gloo", a.timeout_s)
+                store, self._store = self._store, None
+                self.sync_group = SyncGroup(a.host, a.port, 0, a.world_size, "gloo", a.timeout_s, store)
             elif backend != IPC_BACKEND:  # vLLM's NCCL engine: its trainer side
                 self.sync_group = NcclSender(address.host, address.port, address.world_size, address.bucket_bytes)
 

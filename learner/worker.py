@@ -254,11 +254,6 @@ class Learner(WeightSender, Profiled):
         return self.kl_ctl.value
 
     # ------------------------------------------------------------------ weights to the rollout engines
-    def sync_address(self) -> tuple[str, int]:
-        """Where the weight-sync store will listen: rank 0 serves it (SyncGroup rank 0 is its master),
-        so its node's IP and a port free on that node."""
-        return node_address()[1:]
-
     def policy_state(self) -> dict[str, torch.Tensor]:
         """Full policy weights by Hugging Face name, on CPU (for the in-process sync path and tests)."""
         params = dict(rollout_weights(self.policy))

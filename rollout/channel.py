@@ -1,7 +1,7 @@
 """WeightChannel: the rollout side's end of weight sync. It owns the bucket plan, the wire layout the
 engines taught it, the transfer backend (the engines' device and placement decide,
 RolloutPool.sync_backend) and the policy version each sync carries. The learner is only the sender
-it calls, by these methods: weight_buckets(bucket_mb), sync_address(), init_weight_sync(address,
+it calls, by these methods: weight_buckets(bucket_mb), sync_address(backend, timeout_s), init_weight_sync(address,
 backend) -> pending calls (address: weight_sync.GroupAddress, as rank 0), send_weights(buckets,
 background) -> pending calls (on IPC, each rank's update_info).
 """
@@ -32,7 +32,7 @@ class WeightChannel:
         the sender's node (it serves the group's store; the engines may be on other nodes). After an
         engine restarted, a sync in flight died with the old group."""
         self.receiving = []
-        host, port = self.sender.sync_address()
+        host, port = self.sender.sync_address(self.pool.sync_backend, self.timeout_s)
         engines = self.pool.init_weight_sync(host, port, self.timeout_s, self.bucket_bytes)
         address = GroupAddress(host, port, 0, self.pool.sync_world_size, self.timeout_s, self.bucket_bytes)
         watchdog.get(self.sender.init_weight_sync(address, self.pool.sync_backend) + engines)

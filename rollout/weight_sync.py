@@ -99,12 +99,17 @@ class SyncFailed(RuntimeError):
 class SyncGroup:
     """A broadcast group of world_size ranks rendezvousing at host:port. Every rank must construct
     it at the same time (the constructor blocks until all have joined). No broadcast waits longer than
-    timeout_s: it then raises SyncFailed."""
+    timeout_s: it then raises SyncFailed. Rank 0 may bring the store it already serves at port
+    (runtime.ports.listening_store), so no other process can take the port first."""
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0):
+    def __init__(
+        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0, store=None
+    ):
         self.address, self.timeout_s = f"{host}:{port}", timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        if store is None:
+            store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        store.set_timeout(timeout)
         if backend == "gloo":
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         elif backend == "nccl":

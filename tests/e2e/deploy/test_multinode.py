@@ -72,11 +72,20 @@ def two_nodes(env: dict, tmp_path: Path, port: int, dash: int, nodes: list[RayNo
 def submit(env: dict, dash: int, entry: list[str]) -> subprocess.CompletedProcess:
     cmd = [RAY, "job", "submit", f"--address=http://127.0.0.1:{dash}", "--working-dir", str(REPO), "--", *entry]
     for _ in range(AGENT_TRIES):  # `ray start --block` says it started before the head's job agent is up
-        job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+        try:  # a backstop for a hang only (relay's own deadlines end a stuck run): its output says where it stood
+            job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(
+                f"ray job submit still ran after {e.timeout} s; its output:\n{_tail(e.stdout)}\n{_tail(e.stderr)}"
+            )
         if NO_AGENT_YET not in job.stdout + job.stderr:
             return job
         time.sleep(2)
     return job
+
+
+def _tail(out: bytes | str | None) -> str:
+    return (out.decode(errors="replace") if isinstance(out, bytes) else out or "")[-4000:]
 
 
 def test_a_submitted_job_trains_on_two_nodes_rollout_on_one_learner_on_the_other(policy, tmp_path):
