@@ -27,13 +27,14 @@ class WeightChannel:
         self.receiving: list = []  # the engines' receives of a sync still in flight (send(wait=False))
         self.connect()
 
-    def connect(self) -> None:
+    def connect(self, keep_order: bool = False) -> None:
         """(Re)build the transfer group: the sender's rank 0 plus every engine, at a fresh port on
         the sender's node (it serves the group's store; the engines may be on other nodes). After an
-        engine restarted, a sync in flight died with the old group."""
+        engine restarted, a sync in flight died with the old group. keep_order: engines joined, and the
+        calls sent before still run (RolloutPool.init_weight_sync)."""
         self.receiving = []
         host, port = self.sender.sync_address(self.pool.sync_backend, self.timeout_s)
-        engines = self.pool.init_weight_sync(host, port, self.timeout_s, self.bucket_bytes)
+        engines = self.pool.init_weight_sync(host, port, self.timeout_s, self.bucket_bytes, keep_order)
         address = GroupAddress(host, port, 0, self.pool.sync_world_size, self.timeout_s, self.bucket_bytes)
         watchdog.get(self.sender.init_weight_sync(address, self.pool.sync_backend) + engines)
 

@@ -1,5 +1,6 @@
-"""RolloutPool: N RolloutWorker actors behind one generate() call; scaling is a config number.
-PoolOptions: how its actors are started and placed."""
+"""RolloutPool: N RolloutWorker actors behind one generate() call; scaling is a config number, or a range
+(an elastic pool: engines join as nodes with room arrive, and leave with their nodes). PoolOptions: how its
+actors are started and placed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from envs.config import EnvConfig
 from rollout.async_engine import EngineRestarted
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.engine import engine_env, transfer_backend
+from rollout.members import Members
 from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import GLOO_BACKEND, GroupAddress, TensorMeta, init_info, update_info
 from rollout.worker import RolloutWorker
@@ -62,6 +64,8 @@ class PoolOptions:
     """samples of one training step (sizes the engines' batch, rollout.engine.engine_batch)"""
     keep_freed_memory: bool = False
     """see runtime.device.malloc_env"""
+    max_workers: int = 0
+    """an elastic pool's most engines (0: as many as it starts with, fixed); see RolloutPool.admit"""
 
 
 class RolloutPool:
@@ -87,21 +91,26 @@ class RolloutPool:
         env_vars = engine_env(cfg, threads, gpu=options.num_gpus > 0) | malloc_env(
             options.keep_freed_memory, options.num_gpus > 0, threaded=True
         )
-        self.workers = []
-        for i in range(num_workers):
-            ray_options = actor_options(
-                options.num_cpus, options.num_gpus, options.max_restarts, env_vars, options.resources
-            )
-            if options.scheduling:
-                ray_options["scheduling_strategy"] = options.scheduling[i]
-            # an async actor (its methods are coroutines): calls share the engine, busy_seconds answers mid-generate
-            actor = ray.remote(RolloutWorker).options(**ray_options)
-            share = -(-options.step_samples // num_workers)
-            self.workers.append(actor.remote(cfg, model_path, seed, threads, options.sleep_mode, share, env))
+        elastic = options.max_workers > num_workers  # its engines are replaced, never restarted (rollout/members.py)
+        restarts = 0 if elastic else options.max_restarts
+        ray_options = actor_options(options.num_cpus, options.num_gpus, restarts, env_vars, options.resources)
+        # an async actor (its methods are coroutines): calls share the engine, busy_seconds answers mid-generate
+        actor = ray.remote(RolloutWorker)
+        share = -(-options.step_samples // num_workers)
+        args = (cfg, model_path, seed, threads, options.sleep_mode, share, env)
+        self.workers = [
+            actor.options(
+                **ray_options, **({"scheduling_strategy": options.scheduling[i]} if options.scheduling else {})
+            ).remote(*args)
+            for i in range(num_workers)
+        ]
         # the order of calls against weight syncs (rollout/async_engine.py): syncs sent so far, and each
         # engine's calls sent since the last one
         self.serial, self.calls_since_sync = 0, [0] * num_workers
         watchdog.get([w.ready.remote() for w in self.workers])
+        self.members = Members(
+            self, lambda: actor.options(**ray_options).remote(*args), num_workers, options.max_workers
+        )
         # the engines' own device decision (runtime.device), and the weight-transfer backend it implies
         self.device = watchdog.get(self.workers[0].get_device.remote())
         self.sync_backend = transfer_backend(self.device.type == "cuda", options.sleep_mode)
@@ -180,30 +189,58 @@ class RolloutPool:
             raise ray.exceptions.RayActorError(e.cause.actor_id, str(e.cause)) from e
 
     def lost(self, error: BaseException) -> bool:
-        """Whether `error` (ray.exceptions.RayActorError) reports one of this pool's engines dead or unreachable."""
-        return died_among(error, self.workers)
+        """Whether `error` (ray.exceptions.RayActorError) reports one of this pool's engines dead or unreachable,
+        or one that left the pool (a call still pending on it fails later)."""
+        return died_among(error, self.workers) or getattr(error, "actor_id", None) in self.members.departed
 
     def restart_counts(self) -> list[int]:
         """How often Ray has restarted each engine (a killed one shows here before its calls fail)."""
         return [restart_count(w) for w in self.workers]
 
-    def busy_seconds(self) -> list[float]:
-        """Each engine's seconds spent generating since it (re)started (see busy_seconds)."""
-        return busy_seconds(self.workers)
+    def busy_seconds(self) -> dict[str, float]:
+        """Each engine's seconds spent generating since it (re)started (see busy_seconds), by actor id: the
+        members of an elastic pool change between two readings."""
+        return {w._actor_id.hex(): b for w, b in zip(self.workers, busy_seconds(self.workers))}
+
+    @property
+    def elastic(self) -> bool:
+        return self.members.elastic
+
+    def admit(self) -> int:
+        """The engines started where a node had room, ready now: members from here on (Members.admit). The
+        caller then rebuilds the sync group (init_weight_sync with keep_order) and syncs, before any call."""
+        return self.members.admit()
+
+    def prune(self, timeout_s: float = 300.0) -> int:
+        """Drop the engines that died or whose node left (Members.prune); the caller rebuilds the sync group
+        and launches again what they held. Returns how many left."""
+        return self.members.prune(timeout_s)
+
+    def recover(self, timeout_s: float = 300.0) -> int:
+        """After an engine died: every engine answers again (Ray restarts it); an elastic pool drops the dead
+        instead, and waits for joining ones while below its min (Members.recover). Returns how many left."""
+        return self.members.recover(timeout_s)
+
+    def failed_since(self, restarts: list[int]) -> bool:
+        """Whether an engine died since restart_counts() gave `restarts`: Ray restarted one, or (an elastic
+        pool's, never restarted) one is dead or gone with its node."""
+        return self.restart_counts() != restarts or any(self.members._gone(w) for w in self.workers)
 
     @property
     def sync_world_size(self) -> int:
         return sync_ranks(len(self.workers), self.tensor_parallel_size)[0]
 
-    def init_weight_sync(self, host: str, port: int, timeout_s: float = 300.0, bucket_bytes: int = 64 << 20) -> list:
+    def init_weight_sync(
+        self, host: str, port: int, timeout_s: float = 300.0, bucket_bytes: int = 64 << 20, keep_order: bool = False
+    ) -> list:
         """Start every engine's side of the transfer (ranks 1..sync_world_size-1 of the group, on
         `sync_backend`); the sender must join as rank 0 while these are pending. host:port is the
         sender's store (learner rank 0's node IP and a port free there); bucket_bytes: nccl's
-        packed chunk, as the sender's. Returns the futures to wait on after the sender has joined."""
+        packed chunk, as the sender's. keep_order: the members grew, and the calls sent so far still run
+        (the next sync waits for them as ever). Returns the futures to wait on after the sender has joined."""
         world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
-        # a new group after a restart: calls sent before it either died with their engine or are
-        # generated again, so no sync waits for them
-        self.calls_since_sync = [0] * len(self.workers)
+        if not keep_order:  # a new group after a restart: calls sent before it either died with their
+            self.calls_since_sync = [0] * len(self.workers)  # engine or are generated again, so no sync waits for them
         return [
             w.init_weight_sync.remote(
                 init_info(self.sync_backend, GroupAddress(host, port, r, world, timeout_s, bucket_bytes))
@@ -279,6 +316,6 @@ class RolloutPool:
         """Ask each engine to stop, then end the actors whatever they answered: a wedged engine
         must not hang the run's exit."""
         ray.wait([w.shutdown.remote() for w in self.workers], num_returns=len(self.workers), timeout=timeout_s)
-        for w in self.workers:
+        for w in self.workers + self.members.stop_joining():
             ray.kill(w)
         self.workers = []

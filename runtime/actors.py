@@ -4,10 +4,13 @@ answer, and reading each one's busy time while it works. Every role's pool uses 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import ray
 
 from runtime import watchdog
+
+GONE_POLL_S = 2.0  # how often await_ready asks whether an actor that does not answer has lost its node
 
 
 def actor_options(
@@ -37,20 +40,37 @@ def busy_seconds(actors: list) -> list[float]:
     return out
 
 
-def await_ready(actors: list, timeout_s: float = 300.0) -> None:
+def await_ready(actors: list, timeout_s: float = 300.0, gone: Callable | None = None, may_lose: int = 0) -> list:
     """Wait until every actor answers `ready` (Ray is restarting the dead ones). An actor Ray will not
-    restart (its max_restarts spent) raises at once, not at the timeout."""
-    deadline = time.monotonic() + timeout_s
+    restart (its max_restarts spent) raises at once, not at the timeout. `gone(actor)`: no restart will
+    come (its node left); up to `may_lose` such actors are given up on and returned, not waited for."""
+    deadline, lost = time.monotonic() + timeout_s, []
     for actor in actors:
         while True:
+            left = max(1.0, deadline - time.monotonic())
             try:
-                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                ray.get(actor.ready.remote(), timeout=min(left, GONE_POLL_S) if gone else left)
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if gone is not None and len(lost) < may_lose and gone(actor):
+                    lost.append(actor)
+                    break
                 if time.monotonic() > deadline or ray_state(actor) == "DEAD":
                     raise
                 time.sleep(1.0)
     watchdog.restart_deadline()  # the restart took the phase's time, not the work waited for after it
+    return lost
+
+
+def node_of(actor) -> str:
+    """The Ray node id the actor runs on ("" while it has none)."""
+    node = actor_table(actor).get("Address", {}).get("NodeID", "")
+    return "" if set(node) <= {"0", "f"} else node  # nil ids: no node yet
+
+
+def alive_nodes() -> set[str]:
+    """The ids of the cluster's nodes alive now."""
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def actor_table(actor) -> dict:

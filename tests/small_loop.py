@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 from orchestrator.config.load import load_config
 from orchestrator.loop.batches import EndpointBatches, PromptBatches
@@ -46,6 +47,7 @@ class Engines:
 
     def __init__(self, calls: list, per_prompt: int = 2):
         self.calls, self.per_prompt, self.workers = calls, per_prompt, []
+        self.members = SimpleNamespace(joined=0, left=0)
         self.evaluations: list[tuple[int, int]] = []  # (step, draw) of each evaluation's generate call
 
     def submit(self, prompts, step, greedy=False, sampling=None, tasks=None, draw=0) -> list:
@@ -60,11 +62,20 @@ class Engines:
         self.evaluations.append((step, draw))
         return samples(len(prompts), 1 if greedy else self.per_prompt, step)
 
-    def busy_seconds(self) -> list[float]:
-        return [0.0]
+    def busy_seconds(self) -> dict[str, float]:
+        return {"engine": 0.0}
 
     def restart_counts(self) -> list[int]:
         return [0]
+
+    def __len__(self) -> int:
+        return 1
+
+    def prune(self) -> int:  # a fixed pool: no engine leaves with its node, none joins
+        return 0
+
+    def admit(self) -> int:
+        return 0
 
     def lost(self, error) -> bool:
         return False

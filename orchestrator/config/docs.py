@@ -161,7 +161,8 @@ def _async(cfg) -> list[tuple[str, str]]:
 
 
 def _workers(c) -> str:
-    return f"{c.rollout_workers} rollout worker(s), {c.learner_ranks} learner rank(s)" + (
+    engines = f"{c.rollout_workers} rollout worker(s)" + " (elastic)" * c.elastic
+    return f"{engines}, {c.learner_ranks} learner rank(s)" + (
         ", colocated" if c.colocate else ", own placement bundles"
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.config.rules_reward import check_rewards
-from orchestrator.config.schema import eval_samples
+from orchestrator.config.schema import engine_range, eval_samples
 
 
 def check_cluster(cfg):
@@ -38,9 +38,38 @@ def check_cluster(cfg):
                 "overlap: use mode sync, or cluster.colocate false"
             ),
         )
-    for key in ("rollout_workers", "learner_ranks"):
-        if getattr(c, key) < 1:
-            yield f"cluster.{key}", f"must be >= 1, got {getattr(c, key)}"
+    if c.learner_ranks < 1:
+        yield "cluster.learner_ranks", f"must be >= 1, got {c.learner_ranks}"
+    yield from check_engines(cfg)
+
+
+def check_engines(cfg):
+    """cluster.rollout_workers: a number or a range; a range only where a node's arrival decides where engines go."""
+    c = cfg.cluster
+    try:
+        low, high = engine_range(c.rollout_workers)
+    except ValueError as e:
+        yield "cluster.rollout_workers", str(e)
+        return
+    if low < 1 or high < low:
+        yield "cluster.rollout_workers", f"must be >= 1 (a range: 1 <= min <= max), got {c.rollout_workers!r}"
+    elif high == low:
+        return
+    elif c.colocate and c.gpus_per_rollout_worker > 0 and c.gpus_per_learner > 0:
+        yield (
+            "cluster.rollout_workers",
+            "engines colocated on the learner's GPUs stay fixed: give a number, not a range",
+        )
+    elif c.colocate and not c.rollout_resource:
+        yield (
+            "cluster.rollout_workers",
+            (
+                "a range grows onto nodes that join, so engines must ask for what a node brings: set "
+                "cluster.rollout_resource (the rollout nodes' custom resource), or cluster.colocate false"
+            ),
+        )
+    elif cfg.rollout.endpoint.enabled:
+        yield "cluster.rollout_workers", "the agent endpoint serves a fixed set of engines: give a number, not a range"
 
 
 def check_data(d, prefix: str = ""):

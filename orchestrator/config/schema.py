@@ -33,8 +33,9 @@ class ClusterConfig:
 
     address: str = ""
     """"" starts a local Ray (or joins RAY_ADDRESS); "auto" or host:port joins a running cluster"""
-    rollout_workers: int = 1
-    """vLLM engines (Ray actors); each step's prompts are split evenly among them"""
+    rollout_workers: int | str = 1
+    """vLLM engines (Ray actors); each step's prompts are split evenly among them. A range "min..max" is an elastic
+    pool: it starts with min, grows as nodes with room join, shrinks as nodes leave, and ends below min"""
     learner_ranks: int = 1
     """DeepSpeed data-parallel learner ranks (Ray actors)"""
     colocate: bool = True
@@ -58,6 +59,29 @@ class ClusterConfig:
     """likewise for each learner rank (e.g. "learner_node"); "" = any node"""
     scoring_resource: str = ""
     """likewise for the scoring service (e.g. "scoring_node"); "" = any node"""
+
+    @property
+    def engines(self) -> int:
+        """The engines at launch, and the fewest the run goes on with."""
+        return engine_range(self.rollout_workers)[0]
+
+    @property
+    def max_engines(self) -> int:
+        return engine_range(self.rollout_workers)[1]
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_engines > self.engines
+
+
+def engine_range(value: int | str) -> tuple[int, int]:
+    """cluster.rollout_workers as (min, max): N is N..N, "2..4" is 2..4. A malformed value raises ValueError."""
+    text = str(value).strip()
+    low, dots, high = text.partition("..")
+    try:
+        return (int(low), int(high)) if dots else (int(text), int(text))
+    except ValueError:
+        raise ValueError(f'expected a number of engines or a range "min..max", got {value!r}') from None
 
 
 @dataclass

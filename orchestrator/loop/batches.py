@@ -91,6 +91,7 @@ class PromptBatches:
         # their resumed runs exact
         self.cuts_at_checkpoint = cfg.async_training.mode is AsyncMode.in_flight and not cfg.env.name
         self.continued = 0  # continuations collected (a sample cut by two checkpoints counts twice)
+        self.relaunched = 0  # batches (or continuations) launched again after their engine died or left
 
     def metadata(self, example: dict) -> dict:
         return reward_metadata(example, self.cfg.data.apply_chat_template)
@@ -184,12 +185,13 @@ class PromptBatches:
         job.batch, job.pending, job.continuing = got, None, None
 
     def relaunch_uncollected(self, also: list[LaunchedBatch] = ()) -> None:
-        """After an engine restart: launch again every batch or continuation (`also`, then the queue)
-        not collected yet."""
+        """After an engine restart, or engines that left: launch again every batch or continuation (`also`, then
+        the queue) not collected yet, on the engines there are; counted (restarts/relaunched_batches)."""
         jobs = {id(job): job for job in [*also, *self.launched]}  # once each
         for job in jobs.values():
             if job.pending is not None or job.batch is None:
                 self._submit(job)
+                self.relaunched += 1
 
     def _submit(self, job: LaunchedBatch) -> LaunchedBatch:
         """(Re)launch the job's generation from its prompts and tasks (what an environment resets on),
@@ -232,7 +234,11 @@ class PromptBatches:
             self._collect(job, step, finish=not self.cuts_at_checkpoint)
 
     def counts(self) -> dict[str, float]:
-        return {"async/dropped_stale": self.dropped_stale, "async/continued_samples": self.continued}
+        return {
+            "async/dropped_stale": self.dropped_stale,
+            "async/continued_samples": self.continued,
+            "restarts/relaunched_batches": self.relaunched,
+        }
 
     def state_dict(self) -> dict:
         """The sampler and the collected batches launched ahead (collect_launched first)."""
@@ -243,6 +249,7 @@ class PromptBatches:
         self.launched = deque(LaunchedBatch.from_state(a) for a in state["ahead"])
         self.dropped_stale = counts["async/dropped_stale"]
         self.continued = counts.get("async/continued_samples", 0)
+        self.relaunched = counts.get("restarts/relaunched_batches", 0)
 
 
 class EndpointBatches:

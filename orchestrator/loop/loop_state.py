@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-RESTARTS = "restarts/"  # the counts of restarts: what happened, which no restore undoes
+# the counts of what happened to the roles (restarts, engines that joined or left), which no restore undoes
+HAPPENED = ("restarts/", "rollout/engines_")
 
 
 def restored_counters(now: dict, saved: dict, in_process: bool) -> dict:
@@ -13,7 +14,7 @@ def restored_counters(now: dict, saved: dict, in_process: bool) -> dict:
     loop's current ones: the checkpoint's (a count it lacks, as an older relay's checkpoint lacks a newer
     one, keeps its current value), except, `in_process` (a learner recovery), the restarts: the
     replayed steps do not undo the restarts that happened. A resumed run takes the checkpoint's restarts."""
-    kept = {k: v for k, v in now.items() if k not in saved or (in_process and k.startswith(RESTARTS))}
+    kept = {k: v for k, v in now.items() if k not in saved or (in_process and k.startswith(HAPPENED))}
     return saved | kept
 
 
@@ -34,7 +35,8 @@ class LoopState:
         r = self.roles
         restarts = {"restarts/rollout": r.rollout_restarts, "restarts/scoring": r.scoring.restarts}
         restarts["restarts/learner"] = r.learner_restarts
-        return restarts | self.counters | self.batches.counts()
+        members = {"rollout/engines_joined": r.rollout.members.joined, "rollout/engines_left": r.rollout.members.left}
+        return restarts | members | self.counters | self.batches.counts()
 
     def state_dict(self, step: int) -> dict:
         """The loop at `step` as a checkpoint keeps it (JSON-ready)."""
@@ -62,6 +64,8 @@ class LoopState:
         self.roles.rollout_restarts = counts["restarts/rollout"]
         self.roles.scoring.restarts = counts["restarts/scoring"]
         self.roles.learner_restarts = counts["restarts/learner"]
+        members = self.roles.rollout.members
+        members.joined, members.left = counts["rollout/engines_joined"], counts["rollout/engines_left"]
         self.batches.load_state_dict(state, counts)
         self.health.load_state_dict(state.get("health"))  # none in a checkpoint from before health existed
         self.roles.channel.send(step)

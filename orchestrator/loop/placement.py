@@ -12,7 +12,7 @@ import ray
 class RoleBundles:
     """The scheduling strategies of each role's placement-group bundles (colocate: false), by role."""
 
-    rollout: list  # one per rollout worker
+    rollout: list | None  # one per rollout worker (None: an elastic pool)
     learner: list  # one per learner rank
     scoring: object  # the scoring service's one
 
@@ -31,15 +31,16 @@ def placement(c):
     pg = placement_group(wanted, strategy="PACK")
     ray.get(pg.ready(), timeout=600)
     each = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(len(wanted))]
-    workers = c.rollout_workers
-    return pg, RoleBundles(rollout=each[:workers], learner=each[workers:-1], scoring=each[-1])
+    workers = 0 if c.elastic else c.engines
+    return pg, RoleBundles(rollout=None if c.elastic else each[:workers], learner=each[workers:-1], scoring=each[-1])
 
 
 def bundles(c) -> list[dict[str, float]]:
     """The placement-group bundles of `colocate: false`, in placement()'s order: a CPU, the role's
-    GPUs and a unit of the role's custom resource (cluster.*_resource) per actor."""
+    GPUs and a unit of the role's custom resource (cluster.*_resource) per actor. An elastic pool's
+    engines are not in the group: each asks the cluster for the same itself, wherever a node has it."""
     roles = (
-        [(c.gpus_per_rollout_worker, c.rollout_resource)] * c.rollout_workers
+        [(c.gpus_per_rollout_worker, c.rollout_resource)] * (0 if c.elastic else c.engines)
         + [(c.gpus_per_learner, c.learner_resource)] * c.learner_ranks
         + [(c.gpus_per_scoring, c.scoring_resource)]
     )
@@ -62,7 +63,7 @@ def cpu_threads(cfg) -> tuple[int, int, int]:
     rollout_cores = max(1, cores // 2)
     rest = max(1, cores - rollout_cores)
     return (
-        cfg.rollout.cpu_threads or max(1, rollout_cores // c.rollout_workers),
+        cfg.rollout.cpu_threads or max(1, rollout_cores // c.engines),
         cfg.learner.threads or max(1, rest // c.learner_ranks),
         rollout_cores,
     )

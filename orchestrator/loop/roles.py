@@ -20,7 +20,6 @@ from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
 from rollout.pool import PoolOptions, RolloutPool
 from runtime import watchdog
-from runtime.actors import await_ready
 from runtime.device import malloc_env
 from runtime.endpoint_auth import REWARD_KEY_ENV, env_key
 from runtime.logprobs import SamplerSettings
@@ -80,11 +79,13 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
 
 
 def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> RolloutPool:
+    """The rollout pool: cluster.engines engines, in their bundles, or (an elastic pool, whose engines no
+    bundle holds) each asking the cluster for its CPU, GPUs and rollout resource, up to cluster.max_engines."""
     c = cfg.cluster
     return RolloutPool(
         dataclasses.replace(cfg.rollout, cpu_threads=where.threads[0]),
         model_path,
-        c.rollout_workers,
+        c.engines,
         cfg.seed,
         PoolOptions(
             num_cpus=where.cpus(),
@@ -92,7 +93,8 @@ def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Ro
             max_restarts=c.max_restarts,
             sleep_mode=where.sleep_engines,
             scheduling=where.bundles.rollout if where.bundles else None,
-            resources=where.resources(c.rollout_resource),
+            resources=one_unit_of(c.rollout_resource) if c.elastic else where.resources(c.rollout_resource),
+            max_workers=c.max_engines,
             step_samples=cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt,
             keep_freed_memory=c.cpu_keep_freed_memory,
         ),
@@ -164,37 +166,62 @@ class Roles:
         )
 
     def busy(self) -> dict[str, list[float]]:
-        """Each role's seconds of work so far, one per actor (step_metrics.busy_metrics)."""
+        """Each role's seconds of work so far, by actor (step_metrics.busy_metrics)."""
         with watchdog.phase("busy"):
-            return {"rollout": self.rollout.busy_seconds(), "scoring": [self.scoring.busy_seconds()]}
+            return {"rollout": self.rollout.busy_seconds(), "scoring": {"scoring": self.scoring.busy_seconds()}}
 
     def engines_asleep(self) -> AbstractContextManager:
         """The engines asleep for the block when they share the learner's GPUs (awake again after)."""
         return self.rollout.asleep(self.sleep_engines)
 
-    def sync_weights(self, version: int, wait: bool, on_restart) -> None:
+    def change_members(self, version: int, on_restart) -> None:
+        """An elastic pool's changes between steps: the engines that died or whose node left dropped, those
+        ready where nodes joined admitted, the sync group rebuilt with the members, and every member given
+        policy `version` before a call reaches a new one. What was launched to engines that left (calls
+        launched ahead) is launched again on the members (`on_restart`), as after a restart."""
+        left, joined = self.rollout.prune(), self.rollout.admit()
+        if not (left or joined):
+            return
+        log.warning("rollout engines: %d left, %d joined; %d now", left, joined, len(self.rollout))
+        # engines left: the old group is broken, and what was in flight on them is launched again, so no
+        # sync waits for it; engines only joined: the calls sent so far still run, and the next sync waits for them
+        restarted = self.sync_weights(version, True, on_restart, regroup="reset" if left else "keep")
+        if left and not restarted:
+            on_restart()
+
+    def sync_weights(self, version: int, wait: bool, on_restart, regroup: str = "") -> bool:
         """The learner's weights to the engines as policy `version` (wait=False: do not wait for the
-        engines). If an engine died (or the watchdog killed a stuck one: the sender's broadcast then fails
-        too), restart_rollout, then `on_restart()` (launch again what was lost)."""
+        engines; regroup "keep" or "reset": rebuild the sync group first, change_members). If an engine died (or
+        the watchdog killed a stuck one: the sender's broadcast then fails too), restart_rollout, then
+        `on_restart()` (launch again what was lost). Returns whether it did."""
         restarts = self.rollout.restart_counts()
         try:
+            if regroup == "keep":
+                self.channel.wait_sent()
+            if regroup:
+                self.channel.connect(keep_order=regroup == "keep")
             self.channel.send(version, wait=wait)
+            return False
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
             if not isinstance(e, ray.exceptions.RayActorError):
                 self.learner.raise_if_lost(e)  # a rank's death may reach us as its peers' failed broadcast first
             if self.learner.lost(e):  # the sender died: the loop's learner recovery, not an engine restart
                 raise
-            if not isinstance(e, ray.exceptions.RayActorError) and self.rollout.restart_counts() == restarts:
+            if not isinstance(e, ray.exceptions.RayActorError) and not self.rollout.failed_since(restarts):
                 raise  # the sender failed on its own
             self.restart_rollout(e, version)
             on_restart()
+            return True
 
     def restart_rollout(self, error: Exception, version: int) -> None:
-        """An engine died: wait for Ray to restart it, rebuild the weight-sync group and give every
-        engine the learner's weights (policy `version`). What it was generating is the caller's to relaunch."""
+        """An engine died: wait for Ray to restart it (an elastic pool drops the dead, RolloutPool.recover),
+        rebuild the weight-sync group and give every engine the learner's weights (policy `version`). What
+        it was generating is the caller's to relaunch, on the engines there are."""
         self.rollout_restarts += 1
         log.warning("rollout worker died (%s); waiting for its restart and generating again", type(error).__name__)
-        await_ready(self.rollout.workers)
+        left = self.rollout.recover()
+        if left:
+            log.warning("%d rollout engine(s) dropped; %d go on", left, len(self.rollout))
         self.channel.connect()
         self.channel.send(version)
 

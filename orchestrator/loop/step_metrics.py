@@ -47,17 +47,20 @@ def throughput_metrics(batch: RolloutBatch, wall: float) -> dict[str, float]:
 
 
 def busy_metrics(
-    timings: dict[str, float], before: dict[str, list[float]], after: dict[str, list[float]]
+    timings: dict[str, float], before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
 ) -> dict[str, float]:
     """Each role's busy share of the step (the rest it waited): the engines' and the scoring
-    service's own working time, read from them (`before`/`after`: seconds by role, one per actor; an
-    actor restarted in the step counts from its restart), and the learner's two phases (advantages
-    and update)."""
+    service's own working time, read from them (`before`/`after`: seconds by role, by actor; an actor
+    restarted in the step counts from its restart), averaged over the actors at the step's end (an engine
+    that joined in the step counts from its start), and the learner's two phases (advantages and update)."""
+
+    def worked(role: str, actor: str, b: float) -> float:
+        a = before[role].get(actor, 0.0)
+        return max(0.0, b - a) if b >= a else b
+
     wall = timings["timing/total"]
     busy = {
-        role: min(
-            statistics.fmean(max(0.0, b - a) if b >= a else b for a, b in zip(before[role], after[role])) / wall, 1.0
-        )
+        role: min(statistics.fmean(worked(role, k, b) for k, b in after[role].items()) / wall, 1.0)
         for role in ("rollout", "scoring")
     } | {"learner": (timings["timing/advantages"] + timings["timing/update"]) / wall}
     return {f"pipeline/busy/{k}": v for k, v in busy.items()} | {f"pipeline/idle/{k}": 1.0 - v for k, v in busy.items()}

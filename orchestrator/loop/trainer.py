@@ -108,8 +108,7 @@ class Trainer:
         return after
 
     def advance(self) -> tuple[dict, int | None]:
-        """One step of the loop: train, evaluate held out when due, log, checkpoint when due. Returns the
-        step's metrics and the step it checkpointed (None: none)."""
+        """One step: train, evaluate and checkpoint when due, log. Returns its metrics and the step saved (or None)."""
         metrics, saved = self.train_step(), None
         self.step += 1
         every, total = self.cfg.eval.every_n_steps, self.cfg.total_steps
@@ -135,9 +134,8 @@ class Trainer:
         self.step = step
 
     def evaluate(self) -> dict[str, float]:
-        """The held-out evaluation at this step (Evaluator.evaluate), under its phase's deadline. If an
-        engine died in it (or the watchdog killed a stuck one), it is restarted with the current weights
-        and the evaluation made again: it is seeded and reads only, so it gives what it would have."""
+        """The held-out evaluation at this step (Evaluator.evaluate), under its phase's deadline. If an engine died
+        in it (or was killed stuck), it is restarted and the evaluation made again: seeded, it gives the same."""
         with watchdog.phase("evaluate"):
             try:
                 return self.evaluator.evaluate(self.step)
@@ -175,6 +173,8 @@ class Trainer:
         profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
         r = self.roles
         with profiled(r.actors(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
+            with watchdog.phase("sync"):  # an elastic pool's engines that left or joined: this policy, then work
+                r.change_members(self.step, on_restart=self.batches.relaunch_uncollected)
             busy_before = r.busy()
             with timed(t, "generate"):
                 this = self.batches.next(self.step)
@@ -205,6 +205,7 @@ class Trainer:
             **stats,
             **t,
             "kl/coef_next": kl_coef,
+            "rollout/engines": len(r.rollout),  # the members at the step's end (one that left in it is gone)
             **self.state.counts(),
             **batch_staleness(batch, self.step, self.batches.staleness_bound),
             **busy_metrics(t, busy_before, r.busy()),  # the bound in force

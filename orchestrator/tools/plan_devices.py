@@ -106,7 +106,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     scoring += _judge_lines(plan, cfg, gpu_bytes)
     plan.sections += [
         (f"learner rank (x{c.learner_ranks})", learner),
-        (f"rollout worker (x{c.rollout_workers}, per device)", rollout),
+        (f"rollout worker (x{c.rollout_workers}{', elastic' * c.elastic}, per device)", rollout),
         (
             f"scoring service ({'GPU' if c.gpus_per_scoring > 0 else 'host memory'}: "
             f"cluster.gpus_per_scoring {c.gpus_per_scoring:g})",
@@ -165,7 +165,7 @@ def _train_devices(
     else:
         for role, lines, count, gpus, unit in (
             ("learner", learner, c.learner_ranks, c.gpus_per_learner, "rank(s)"),
-            ("rollout", rollout, c.rollout_workers, c.gpus_per_rollout_worker, "worker(s)"),
+            ("rollout", rollout, c.max_engines, c.gpus_per_rollout_worker, "worker(s)"),  # an elastic pool at its most
         ):
             if gpus > 0:
                 n, extra = _per_device(gpus), total(scoring) if shared else 0.0
