@@ -7,8 +7,8 @@
 The head (127.0.0.1) holds one unit of the rollout resource, so the run starts with one engine. Elastic
 (cluster.rollout_workers 1..2): after step --join-at, a second node with a unit (127.0.0.2) joins, and the
 loop waits there until the engine Ray started on it is up; the next step admits it first and generates on both.
-After step --leave-at, that node stops; the next step's call to its engine fails, and the pool drops the engine
-and redoes the work on the head's.
+After step --leave-at, that node stops; the next step's start finds its engine gone, drops it, and launches again
+on the head's engine what it held.
 Fixed (rollout_workers 1): the same cluster, no node joins. Per seed, both runs' held-out figures, and the path
 of rollout/engines.
 """
@@ -56,7 +56,6 @@ def config(root: Path, name: str, seed: int, steps: int, elastic: bool, address:
         "logging.wandb.mode": "disabled",
         "logging.progress_bar": "false",
         "data.rollout_batch_size": 16,
-        "data.eval_size": 32,
         "algorithm.mini_batch_size": 64,
         "algorithm.micro_batch_size": 64,
         "learner.lr": 2e-4,
@@ -118,7 +117,13 @@ def summary(run_dir: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "rollout/engines" in r]
     after = json.loads((run_dir / "eval_after.json").read_text())
-    return {"engines": [r["rollout/engines"] for r in steps]} | {k: after[k] for k in HELD_OUT}
+    sampled = [(r["reward/mean"], r["response/length_mean"]) for r in steps]  # what each step's batch sampled
+    return {"engines": [r["rollout/engines"] for r in steps], "sampled": sampled} | {k: after[k] for k in HELD_OUT}
+
+
+def first_difference(a: list, b: list) -> int | None:
+    """The first step (1-based) whose batch differs between two runs, None if none does."""
+    return next((i + 1 for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def main() -> None:
@@ -152,16 +157,19 @@ def main() -> None:
                 cwd=REPO,
             ).stdout
             table.append({"seed": seed, "kind": kind} | summary(Path(json.loads(out.splitlines()[-1])["run_dir"])))
-            print(json.dumps(table[-1]), flush=True)
+            print(json.dumps({k: v for k, v in table[-1].items() if k != "sampled"}), flush=True)
     print(render(table))
 
 
 def render(table: list[dict]) -> str:
-    lines = ["| seed | pool | rollout/engines by step | " + " | ".join(HELD_OUT) + " |"]
-    lines.append("|---" * (3 + len(HELD_OUT)) + "|")
+    """One row per run; the elastic run's last column: the first step whose batch differs from the fixed run's."""
+    lines = ["| seed | pool | rollout/engines by step | " + " | ".join(HELD_OUT) + " | first step sampled apart |"]
+    lines.append("|---" * (4 + len(HELD_OUT)) + "|")
+    fixed = {r["seed"]: r for r in table if r["kind"] == "fixed"}
     for r in table:
         cells = [str(r["seed"]), r["kind"], "→".join(map(str, r["engines"]))] + [f"{r[k]:.4f}" for k in HELD_OUT]
-        lines.append("| " + " | ".join(cells) + " |")
+        apart = first_difference(r["sampled"], fixed[r["seed"]]["sampled"]) if r["kind"] == "elastic" else ""
+        lines.append("| " + " | ".join([*cells, "none" if apart is None else str(apart)]) + " |")
     return "\n".join(lines)
 
 

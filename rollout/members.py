@@ -11,13 +11,15 @@ from collections.abc import Callable
 
 import ray
 
+from runtime import watchdog
 from runtime.actors import alive_nodes, await_ready, node_of, ray_state
 
 log = logging.getLogger(__name__)
 
 
-class EnginesBelowMin(RuntimeError):
-    """Fewer engines than cluster.rollout_workers' min remain, and none joined in time: the run ends resumable."""
+class EnginesLost(RuntimeError):
+    """Fewer engines than cluster.rollout_workers' min remain and none joined in time, or engines crashed on live
+    nodes more often than cluster.max_restarts: the run ends resumable, as a fixed pool's does."""
 
 
 class Members:
@@ -27,10 +29,12 @@ class Members:
     (a Ray actor). An elastic pool's engines are never restarted by Ray (the pool starts them with max_restarts
     0): a dead one fails its calls at once, where a restart that no node has room for would queue them."""
 
-    def __init__(self, pool, start: Callable[[], object], fewest: int, most: int):
-        self.pool, self.start = pool, start
+    def __init__(self, pool, start: Callable[[], object], fewest: int, most: int, max_restarts: int = 0):
+        """max_restarts: how many engines may crash (die on a live node) before the run ends, as a fixed pool's
+        Ray restarts are bounded (cluster.max_restarts); an engine whose node left does not count."""
+        self.pool, self.start, self.max_restarts = pool, start, max_restarts
         self.fewest, self.most = fewest, max(most, fewest)
-        self.joined = self.left = 0
+        self.joined = self.left = self.crashed = 0
         self.departed: set[str] = set()  # the actor ids of engines dropped: a call still pending on one fails later
         self.nodes = {w._actor_id.hex(): node_of(w) for w in pool.workers}
         self.joining: list[tuple[object, ray.ObjectRef]] = []  # (engine, its ready call)
@@ -79,7 +83,7 @@ class Members:
     def recover(self, timeout_s: float) -> int:
         """After an engine died: a fixed pool waits until every member answers (Ray restarts the dead). An
         elastic pool drops the members that died or whose node left, then, if fewer than `fewest` remain, waits
-        for joining engines up to `timeout_s` (EnginesBelowMin after). Returns how many left."""
+        for joining engines up to `timeout_s` (EnginesLost after). Returns how many left."""
         workers = self.pool.workers
         if not self.elastic:
             await_ready(workers, timeout_s)
@@ -99,17 +103,26 @@ class Members:
         return left
 
     def _refill(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline, waited = time.monotonic() + timeout_s, False
         while len(self.pool.workers) < self.fewest:
             if self.admit() == 0 and time.monotonic() > deadline:
-                raise EnginesBelowMin(
+                raise EnginesLost(
                     f"{len(self.pool.workers)} rollout engine(s) remain, fewer than cluster.rollout_workers' min "
                     f"{self.fewest}, and none joined within {timeout_s:.0f} s"
                 )
+            waited = True
             time.sleep(1.0)
+        if waited:
+            watchdog.restart_deadline()  # the wait took the phase's time, not the calls waited for after it
 
     def _drop(self, gone: list) -> int:
-        workers = self.pool.workers
+        workers, alive = self.pool.workers, alive_nodes() if gone else set()
+        self.crashed += sum(self.nodes.get(engine._actor_id.hex()) in alive for engine in gone)
+        if self.crashed > self.max_restarts:
+            raise EnginesLost(
+                f"rollout engines died on live nodes {self.crashed} times, more than cluster.max_restarts "
+                f"({self.max_restarts}) allows"
+            )
         for engine in gone:
             i = workers.index(engine)
             del workers[i], self.pool.calls_since_sync[i]

@@ -21,7 +21,7 @@ from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import GLOO_BACKEND, GroupAddress, TensorMeta, init_info, update_info
 from rollout.worker import RolloutWorker
 from runtime import watchdog
-from runtime.actors import actor_options, busy_seconds, died_among, restart_count
+from runtime.actors import actor_options, alive_nodes, busy_seconds, died_among, restart_count
 from runtime.device import malloc_env
 
 
@@ -108,9 +108,11 @@ class RolloutPool:
         # engine's calls sent since the last one
         self.serial, self.calls_since_sync = 0, [0] * num_workers
         watchdog.get([w.ready.remote() for w in self.workers])
-        self.members = Members(
-            self, lambda: actor.options(**ray_options).remote(*args), num_workers, options.max_workers
-        )
+
+        def start():  # one more engine of an elastic pool, placed wherever a node has room
+            return actor.options(**ray_options).remote(*args)
+
+        self.members = Members(self, start, num_workers, options.max_workers, options.max_restarts)
         # the engines' own device decision (runtime.device), and the weight-transfer backend it implies
         self.device = watchdog.get(self.workers[0].get_device.remote())
         self.sync_backend = transfer_backend(self.device.type == "cuda", options.sleep_mode)
@@ -224,7 +226,10 @@ class RolloutPool:
     def failed_since(self, restarts: list[int]) -> bool:
         """Whether an engine died since restart_counts() gave `restarts`: Ray restarted one, or (an elastic
         pool's, never restarted) one is dead or gone with its node."""
-        return self.restart_counts() != restarts or any(self.members._gone(w) for w in self.workers)
+        if self.restart_counts() != restarts:
+            return True
+        alive = alive_nodes() if self.elastic else set()
+        return self.elastic and any(self.members._gone(w, alive) for w in self.workers)
 
     @property
     def sync_world_size(self) -> int:

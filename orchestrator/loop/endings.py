@@ -21,11 +21,11 @@ def resumable(error: BaseException) -> bool:
     """A run that ended because a process is gone or stuck past its restarts (not because of what it
     computed): its checkpoints are intact, and the same command with checkpoint.resume=auto goes on."""
     from orchestrator.loop.recovery import LearnerLost
-    from rollout.members import EnginesBelowMin
+    from rollout.members import EnginesLost
     from rollout.weight_sync import SyncFailed
 
     lost_peer = isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, SyncFailed)
-    return lost_peer or isinstance(error, (RunHung, LearnerLost, EnginesBelowMin, ray.exceptions.RayActorError))
+    return lost_peer or isinstance(error, (RunHung, LearnerLost, EnginesLost, ray.exceptions.RayActorError))
 
 
 def cause(error: BaseException) -> str:

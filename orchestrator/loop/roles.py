@@ -231,6 +231,7 @@ class Roles:
         giving the engines its weights is the loop's (LearnerRecovery, LoopState.load_state_dict)."""
         self.learner_restarts += 1
         self.learner.restart()
+        self.rollout.prune()  # an elastic pool's dead engines (never restarted) out of the group first
         self.channel.connect()
 
     def finish_sync(self) -> None:

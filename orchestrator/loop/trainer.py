@@ -172,9 +172,9 @@ class Trainer:
         t: dict[str, float] = {}
         profile = self.step + 1 == self.cfg.logging.profile_step  # logging.profile_step: this step, every role
         r = self.roles
+        with watchdog.phase("sync"):  # an elastic pool's engines that left or joined: this policy, then work
+            r.change_members(self.step, on_restart=self.batches.relaunch_uncollected)
         with profiled(r.actors(), self.run_dir / "profile", t) if profile else nullcontext(), timed(t, "total"):
-            with watchdog.phase("sync"):  # an elastic pool's engines that left or joined: this policy, then work
-                r.change_members(self.step, on_restart=self.batches.relaunch_uncollected)
             busy_before = r.busy()
             with timed(t, "generate"):
                 this = self.batches.next(self.step)

@@ -19,7 +19,15 @@ STEPS, JOIN_AT, LEAVE_AT = 7, 2, 4
 
 def test_the_pool_grows_when_a_node_joins_and_shrinks_when_it_leaves_and_the_run_finishes(policy, tmp_path):
     args = ["--one", "elastic", "--seed", "0", "--steps", str(STEPS), "--policy", policy]
-    args += ["--join-at", str(JOIN_AT), "--leave-at", str(LEAVE_AT), "--set", "async_training.mode=one_step"]
+    args += [
+        "--join-at",
+        str(JOIN_AT),
+        "--leave-at",
+        str(LEAVE_AT),
+        "--set",
+        "async_training.mode=one_step",
+        "data.eval_size=32",
+    ]
     out = subprocess.run(
         [sys.executable, "-m", "bench.elastic", str(tmp_path), *args],
         cwd=REPO,

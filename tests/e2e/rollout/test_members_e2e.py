@@ -2,8 +2,8 @@
 cluster_utils, in a process of its own: this test process may hold another Ray cluster). Stand-in engines:
 what is under test is who the members are. A node joins: its engine is admitted. Its node leaves under a
 call (recover) or between steps (prune): dropped, counted, and a replacement waits for room. The last member
-dies: the pool waits for a joining one, and with no room anywhere ends (EnginesBelowMin). The real engines on
-two `ray start` nodes: test_elastic_e2e.py."""
+dies: the pool waits for a joining one, and with no room anywhere ends (EnginesLost), as it does when engines
+crash on live nodes past cluster.max_restarts. The real engines on two `ray start` nodes: test_elastic_e2e.py."""
 
 import subprocess
 import sys
@@ -27,7 +27,8 @@ def scenario() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from rollout.members import EnginesBelowMin, Members
+    from rollout.members import EnginesLost, Members
+    from runtime.actors import ray_state
 
     @ray.remote
     class Engine:
@@ -53,7 +54,7 @@ def scenario() -> None:
         pool = Pool([first])
         fixed = Members(Pool([first]), start, 1, 1)
         assert fixed.joining == [] and fixed.prune(timeout_s=1) == 0  # a fixed pool starts nothing, drops nothing
-        members = Members(pool, start, 1, 2)
+        members = Members(pool, start, 1, 2, max_restarts=1)
         assert len(members.joining) == 1 and members.admit() == 0  # no room: waits
 
         node = cluster.add_node(num_cpus=1, resources={"slot": 1})  # a node joins: its engine is admitted
@@ -76,16 +77,33 @@ def scenario() -> None:
             time.sleep(0.5)
         assert pool.workers == [first] and members.left == 2 and members.joined == 2
 
-        ray.kill(first)  # the last member dies: below the min, the pool waits for a joining one (the head's room)
+        def dies(engine) -> None:
+            ray.kill(engine)
+            for _ in range(POLLS):  # until Ray says so: a ready call may still be answered just after the kill
+                if ray_state(engine) == "DEAD":
+                    return
+                time.sleep(0.5)
+
+        dies(first)  # the last member dies: below the min, the pool waits for a joining one (the head's room)
         assert members.recover(timeout_s=POLLS * 0.5) == 1 and len(pool.workers) == 1 and pool.workers != [first]
         assert (members.left, members.joined) == (3, 3)
-        nowhere = Members(Pool([pool.workers[0]]), lambda: Engine.options(resources={"nowhere": 1}).remote(), 1, 2)
-        ray.kill(pool.workers[0])  # and with no room anywhere for a joining one, the run ends (resumable)
+        nowhere = Members(Pool([pool.workers[0]]), lambda: Engine.options(resources={"nowhere": 1}).remote(), 1, 2, 1)
+        dies(pool.workers[0])  # and with no room anywhere for a joining one, the run ends (resumable)
         try:
             nowhere.recover(timeout_s=3)
             raise AssertionError("recover went on with no engine")
-        except EnginesBelowMin as e:
+        except EnginesLost as e:
             assert "fewer than cluster.rollout_workers' min 1" in str(e) and nowhere.left == 1
+
+        crashing = Engine.options(num_cpus=0).remote()  # crashes on a live node more often than max_restarts allows
+        ray.get(crashing.ready.remote())
+        budget = Members(Pool([crashing]), Engine.options(num_cpus=0).remote, 1, 2, max_restarts=0)
+        dies(crashing)
+        try:
+            budget.recover(timeout_s=POLLS * 0.5)
+            raise AssertionError("an engine crashed past cluster.max_restarts, and the pool replaced it")
+        except EnginesLost as e:
+            assert "died on live nodes 1 times, more than cluster.max_restarts (0)" in str(e)
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -90,7 +90,7 @@ def test_relay_plan_shows_the_range(capsys):
 
 def test_fewer_engines_than_the_min_ends_the_run_resumable(tmp_path):
     from orchestrator.loop.endings import ending
-    from rollout.members import EnginesBelowMin
+    from rollout.members import EnginesLost
 
-    status, line = ending(EnginesBelowMin("0 rollout engine(s) remain, fewer than ..."), tmp_path, "relay train C")
-    assert status == 3 and "relay: run ended: EnginesBelowMin" in line and "relay train C" in line
+    status, line = ending(EnginesLost("0 rollout engine(s) remain, fewer than ..."), tmp_path, "relay train C")
+    assert status == 3 and "relay: run ended: EnginesLost" in line and "relay train C" in line
