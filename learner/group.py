@@ -210,6 +210,10 @@ class LearnerGroup:
             out += self._all("policy_logprobs", batch.select(list(range(i, min(i + rows, len(batch))))))[0]
         return out
 
+    def probe_logprobs(self, ids: list[int]) -> list[float]:
+        """The policy's logprobs of the sync check's probe (every rank: a ZeRO-3 forward needs them all)."""
+        return self._all("probe_logprobs", ids)[0]
+
     def describe(self) -> dict:
         return watchdog.get(self.ranks[0].describe.remote())
 

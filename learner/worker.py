@@ -289,6 +289,17 @@ class Learner(WeightSender, Profiled):
         self.policy_engine.train()
         return unpad(logprobs.cpu(), inputs[3])
 
+    @torch.no_grad()
+    def probe_logprobs(self, ids: list[int]) -> list[float]:
+        """The policy's logprob of each token of `ids` after the first, at temperature 1: the learner's side of
+        the sync check (rollout/sync_check.py), computed before its weights leave it."""
+        x = torch.tensor([ids], device=self.device)
+        positions = torch.arange(len(ids), device=self.device).unsqueeze(0)
+        self.policy_engine.eval()
+        logits, _ = self.policy_engine(x, torch.ones_like(x), positions)
+        self.policy_engine.train()
+        return chunked_logprobs(logits, x[:, 1:], 1.0, self.cfg.logprob_chunk_tokens)[0].float().cpu().tolist()
+
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str) -> None:
         from learner.checkpoint import save_learner

@@ -9,6 +9,7 @@ background) -> pending calls (on IPC, each rank's update_info).
 from __future__ import annotations
 
 from rollout.pool import RolloutPool
+from rollout.sync_check import SyncCheck, check
 from rollout.weight_sync import IPC_BACKEND, GroupAddress, merge_ipc_update_infos
 from runtime import watchdog
 
@@ -18,13 +19,26 @@ class WeightChannel:
     wire layout, the transfer group between the sender and the pool's engines, and the sync still
     in flight."""
 
-    def __init__(self, pool: RolloutPool, sender, bucket_mb: int, timeout_s: float = 120.0, in_flight: bool = False):
-        """in_flight: engines take each sync mid-sequence (async_training.mode in_flight), not between calls."""
+    def __init__(
+        self,
+        pool: RolloutPool,
+        sender,
+        bucket_mb: int,
+        timeout_s: float = 120.0,
+        in_flight: bool = False,
+        check: SyncCheck | None = None,
+    ):
+        """in_flight: engines take each sync mid-sequence (async_training.mode in_flight), not between calls.
+        check: the sync check after every sync (rollout/sync_check.py); None: none."""
         self.pool, self.sender, self.timeout_s, self.in_flight = pool, sender, timeout_s, in_flight
         self.bucket_bytes = bucket_mb << 20
         self.buckets = sender.weight_buckets(bucket_mb)
         self.wire_planned = False
         self.receiving: list = []  # the engines' receives of a sync still in flight (send(wait=False))
+        self.sync_check = check
+        self.probe = pool.probe_ids() if check else []
+        self.unchecked: tuple[list[float], int] | None = None  # a background sync's probe, checked once received
+        self.probe_gap = float("nan")  # the last sync's (sync/probe_gap)
         self.connect()
 
     def connect(self, keep_order: bool = False) -> None:
@@ -32,7 +46,7 @@ class WeightChannel:
         the sender's node (it serves the group's store; the engines may be on other nodes). After an
         engine restarted, a sync in flight died with the old group. keep_order: engines joined, and the
         calls sent before still run (RolloutPool.init_weight_sync)."""
-        self.receiving = []
+        self.receiving, self.unchecked = [], None
         host, port = self.sender.sync_address(self.pool.sync_backend, self.timeout_s)
         engines = self.pool.init_weight_sync(host, port, self.timeout_s, self.bucket_bytes, keep_order)
         address = GroupAddress(host, port, 0, self.pool.sync_world_size, self.timeout_s, self.bucket_bytes)
@@ -45,21 +59,36 @@ class WeightChannel:
         the channel is. The first sync is always waited for: it teaches the wire layout. On IPC the
         engines read the sender's memory: always waited for."""
         self.wait_sent()
+        expected = (self.sender.probe_logprobs(self.probe), version) if self.sync_check else None  # before they leave
         if self.pool.sync_backend == IPC_BACKEND:
             infos = watchdog.get(self.sender.send_weights(self.buckets), "weight sync (IPC handles)")
             watchdog.get(self.pool.take_update(merge_ipc_update_infos(infos), version, self.in_flight), "weight sync")
-            return
+            return self._check(expected)
         background = not wait and self.wire_planned
         receiving = self.pool.receive_weights(self.buckets, version, self.in_flight)
         watchdog.get(
             self.sender.send_weights(self.buckets, background) + ([] if background else receiving), "weight sync"
         )
         if background:
-            self.receiving = receiving
-        elif not self.wire_planned:  # the engines have found their layouts: send in them from now on
+            self.receiving, self.unchecked = receiving, expected
+            return
+        if not self.wire_planned:  # the engines have found their layouts: send in them from now on
             self.buckets, self.wire_planned = self.pool.wire_plan(self.buckets), True
+        self._check(expected)
 
     def wait_sent(self) -> None:
-        """Wait for a sync still in flight (a dead engine raises here, as in any other call)."""
+        """Wait for a sync still in flight (a dead engine raises here, as in any other call), then check it."""
         receiving, self.receiving = self.receiving, []
         watchdog.get(receiving, "weight sync (the engines' receive)")
+        expected, self.unchecked = self.unchecked, None
+        self._check(expected)
+
+    def verify(self, version: int) -> None:
+        """The sync check now, with no sync: the engines must hold the sender's current weights (as `version`)."""
+        self._check((self.sender.probe_logprobs(self.probe), version))
+
+    def _check(self, expected: tuple[list[float], int] | None) -> None:
+        """The sync check of the sync whose learner probe is `expected`: (logprobs, version), or None (none)."""
+        if expected is not None:
+            c = self.sync_check
+            self.probe_gap = check(expected[0], self.pool.probe(self.probe), expected[1], c.path, c.tolerance)

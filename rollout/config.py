@@ -95,6 +95,10 @@ class RolloutConfig:
     """CPU only: keep plain F.linear so reloaded weights take effect (see vllm_ext)"""
     sync_bucket_mb: int = 16
     """weight-sync bucket, MiB; small enough that loading bucket k overlaps receiving k+1"""
+    sync_check: bool = True
+    """after every weight sync, each engine's logprobs of a fixed probe must be the learner's (rollout/sync_check.py)"""
+    sync_check_tolerance: float = 0.0
+    """the largest probe logprob gap (nats) a sync may show; 0 = the dtype's (sync_check.TOLERANCE)"""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """how prompts are sampled (greedy evaluation keeps all but temperature and n)"""
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)

@@ -292,6 +292,13 @@ class RolloutPool:
             [w.load_weights.remote(ref, None, False, o) for w, o in zip(self.workers, self.sync_order())]
         )
 
+    def probe_ids(self) -> list[int]:
+        return watchdog.get(self.workers[0].probe_ids.remote(), "sync check")
+
+    def probe(self, ids: list[int]) -> list[list[float]]:
+        """Every engine's logprobs of the probe `ids` (the sync check, rollout/sync_check.py)."""
+        return watchdog.get([w.probe.remote(ids) for w in self.workers], "sync check")
+
     def weight_checksums(self) -> list[float]:
         return watchdog.get([w.weight_checksum.remote() for w in self.workers])
 

@@ -27,6 +27,7 @@ from rollout.engine import (
     transfer_backend,
 )
 from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
+from rollout.sync_check import PROBE_TEXT, PROBE_TOKENS, probe_params, prompt_logprobs
 from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import GLOO_BACKEND
 from runtime.device import process_device
@@ -304,6 +305,21 @@ class RolloutWorker(Profiled, Busy):
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""
         routes = (await self.engine.rpc("relay_routes"))[0]
         return {name: tuple(route) for name, route in routes.items()}  # vLLM's RPC returns tuples as lists
+
+    async def probe_ids(self) -> list[int]:
+        """The sync check's probe as this engine's tokenizer encodes it (rollout/sync_check.py)."""
+        ids = self.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)[
+            : min(PROBE_TOKENS, self.cfg.max_model_len - 1)
+        ]
+        if len(ids) < 2:
+            raise ValueError(f"rollout.sync_check: the tokenizer makes {len(ids)} token(s) of the probe; set it false")
+        return ids
+
+    async def probe(self, ids: list[int]) -> list[float]:
+        """This engine's logprobs of the probe's tokens after the first, with the weights it holds now. Outside
+        the calls' order (AsyncEngine.call): the channel asks once the sync has loaded."""
+        out = (await self.engine.generate([ids], [probe_params()]))[0]
+        return prompt_logprobs(out, ids)
 
     async def weight_checksum(self) -> float:
         return (await self.engine.rpc("relay_weight_checksum"))[0]

@@ -165,7 +165,7 @@ class Learner:
 
 class Channel:
     def __init__(self, calls: list):
-        self.calls = calls
+        self.calls, self.probe_gap = calls, 0.0
 
     def send(self, version: int, wait: bool = True) -> None:
         self.calls.append(("sync", version))

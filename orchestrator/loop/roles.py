@@ -19,6 +19,7 @@ from orchestrator.tools.suites import suite_sources
 from reward_service.pool import ScoringPool
 from rollout.channel import WeightChannel
 from rollout.pool import PoolOptions, RolloutPool
+from rollout.sync_check import SyncCheck
 from runtime import watchdog
 from runtime.device import malloc_env
 from runtime.endpoint_auth import REWARD_KEY_ENV, env_key
@@ -73,7 +74,10 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
     scoring = start_scoring(cfg, model_path, where)
     learner = start_learner(cfg, model_path, where)
     in_flight = cfg.async_training.mode.value == "in_flight"
-    channel = WeightChannel(rollout, learner, cfg.rollout.sync_bucket_mb, cfg.watchdog.collective_timeout_s, in_flight)
+    check = SyncCheck.of(cfg.rollout, cfg.learner.lora.rank > 0)
+    channel = WeightChannel(
+        rollout, learner, cfg.rollout.sync_bucket_mb, cfg.watchdog.collective_timeout_s, in_flight, check
+    )
     gateway = start_gateway(rollout.workers, model_path, cfg.rollout) if cfg.rollout.endpoint.enabled else None
     return Roles(rollout, scoring, learner, channel, gateway, placement_group, where.sleep_engines)
 

@@ -129,8 +129,7 @@ class Trainer:
         LearnerLost."""
         self.recovery.recover(lambda: self.step, error, self.batches.replayable)
 
-    def _move_to(self, step: int) -> None:
-        """The loop at a restored checkpoint's step (LoopState.load_state_dict, on resume and recovery)."""
+    def _move_to(self, step: int) -> None:  # the loop at a restored checkpoint's step (LoopState.load_state_dict)
         self.step = step
 
     def evaluate(self) -> dict[str, float]:
@@ -206,6 +205,7 @@ class Trainer:
             **t,
             "kl/coef_next": kl_coef,
             "rollout/engines": len(r.rollout),  # the members at the step's end (one that left in it is gone)
+            "sync/probe_gap": r.channel.probe_gap,  # the last checked sync's (rollout/sync_check.py)
             **self.state.counts(),
             **batch_staleness(batch, self.step, self.batches.staleness_bound),
             **busy_metrics(t, busy_before, r.busy()),  # the bound in force

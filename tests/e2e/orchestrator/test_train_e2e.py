@@ -92,6 +92,7 @@ def test_a_run_learns_syncs_every_step_and_logs_everything(ray_cluster, policy, 
     assert abs(before["eval/sampled/kl_ref"]) < 1e-5 and after["eval/sampled/kl_ref"] > 1e-4
     # weights reach the engines every step: the sampler's logprobs are the learner's own
     assert all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
+    assert all(0 <= r["sync/probe_gap"] < 1e-4 for r in rows)  # every sync checked, and far inside float32's 1e-3
     assert rows[-1]["kl/ref"] > 0  # and the policy did move away from the reference
     health = {k: v for k, v in rows[-1].items() if k.startswith("health/")}
     assert len(health) == 8 and not any(health.values()), health  # a run that learns: no sign said
@@ -242,6 +243,7 @@ def test_a_killed_rollout_worker_and_scoring_service_are_restarted_the_scoring_w
     rows = [r for r in metrics(tmp_path / "restarts") if "timing/total" in r]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["restarts/scoring"] == 1
     assert rows[-1]["rollout/logprob_gap"] < 1e-3  # the restarted engine got the weights
+    assert rows[-1]["sync/probe_gap"] < 1e-4  # and the sync check after its restart's sync passed
     uninterrupted = config(policy, tmp_path, name="no_restart", total_steps=3, **{"reward.normalization": "running"})
     train(uninterrupted)
     want = [r for r in metrics(tmp_path / "no_restart") if "timing/total" in r]
