@@ -37,7 +37,7 @@ class WeightChannel:
         self.receiving: list = []  # the engines' receives of a sync still in flight (send(wait=False))
         self.sync_check = check
         self.probe = pool.probe_ids() if check else []
-        self.unchecked: tuple[list[float], int] | None = None  # a background sync's probe, checked once received
+        self.unchecked: tuple | None = None  # a background sync's probe, version and engines, checked once received
         self.probe_gap = float("nan")  # the last sync's (sync/probe_gap)
         self.connect()
 
@@ -69,8 +69,8 @@ class WeightChannel:
         watchdog.get(
             self.sender.send_weights(self.buckets, background) + ([] if background else receiving), "weight sync"
         )
-        if background:
-            self.receiving, self.unchecked = receiving, expected
+        if background:  # checked on the engines it went to: one that joins meanwhile gets a waited sync of its own
+            self.receiving, self.unchecked = receiving, expected and (*expected, list(self.pool.workers))
             return
         if not self.wire_planned:  # the engines have found their layouts: send in them from now on
             self.buckets, self.wire_planned = self.pool.wire_plan(self.buckets), True
@@ -87,8 +87,10 @@ class WeightChannel:
         """The sync check now, with no sync: the engines must hold the sender's current weights (as `version`)."""
         self._check((self.sender.probe_logprobs(self.probe), version))
 
-    def _check(self, expected: tuple[list[float], int] | None) -> None:
-        """The sync check of the sync whose learner probe is `expected`: (logprobs, version), or None (none)."""
+    def _check(self, expected: tuple | None) -> None:
+        """The sync check of the sync whose learner probe is `expected`: (logprobs, version[, the engines it went
+        to, of which those still members are probed]), or None (nothing to check)."""
         if expected is not None:
-            c = self.sync_check
-            self.probe_gap = check(expected[0], self.pool.probe(self.probe), expected[1], c.path, c.tolerance)
+            c, engines = self.sync_check, expected[2] if len(expected) > 2 else None
+            got = self.pool.probe(self.probe, engines)
+            self.probe_gap = check(expected[0], got, expected[1], c.path, c.tolerance) if got else self.probe_gap

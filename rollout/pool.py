@@ -183,8 +183,13 @@ class RolloutPool:
         """The batch of submit's (or submit_resume's) pending calls, in order. A call that reached an
         engine Ray restarted fails as that engine's death (RayActorError), which the callers' restart
         paths handle."""
+        return RolloutBatch.concat(RolloutPool.collect_engines(pending, "RolloutWorker.generate"))
+
+    @staticmethod
+    def collect_engines(pending: list, what: str) -> list:
+        """The engines' answers to `pending`; one Ray restarted since fails as its death (RayActorError)."""
         try:
-            return RolloutBatch.concat(watchdog.get(pending, "RolloutWorker.generate"))
+            return watchdog.get(pending, what)
         except ray.exceptions.RayTaskError as e:
             if not isinstance(e.cause, EngineRestarted):
                 raise
@@ -295,9 +300,11 @@ class RolloutPool:
     def probe_ids(self) -> list[int]:
         return watchdog.get(self.workers[0].probe_ids.remote(), "sync check")
 
-    def probe(self, ids: list[int]) -> list[list[float]]:
-        """Every engine's logprobs of the probe `ids` (the sync check, rollout/sync_check.py)."""
-        return watchdog.get([w.probe.remote(ids) for w in self.workers], "sync check")
+    def probe(self, ids: list[int], engines: list | None = None) -> list[list[float]]:
+        """Each engine's logprobs of the probe `ids` (the sync check, rollout/sync_check.py): every member, or
+        those of `engines` still members. An engine Ray restarted since fails as its death (RayActorError)."""
+        members = [w for w in self.workers if engines is None or w in engines]
+        return self.collect_engines([w.probe.remote(ids) for w in members], "sync check")
 
     def weight_checksums(self) -> list[float]:
         return watchdog.get([w.weight_checksum.remote() for w in self.workers])

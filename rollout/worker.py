@@ -15,7 +15,7 @@ import torch
 
 from envs.config import EnvConfig
 from envs.registry import make_factory
-from rollout.async_engine import AsyncEngine, token_versions
+from rollout.async_engine import AsyncEngine, EngineRestarted, token_versions
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.continuation import joined
 from rollout.engine import (
@@ -317,7 +317,11 @@ class RolloutWorker(Profiled, Busy):
 
     async def probe(self, ids: list[int]) -> list[float]:
         """This engine's logprobs of the probe's tokens after the first, with the weights it holds now. Outside
-        the calls' order (AsyncEngine.call): the channel asks once the sync has loaded."""
+        the calls' order (AsyncEngine.call): the channel asks once the sync has loaded. An engine Ray restarted
+        since holds the initial weights: it fails as a restarted engine's calls do, not as a bad sync."""
+        e = self.engine
+        if e.restarted_actor is not None and e.loads == 0:
+            raise EngineRestarted(e.restarted_actor, 0)
         out = (await self.engine.generate([ids], [probe_params()]))[0]
         return prompt_logprobs(out, ids)
 

@@ -49,12 +49,14 @@ def test_a_sync_that_arrived_passes_and_one_that_did_not_fails_naming_version_pa
     train(learner, tiny_model, 0)
     channel.send(version=1)
     assert 0 <= channel.probe_gap < CHECK.tolerance / 10  # float32 on both sides: far inside the tolerance
+    train(learner, tiny_model, 5)
     channel.send(version=2, wait=False)  # a background sync: checked once the engines have it
     assert channel.unchecked is not None
+    train(learner, tiny_model, 6)  # the learner moves on meanwhile: the check is against the version sent
     channel.wait_sent()
     assert channel.unchecked is None and channel.probe_gap < CHECK.tolerance / 10
 
-    train(learner, tiny_model, 1)  # the learner moves on; the engines keep version 2's weights (a lost load)
+    train(learner, tiny_model, 1)  # and on; the engines keep version 2's weights (as after a lost load)
     with pytest.raises(SyncCheckFailed, match=r"policy version 3 \(full weights, float32\): engine 0 .* nats"):
         channel.verify(version=3)
     channel.send(version=3)  # a real sync repairs it
