@@ -88,7 +88,10 @@ class Members:
         if not self.elastic:
             await_ready(workers, timeout_s)
             return 0
-        left = self._drop(await_ready(workers, timeout_s, self._gone, len(workers)))
+        await_ready(workers, timeout_s, self._gone, len(workers))
+        # then every member gone, not only those await_ready gave up on: Ray marks a killed actor DEAD before its
+        # process exits, so a call may still be answered by one that is dead already
+        left = self._drop(self.gone_members())
         self._refill(timeout_s)
         return left
 
@@ -97,8 +100,7 @@ class Members:
         refill to `fewest`, as recover). Returns how many left."""
         if not self.elastic:
             return 0
-        alive = alive_nodes()
-        left = self._drop([w for w in self.pool.workers if self._gone(w, alive)])
+        left = self._drop(self.gone_members())
         self._refill(timeout_s)
         return left
 
@@ -117,7 +119,7 @@ class Members:
 
     def _drop(self, gone: list) -> int:
         workers, alive = self.pool.workers, alive_nodes() if gone else set()
-        self.crashed += sum(self.nodes.get(engine._actor_id.hex()) in alive for engine in gone)
+        self.crashed += sum(self.nodes.get(engine._actor_id.hex()) in alive for engine in gone)  # on a live node
         if self.crashed > self.max_restarts:
             raise EnginesLost(
                 f"rollout engines died on live nodes {self.crashed} times, more than cluster.max_restarts "
@@ -132,8 +134,12 @@ class Members:
         self._top_up()
         return len(gone)
 
+    def gone_members(self) -> list:
+        """The members dead (no restart comes) or on a node that left (Ray may not have marked them dead yet)."""
+        alive = alive_nodes()
+        return [w for w in self.pool.workers if self._gone(w, alive)]
+
     def _gone(self, engine, alive: set[str] | None = None) -> bool:
-        """Dead (no restart comes), or on a node that left (Ray may not have marked it dead yet)."""
         node = self.nodes.get(engine._actor_id.hex())
         left = bool(node) and node not in (alive_nodes() if alive is None else alive)
         return left or ray_state(engine) == "DEAD"

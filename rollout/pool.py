@@ -21,7 +21,7 @@ from rollout.types import Prompt, RolloutBatch
 from rollout.weight_sync import GLOO_BACKEND, GroupAddress, TensorMeta, init_info, update_info
 from rollout.worker import RolloutWorker
 from runtime import watchdog
-from runtime.actors import actor_options, alive_nodes, busy_seconds, died_among, restart_count
+from runtime.actors import actor_options, busy_seconds, died_among, restart_count
 from runtime.device import malloc_env
 
 
@@ -91,8 +91,8 @@ class RolloutPool:
         env_vars = engine_env(cfg, threads, gpu=options.num_gpus > 0) | malloc_env(
             options.keep_freed_memory, options.num_gpus > 0, threaded=True
         )
-        elastic = options.max_workers > num_workers  # its engines are replaced, never restarted (rollout/members.py)
-        restarts = 0 if elastic else options.max_restarts
+        # an elastic pool's engines are replaced, never restarted (rollout/members.py)
+        restarts = 0 if options.max_workers > num_workers else options.max_restarts
         ray_options = actor_options(options.num_cpus, options.num_gpus, restarts, env_vars, options.resources)
         # an async actor (its methods are coroutines): calls share the engine, busy_seconds answers mid-generate
         actor = ray.remote(RolloutWorker)
@@ -231,10 +231,7 @@ class RolloutPool:
     def failed_since(self, restarts: list[int]) -> bool:
         """Whether an engine died since restart_counts() gave `restarts`: Ray restarted one, or (an elastic
         pool's, never restarted) one is dead or gone with its node."""
-        if self.restart_counts() != restarts:
-            return True
-        alive = alive_nodes() if self.elastic else set()
-        return self.elastic and any(self.members._gone(w, alive) for w in self.workers)
+        return self.restart_counts() != restarts or (self.elastic and bool(self.members.gone_members()))
 
     @property
     def sync_world_size(self) -> int:

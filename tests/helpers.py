@@ -40,6 +40,23 @@ def jsonl_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def tiny_learner(model_path, world=1, zero=0, lr=5e-3, algo=None, group=4, **cfg_kw):
+    """A LearnerGroup on the test cluster without a CPU reservation (one thread a rank): GRPO on mini-batches
+    of 8 in micro-batches of 4 unless `algo` says otherwise."""
+    from learner.config import AlgorithmConfig, Estimator, LearnerConfig
+    from learner.group import LearnerGroup, RankPlacement
+    from runtime.logprobs import SamplerSettings
+
+    return LearnerGroup(
+        LearnerConfig(model_path=model_path, lr=lr, zero_stage=zero, **cfg_kw),
+        algo or AlgorithmConfig(estimator=Estimator.grpo, mini_batch_size=8, micro_batch_size=4),
+        SamplerSettings(n_samples_per_prompt=group),
+        world,
+        seed=0,
+        placement=RankPlacement(num_cpus=0, threads=1),
+    )
+
+
 def make_scored_batch(model_path, n_prompts=4, group=4, seed=0, rewards=None):
     """A RolloutBatch of random prompts/responses (ragged) and its ScoredBatch with real reference
     logprobs; rewards random unless given."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import ray
@@ -187,23 +188,26 @@ class Roles:
         if not (left or joined):
             return
         log.warning("rollout engines: %d left, %d joined; %d now", left, joined, len(self.rollout))
-        # engines left: the old group is broken, and what was in flight on them is launched again, so no
-        # sync waits for it; engines only joined: the calls sent so far still run, and the next sync waits for them
-        restarted = self.sync_weights(version, True, on_restart, regroup="reset" if left else "keep")
+
+        def regroup():  # the sync group rebuilt with the members, before the sync
+            if not left:  # engines only joined: the calls sent so far still run, and the next sync waits for them
+                self.channel.wait_sent()
+            self.channel.connect(keep_order=not left)
+
+        # engines left: the old group is broken, and what was in flight on them is launched again
+        restarted = self.sync_weights(version, True, on_restart, first=regroup)
         if left and not restarted:
             on_restart()
 
-    def sync_weights(self, version: int, wait: bool, on_restart, regroup: str = "") -> bool:
+    def sync_weights(self, version: int, wait: bool, on_restart, first: Callable[[], None] | None = None) -> bool:
         """The learner's weights to the engines as policy `version` (wait=False: do not wait for the
-        engines; regroup "keep" or "reset": rebuild the sync group first, change_members). If an engine died (or
+        engines; `first()` runs before, under the same recovery: change_members' regroup). If an engine died (or
         the watchdog killed a stuck one: the sender's broadcast then fails too), restart_rollout, then
         `on_restart()` (launch again what was lost). Returns whether it did."""
         restarts = self.rollout.restart_counts()
         try:
-            if regroup == "keep":
-                self.channel.wait_sent()
-            if regroup:
-                self.channel.connect(keep_order=regroup == "keep")
+            if first is not None:
+                first()
             self.channel.send(version, wait=wait)
             return False
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:

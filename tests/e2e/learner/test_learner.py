@@ -22,7 +22,7 @@ from learner.config import (
 )
 from learner.group import LearnerGroup, RankPlacement
 from runtime.logprobs import SamplerSettings
-from tests.helpers import make_scored_batch
+from tests.helpers import make_scored_batch, tiny_learner
 
 pytestmark = pytest.mark.e2e
 GROUP = 4
@@ -34,15 +34,7 @@ def algo(**kw):
 
 
 def learners(model, world=1, zero=0, a=None, **cfg_kw):
-    cfg = LearnerConfig(model_path=model, lr=1e-3, zero_stage=zero, **cfg_kw)
-    return LearnerGroup(
-        cfg,
-        a or algo(),
-        SamplerSettings(n_samples_per_prompt=GROUP),
-        world,
-        seed=0,
-        placement=RankPlacement(num_cpus=0, threads=1),
-    )
+    return tiny_learner(model, world, zero, lr=1e-3, algo=a or algo(), group=GROUP, **cfg_kw)
 
 
 def changed(a: dict, b: dict) -> set[str]:

@@ -179,7 +179,7 @@ def test_in_flight_checkpoints_keep_cut_samples_which_the_run_and_a_resumed_run_
         "rollout.max_num_seqs": 4,
         "total_steps": 3,
         "eval.every_n_steps": 0,  # an evaluation would wait on the held engine
-        "rollout.sync_check": "false",  # so would the sync check's probe (tests/e2e/rollout/test_sync_check_e2e.py)
+        "rollout.sync_check": "false",  # so would the sync check's probe (tests/e2e/learner/test_learner_sync.py)
         "checkpoint.every_n_steps": 1,
         "checkpoint.keep_last": 5,
     }

@@ -1,5 +1,5 @@
 """The sync check's arithmetic (rollout/sync_check.py), by hand; the real engines and learner:
-tests/e2e/rollout/test_sync_check_e2e.py."""
+tests/e2e/learner/test_learner_sync.py."""
 
 from types import SimpleNamespace
 
