@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from learner.worker import Learner, node_address
 from rollout.weight_sync import GroupAddress, encode_plan
 from runtime import watchdog
 from runtime.actors import died_among
-from runtime.device import malloc_env
+from runtime.device import cpu_cores, malloc_env
 from runtime.logprobs import SamplerSettings
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def start_ranks(actor_cls, world_size: int, make_args, placement: RankPlacement 
     there; rank 0 is then pinned to it (a placement-group bundle already is)."""
     p = placement or RankPlacement()
     scheduling = p.scheduling
-    threads = p.threads or max(1, (os.cpu_count() or 1) // world_size)
+    threads = p.threads or max(1, cpu_cores() // world_size)
     options = rank_options(p.num_cpus, p.num_gpus, threads, p.resources, p.env)
     place = [{"scheduling_strategy": s} for s in scheduling] if scheduling else [{}] * world_size
     probe = {k: v for k, v in options.items() if k != "runtime_env"} | place[0]

@@ -5,7 +5,6 @@ actors are started and placed."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from rollout.weight_sync import GLOO_BACKEND, GroupAddress, TensorMeta, init_inf
 from rollout.worker import RolloutWorker
 from runtime import watchdog
 from runtime.actors import actor_options, busy_seconds, died_among, restart_count
-from runtime.device import malloc_env
+from runtime.device import cpu_cores, malloc_env
 
 
 def sync_ranks(num_workers: int, tensor_parallel_size: int) -> tuple[int, list[int]]:
@@ -87,7 +86,7 @@ class RolloutPool:
         options = options or PoolOptions()
         self.model_path = model_path
         self.tensor_parallel_size = cfg.tensor_parallel_size
-        threads = cfg.cpu_threads or max(1, (os.cpu_count() or 1) // num_workers)
+        threads = cfg.cpu_threads or max(1, cpu_cores() // num_workers)
         env_vars = engine_env(cfg, threads, gpu=options.num_gpus > 0) | malloc_env(
             options.keep_freed_memory, options.num_gpus > 0, threaded=True
         )

@@ -9,9 +9,16 @@ installed, so a CPU actor on a GPU node stays on the CPU.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 import torch
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity: a `taskset`, a container's cpuset), not the machine's:
+    thread counts sized by os.cpu_count() oversubscribe a process pinned to fewer."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def process_device() -> torch.device:

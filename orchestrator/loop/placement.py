@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import ray
+
+from runtime.device import cpu_cores
 
 
 @dataclass
@@ -55,7 +56,7 @@ def cpu_threads(cfg) -> tuple[int, int, int]:
     other half: oversubscribed cores would make both sides slower than taking turns. The scoring
     service judges each batch behind its generation, while the engines wait (PromptBatches.score_next_ahead),
     so it gets the engines' half. With bundles of their own, Ray's setting (their CPUs) stands."""
-    c, cores = cfg.cluster, os.cpu_count() or 1
+    c, cores = cfg.cluster, cpu_cores()
     if not c.colocate:
         return cfg.rollout.cpu_threads, cfg.learner.threads, 0
     if cfg.async_training.mode.value == "sync" or c.gpus_per_rollout_worker > 0:

@@ -237,7 +237,7 @@ def test_async_modes_split_colocated_cpu_cores_between_engines_and_learner(monke
 
     from orchestrator.loop.placement import cpu_threads
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # the cores this process may use
     assert cpu_threads(load_config(DEFAULT)) == (0, 0, 8)  # sync: roles take turns, each on every core
     assert cpu_threads(load_config(DEFAULT, ["async_training.mode=one_step"])) == (4, 4, 4)
     assert cpu_threads(

@@ -118,12 +118,14 @@ def test_sync_ranks_give_every_tensor_parallel_worker_its_own_rank():
     assert sorted(f + tp for f in first for tp in range(4)) == list(range(1, world))
 
 
-def test_cpu_tensor_parallel_workers_get_disjoint_cores():
+def test_cpu_tensor_parallel_workers_get_disjoint_cores(monkeypatch):
     import os
 
     from rollout.engine import cpu_bind
 
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 4, 5})  # a process pinned to cores 2-5
     cores = sorted(os.sched_getaffinity(0))
+    assert cpu_bind(2) == "2-3|4-5"
     parts = cpu_bind(2).split("|")
     assert len(parts) == 2 and parts[0].split("-")[0] == str(cores[0])
     with pytest.raises(ValueError, match="tensor_parallel_size: .* CPU workers need at least"):
