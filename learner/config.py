@@ -256,6 +256,13 @@ class ValueHead(str, Enum):
     separate = "separate"  # its own critic model
 
 
+class LoraSync(str, Enum):
+    """What a weight sync of a LoRA run sends the engines."""
+
+    adapter = "adapter"  # the adapter alone; vLLM serves it on the base weights (AsyncLLM.add_lora)
+    merged = "merged"  # the base weights with the adapter merged in: for a model vLLM serves no LoRA for
+
+
 class CriticInit(str, Enum):
     """What a separate critic starts from."""
 
@@ -307,6 +314,9 @@ class LoraConfig:
     """dropout on the adapters' input while training"""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """names of the modules that get adapters (peft target_modules)"""
+    sync: LoraSync = LoraSync.adapter
+    """what each weight sync sends: the adapter alone (vLLM's LoRA), or the merged weights (a model vLLM
+    serves no LoRA for, e.g. GPT-2)"""
 
 
 @dataclass

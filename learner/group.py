@@ -199,6 +199,11 @@ class LearnerGroup:
         plan = encode_plan(buckets)
         return [r.send_weights.remote(plan, background) for r in self.ranks]
 
+    def adapter_weights(self):
+        """A pending call: rank 0's LoRA adapter (WeightSender.adapter_weights). Handed to the engines as it is,
+        the adapter goes from rank 0 to them through Ray's object store, never through the driver."""
+        return self.ranks[0].adapter_weights.remote()
+
     def policy_state(self):
         return self._all("policy_state")[0]
 

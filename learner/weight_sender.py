@@ -117,6 +117,19 @@ class WeightSender:
                 return sent
             return send_weights(self.sync_group, buckets, params.__getitem__) if self.rank == 0 else 0
 
+    def adapter_weights(self) -> dict:
+        """The LoRA adapter as PEFT saves it: its tensors (on the CPU, in the engines' dtype) and its config;
+        what each adapter sync loads on the engines (rollout/adapters.py). ZeRO 0-2 only (LoRA refuses 3),
+        so rank 0 holds every tensor."""
+        import json
+
+        from peft import get_peft_model_state_dict
+
+        lm, dtype = self.policy.lm, getattr(torch, self.cfg.dtype.value)
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in get_peft_model_state_dict(lm).items()}
+        config = json.loads(json.dumps(lm.peft_config["default"].to_dict(), default=sorted))  # sets as lists
+        return {"tensors": tensors, "config": config}
+
     def _send_in_background(self, buckets: list[list[TensorMeta]], params: dict) -> int:
         """Rank 0 stages a copy and a thread sends it (relay_gloo: bucket by bucket; nccl: packed)."""
         if self.rank != 0:

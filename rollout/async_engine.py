@@ -26,6 +26,8 @@ import logging
 import os
 from collections import Counter
 
+from rollout.adapters import Adapters
+
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +65,7 @@ class AsyncEngine:
     def __init__(self, llm, restarted_actor: str | None = None):
         """restarted_actor: this actor's id when Ray restarted it (EngineRestarted), else None."""
         self.llm, self.restarted_actor = llm, restarted_actor
+        self.adapters: Adapters | None = None  # learner.lora.sync adapter: the LoRA adapters requests sample with
         self.version = 0
         self.serial = 0  # the last weight sync taken, by the pool's numbering
         self.loads = 0  # weight loads taken (whatever their version): the prefix cache's salt
@@ -71,6 +74,7 @@ class AsyncEngine:
         self._adding: asyncio.Lock | None = None  # held by the call adding its requests
         self._ids = itertools.count()
         self._live: set[str] = set()  # requests added and not yet finished (preempt)
+        self._lora: dict[str, object] = {}  # request id -> the adapter it samples with (Adapters.take)
         self._running = 0  # the worker's calls under way
         self._arrived: Counter[int] = Counter()  # calls admitted, by the sync they were sent after
         self._decoding = 0  # generate calls whose requests are in the engine
@@ -150,6 +154,9 @@ class AsyncEngine:
         finally:
             self._decoding -= 1
             self._live.difference_update(c.request_id for c in collectors)
+            if self.adapters is not None:
+                for c in collectors:
+                    await self.adapters.release(self._lora.pop(c.request_id, None))
 
     async def preempt(self) -> int:
         """End every request now with what it has sampled so far (vLLM's abort: its final output, finish
@@ -188,8 +195,17 @@ class AsyncEngine:
         # the salt keeps the prefix cache to KV computed by the weights of this load or, in flight, a
         # later one (a request added before an in-flight sync may prefill after it): no reset needed
         request = {"prompt_token_ids": ids, "cache_salt": f"w{self.loads}"}
-        collector = await self.llm.add_request(f"relay-{next(self._ids)}", request, params)
+        lora = self.adapters.take() if self.adapters is not None else None  # the newest adapter, for its whole life
+        try:
+            adapter = {"lora_request": lora} if lora is not None else {}
+            collector = await self.llm.add_request(f"relay-{next(self._ids)}", request, params, **adapter)
+        except BaseException:
+            if lora is not None:
+                await self.adapters.release(lora)
+            raise
         self._live.add(collector.request_id)
+        if lora is not None:
+            self._lora[collector.request_id] = lora
         return collector
 
     async def _final(self, collector):

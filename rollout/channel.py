@@ -39,6 +39,7 @@ class WeightChannel:
         self.probe = pool.probe_ids() if check else []
         self.unchecked: tuple | None = None  # a background sync's probe, version and engines, checked once received
         self.probe_gap = float("nan")  # the last sync's (sync/probe_gap)
+        self.sent_bytes = 0  # the last sync's payload, as each engine takes it (sync/bytes)
         self.connect()
 
     def connect(self, keep_order: bool = False) -> None:
@@ -47,6 +48,10 @@ class WeightChannel:
         engine restarted, a sync in flight died with the old group. keep_order: engines joined, and the
         calls sent before still run (RolloutPool.init_weight_sync)."""
         self.receiving, self.unchecked = [], None
+        if self.pool.adapters:  # no transfer group: an adapter goes through Ray's object store
+            if not keep_order:
+                self.pool.forget_calls()
+            return
         host, port = self.sender.sync_address(self.pool.sync_backend, self.timeout_s)
         engines = self.pool.init_weight_sync(host, port, self.timeout_s, self.bucket_bytes, keep_order)
         address = GroupAddress(host, port, 0, self.pool.sync_world_size, self.timeout_s, self.bucket_bytes)
@@ -60,15 +65,17 @@ class WeightChannel:
         engines read the sender's memory: always waited for."""
         self.wait_sent()
         expected = (self.sender.probe_logprobs(self.probe), version) if self.sync_check else None  # before they leave
+        if self.pool.adapters:
+            return self._send_adapter(version, wait, expected)
         if self.pool.sync_backend == IPC_BACKEND:
             infos = watchdog.get(self.sender.send_weights(self.buckets), "weight sync (IPC handles)")
             watchdog.get(self.pool.take_update(merge_ipc_update_infos(infos), version, self.in_flight), "weight sync")
             return self._check(expected)
         background = not wait and self.wire_planned
         receiving = self.pool.receive_weights(self.buckets, version, self.in_flight)
-        watchdog.get(
+        self.sent_bytes = watchdog.get(
             self.sender.send_weights(self.buckets, background) + ([] if background else receiving), "weight sync"
-        )
+        )[0]  # rank 0's
         if background:  # checked on the engines it went to: one that joins meanwhile gets a waited sync of its own
             self.receiving, self.unchecked = receiving, expected and (*expected, list(self.pool.workers))
             return
@@ -76,10 +83,27 @@ class WeightChannel:
             self.buckets, self.wire_planned = self.pool.wire_plan(self.buckets), True
         self._check(expected)
 
+    def _send_adapter(self, version: int, wait: bool, expected: tuple | None) -> None:
+        """The LoRA adapter alone (learner.lora.sync adapter): rank 0's copy reaches every engine through Ray's
+        object store, and each loads it under a new id (rollout/adapters.py)."""
+        receiving = self.pool.receive_adapter(self.sender.adapter_weights(), version, self.in_flight)
+        if not wait:
+            self.receiving, self.unchecked = receiving, expected and (*expected, list(self.pool.workers))
+            return
+        self.sent_bytes = watchdog.get(receiving, "weight sync (LoRA adapter)")[0]
+        self._check(expected)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """sync/probe_gap: the last checked sync's (rollout/sync_check.py); sync/bytes: the last sync's payload."""
+        return {"sync/probe_gap": self.probe_gap, "sync/bytes": self.sent_bytes}
+
     def wait_sent(self) -> None:
         """Wait for a sync still in flight (a dead engine raises here, as in any other call), then check it."""
         receiving, self.receiving = self.receiving, []
-        watchdog.get(receiving, "weight sync (the engines' receive)")
+        got = watchdog.get(receiving, "weight sync (the engines' receive)")
+        if got and self.pool.adapters:
+            self.sent_bytes = got[0]  # each engine's load answers with the adapter's bytes
         expected, self.unchecked = self.unchecked, None
         self._check(expected)
 

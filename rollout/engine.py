@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from rollout.adapters import engine_lora_args
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.weight_sync import GLOO_BACKEND, IPC_BACKEND, NCCL_BACKEND
 
@@ -63,16 +64,19 @@ def make_engine(
     device: torch.device,
     sleep_mode: bool = False,
     step_samples: int = 0,
+    lora_rank: int = 0,
 ):
     """An AsyncLLM (its engine core in a child process of the worker). `device`: the worker's
     (runtime.device.process_device); sleep mode needs a GPU. `step_samples`: this worker's share of a
-    step's samples (RolloutPool), decoded in one wave on CPU."""
+    step's samples (RolloutPool), decoded in one wave on CPU. `lora_rank`: serves LoRA adapters (0: none)."""
     # imported late: the environment above must be in place first
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(
-        AsyncEngineArgs(**engine_args(cfg, model_path, seed, device, sleep_mode, step_samples))
+        AsyncEngineArgs(
+            **engine_args(cfg, model_path, seed, device, sleep_mode, step_samples), **engine_lora_args(lora_rank)
+        )
     )
 
 

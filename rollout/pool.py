@@ -65,6 +65,8 @@ class PoolOptions:
     """see runtime.device.malloc_env"""
     max_workers: int = 0
     """an elastic pool's most engines (0: as many as it starts with, fixed); see RolloutPool.admit"""
+    lora_rank: int = 0
+    """the engines serve LoRA adapters of this rank on the base weights (learner.lora.sync adapter); 0: none"""
 
 
 class RolloutPool:
@@ -96,7 +98,8 @@ class RolloutPool:
         # an async actor (its methods are coroutines): calls share the engine, busy_seconds answers mid-generate
         actor = ray.remote(RolloutWorker)
         share = -(-options.step_samples // num_workers)
-        args = (cfg, model_path, seed, threads, options.sleep_mode, share, env)
+        args = (cfg, model_path, seed, threads, options.sleep_mode, share, env, options.lora_rank)
+        self.adapters = options.lora_rank > 0  # weight syncs send the adapter alone (receive_adapter)
         self.workers = [
             actor.options(
                 **ray_options, **({"scheduling_strategy": options.scheduling[i]} if options.scheduling else {})
@@ -245,14 +248,19 @@ class RolloutPool:
         packed chunk, as the sender's. keep_order: the members grew, and the calls sent so far still run
         (the next sync waits for them as ever). Returns the futures to wait on after the sender has joined."""
         world, first = sync_ranks(len(self.workers), self.tensor_parallel_size)
-        if not keep_order:  # a new group after a restart: calls sent before it either died with their
-            self.calls_since_sync = [0] * len(self.workers)  # engine or are generated again, so no sync waits for them
+        if not keep_order:
+            self.forget_calls()
         return [
             w.init_weight_sync.remote(
                 init_info(self.sync_backend, GroupAddress(host, port, r, world, timeout_s, bucket_bytes))
             )
             for w, r in zip(self.workers, first)
         ]
+
+    def forget_calls(self) -> None:
+        """A new sync group after a restart: the calls sent before it either died with their engine or are
+        generated again, so no sync waits for them."""
+        self.calls_since_sync = [0] * len(self.workers)
 
     def receive_weights(self, buckets: list[list[TensorMeta]], version: int | None = None, in_flight=False) -> list:
         """Start every worker's receive of policy `version`, between its calls or in flight (mid-sequence);
@@ -264,6 +272,14 @@ class RolloutPool:
         from the sender) as policy `version`."""
         return [
             w.receive_weights.remote(info, version, in_flight, order)
+            for w, order in zip(self.workers, self.sync_order())
+        ]
+
+    def receive_adapter(self, adapter, version: int | None = None, in_flight: bool = False) -> list:
+        """Start every worker's load of `adapter` (a pending learner call: Ray hands each engine its result)
+        as policy `version`, in the calls' order as receive_weights."""
+        return [
+            w.load_adapter.remote(adapter, version, in_flight, order)
             for w, order in zip(self.workers, self.sync_order())
         ]
 

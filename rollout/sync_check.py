@@ -30,11 +30,12 @@ class SyncCheck:
     tolerance: float
 
     @staticmethod
-    def of(rollout_cfg, lora: bool) -> SyncCheck | None:
-        """rollout.sync_check's check for a run in rollout.dtype (LoRA: merged adapters travel); None when off."""
+    def of(rollout_cfg, lora: str = "") -> SyncCheck | None:
+        """rollout.sync_check's check for a run in rollout.dtype; lora: what a LoRA run's syncs send (learner.lora.sync,
+        "adapter" or "merged"; "" without LoRA); None when off."""
         if not rollout_cfg.sync_check:
             return None
-        path = "merged LoRA weights" if lora else "full weights"
+        path = {"adapter": "LoRA adapter", "merged": "merged LoRA weights"}.get(lora, "full weights")
         tolerance = rollout_cfg.sync_check_tolerance or TOLERANCE[rollout_cfg.dtype]
         return SyncCheck(f"{path}, {rollout_cfg.dtype}", tolerance)
 

@@ -15,6 +15,7 @@ import torch
 
 from envs.config import EnvConfig
 from envs.registry import make_factory
+from rollout.adapters import Adapters
 from rollout.async_engine import AsyncEngine, EngineRestarted, token_versions
 from rollout.config import RolloutConfig, SamplingConfig
 from rollout.continuation import joined
@@ -58,8 +59,10 @@ class RolloutWorker(Profiled, Busy):
         sleep_mode: bool = False,
         step_samples: int = 0,
         env: EnvConfig | None = None,
+        lora_rank: int = 0,
     ):
-        """env: the environment its samples play (multi-turn episodes); None or no name = single-turn."""
+        """env: the environment its samples play (multi-turn episodes); None or no name = single-turn.
+        lora_rank: serve LoRA adapters of this rank on the base weights (learner.lora.sync adapter); 0: none."""
         self.env = env if env is not None and env.name else None
         self.env_factory = make_factory(self.env.name, self.env.options) if self.env else None
         self.device = process_device()
@@ -68,8 +71,11 @@ class RolloutWorker(Profiled, Busy):
         context = ray.get_runtime_context() if ray.is_initialized() else None  # None: built outside Ray (tests)
         restarted = context.get_actor_id() if context and context.was_current_actor_reconstructed else None
         self.engine = AsyncEngine(
-            make_engine(cfg, model_path, stream_seed(seed, "engine"), self.device, sleep_mode, step_samples), restarted
+            make_engine(cfg, model_path, stream_seed(seed, "engine"), self.device, sleep_mode, step_samples, lora_rank),
+            restarted,
         )
+        if lora_rank > 0:
+            self.engine.adapters = Adapters(self.engine.llm)
         self.tokenizer = self.engine.llm.get_tokenizer()
         self.asleep = False
         # see rollout.transfer.GlooUpdateInfo.direct. CPU tensor-parallel layers lose their
@@ -301,6 +307,21 @@ class RolloutWorker(Profiled, Busy):
         its arguments into lists)."""
         return await self.receive_weights({"payload": pickle.dumps(named_tensors)}, version, in_flight, order)
 
+    async def load_adapter(
+        self, adapter: dict, version: int | None = None, in_flight: bool = False, order: tuple[int, int] | None = None
+    ) -> int:
+        """Take one adapter sync (rollout/adapters.py) as policy `version`, in the order receive_weights takes
+        a full one; requests added from then on sample with it. Returns the adapter's bytes."""
+        async with self.engine.weights(*(order or (None, 0)), in_flight):
+            loaded = await self.engine.adapters.load(adapter, self.version if version is None else version)
+            if version is not None:
+                await self.engine.set_version(version)
+        return loaded
+
+    async def adapters_loaded(self) -> tuple[list[int], int]:
+        """(the policy versions of the adapters this engine holds, the adapters vLLM has loaded)."""
+        return self.engine.adapters.loaded(), len(await self.engine.llm.list_loras())
+
     async def weight_routes(self) -> dict[str, tuple[str, int, bool]]:
         """Tensors that load by direct copy (rollout/load_routes.py): name -> (parameter, first row, transposed)."""
         routes = (await self.engine.rpc("relay_routes"))[0]
@@ -349,3 +370,5 @@ class RolloutWorker(Profiled, Busy):
 
     def shutdown(self) -> None:
         self.engine.llm.shutdown()
+        if self.engine.adapters is not None:
+            self.engine.adapters.close()

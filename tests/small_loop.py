@@ -165,7 +165,9 @@ class Learner:
 
 class Channel:
     def __init__(self, calls: list):
-        self.calls, self.probe_gap = calls, 0.0
+        self.calls = calls
+
+    metrics = {"sync/probe_gap": 0.0, "sync/bytes": 0}
 
     def send(self, version: int, wait: bool = True) -> None:
         self.calls.append(("sync", version))

@@ -40,6 +40,15 @@ def check_cluster(cfg):
         )
     if c.learner_ranks < 1:
         yield "cluster.learner_ranks", f"must be >= 1, got {c.learner_ranks}"
+    lora = cfg.learner.lora
+    if lora.rank > 0 and lora.sync.value == "adapter" and a.mode.value == "in_flight":
+        yield (
+            "learner.lora.sync",
+            (
+                "in_flight updates a running sequence's weights mid-way, but a request samples with one adapter "
+                "from start to end: use learner.lora.sync=merged with in_flight, or another mode"
+            ),
+        )
     yield from check_engines(cfg)
 
 

@@ -18,6 +18,7 @@ from orchestrator.loop.endpoint import start_gateway
 from orchestrator.loop.placement import RoleBundles, cpu_threads, one_unit_of, placement
 from orchestrator.tools.suites import suite_sources
 from reward_service.pool import ScoringPool
+from rollout.adapters import refuse_unservable
 from rollout.channel import WeightChannel
 from rollout.pool import PoolOptions, RolloutPool
 from rollout.sync_check import SyncCheck
@@ -75,7 +76,7 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
     scoring = start_scoring(cfg, model_path, where)
     learner = start_learner(cfg, model_path, where)
     in_flight = cfg.async_training.mode.value == "in_flight"
-    check = SyncCheck.of(cfg.rollout, cfg.learner.lora.rank > 0)
+    check = SyncCheck.of(cfg.rollout, lora_sync(cfg.learner))
     channel = WeightChannel(
         rollout, learner, cfg.rollout.sync_bucket_mb, cfg.watchdog.collective_timeout_s, in_flight, check
     )
@@ -83,10 +84,26 @@ def start_roles(cfg: TrainConfig, model_path: str) -> Roles:
     return Roles(rollout, scoring, learner, channel, gateway, placement_group, where.sleep_engines)
 
 
+LORA_SYNC = {
+    "adapter": "the adapter alone, which vLLM's LoRA applies to the base weights the engines loaded once",
+    "merged": "the whole model with the adapter merged in, at every sync",
+}
+
+
+def lora_sync(learner_cfg) -> str:
+    """What a LoRA run's weight syncs send (learner.lora.sync: "adapter" or "merged"); "" without LoRA."""
+    lora = learner_cfg.lora
+    return str(getattr(lora.sync, "value", lora.sync)) if lora.rank > 0 else ""
+
+
 def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> RolloutPool:
     """The rollout pool: cluster.engines engines, in their bundles, or (an elastic pool, whose engines no
     bundle holds) each asking the cluster for its CPU, GPUs and rollout resource, up to cluster.max_engines."""
-    c = cfg.cluster
+    c, sync = cfg.cluster, lora_sync(cfg.learner)
+    if sync == "adapter":
+        refuse_unservable(model_path, list(cfg.learner.lora.target_modules))
+    if sync:
+        print(f"relay: LoRA weight sync: {LORA_SYNC[sync]} (learner.lora.sync {sync})", flush=True)
     return RolloutPool(
         dataclasses.replace(cfg.rollout, cpu_threads=where.threads[0]),
         model_path,
@@ -102,6 +119,7 @@ def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Ro
             max_workers=c.max_engines,
             step_samples=cfg.data.rollout_batch_size * cfg.rollout.sampling.n_samples_per_prompt,
             keep_freed_memory=c.cpu_keep_freed_memory,
+            lora_rank=cfg.learner.lora.rank if lora_sync(cfg.learner) == "adapter" else 0,
         ),
         env=cfg.env,
     )

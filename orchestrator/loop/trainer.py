@@ -205,7 +205,7 @@ class Trainer:
             **t,
             "kl/coef_next": kl_coef,
             "rollout/engines": len(r.rollout),  # the members at the step's end (one that left in it is gone)
-            "sync/probe_gap": r.channel.probe_gap,  # the last checked sync's (rollout/sync_check.py)
+            **r.channel.metrics,  # the sync check's gap and the bytes of the last sync
             **self.state.counts(),
             **batch_staleness(batch, self.step, self.batches.staleness_bound),
             **busy_metrics(t, busy_before, r.busy()),  # the bound in force

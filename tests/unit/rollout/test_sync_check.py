@@ -28,8 +28,9 @@ def test_the_largest_gap_over_tokens_and_engines_names_its_engine():
 
 
 def test_the_check_follows_the_config():
-    assert SyncCheck.of(RolloutConfig(sync_check=False), lora=False) is None
-    assert SyncCheck.of(RolloutConfig(), lora=False) == SyncCheck("full weights, float32", TOLERANCE["float32"])
-    bf16 = SyncCheck.of(RolloutConfig(dtype="bfloat16"), lora=True)
+    assert SyncCheck.of(RolloutConfig(sync_check=False)) is None
+    assert SyncCheck.of(RolloutConfig()) == SyncCheck("full weights, float32", TOLERANCE["float32"])
+    bf16 = SyncCheck.of(RolloutConfig(dtype="bfloat16"), lora="merged")
     assert bf16 == SyncCheck("merged LoRA weights, bfloat16", TOLERANCE["bfloat16"])
-    assert SyncCheck.of(RolloutConfig(sync_check_tolerance=0.01), lora=False).tolerance == 0.01
+    assert SyncCheck.of(RolloutConfig(), lora="adapter") == SyncCheck("LoRA adapter, float32", TOLERANCE["float32"])
+    assert SyncCheck.of(RolloutConfig(sync_check_tolerance=0.01)).tolerance == 0.01
