@@ -102,3 +102,46 @@ def test_a_model_vllm_serves_no_lora_for_is_refused_naming_the_key(tiny_model, l
     with pytest.raises(ValueError, match=r"linear layers, not on \['lm_head'\]"):
         refuse_unservable(llama, ["q_proj", "lm_head"])
     refuse_unservable(llama, TARGETS)  # served
+
+
+def test_a_lora_run_sends_only_the_adapter_and_every_sync_passes_the_check(ray_cluster, llama, tmp_path, capsys):
+    """`relay train`'s loop on the tiny Llama with LoRA (the default sync: the adapter). A length reward, which
+    a random model's samples differ in, so the adapter moves every step and each sync carries a new one."""
+    import json
+    from pathlib import Path
+
+    from orchestrator.config.load import load_config
+    from orchestrator.loop.trainer import Trainer
+    from tests.helpers import REPO
+
+    over = {
+        "learner.model_path": llama,
+        "run_root": str(tmp_path),
+        "name": "lora",
+        "logging.wandb.mode": "disabled",
+        "logging.progress_bar": "false",
+        "data.rollout_batch_size": 16,
+        "data.eval_size": 16,
+        "algorithm.mini_batch_size": 64,
+        "algorithm.micro_batch_size": 64,
+        "learner.lr": 1e-2,
+        "learner.lora.rank": RANK,
+        "learner.lora.target_modules": "[" + ",".join(TARGETS) + "]",
+        "reward.sources": "[{kind: length_penalty, target_length: 4, weight: 1.0}]",
+        "total_steps": 3,
+        "eval.suites": "[]",
+    }
+    cfg = load_config(REPO / "configs" / "grpo_tiny_cpu.yaml", [f"{k}={v}" for k, v in over.items()])
+    trainer = Trainer(cfg)
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+    assert "relay: LoRA weight sync: the adapter alone" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "timing/total" in r]
+    model_bytes = (Path(llama) / "model.safetensors").stat().st_size
+    assert len(steps) == 3 and all(r["sync/probe_gap"] < ADAPTER.tolerance / 10 for r in steps)
+    assert all(0 < r["sync/bytes"] < model_bytes / 20 for r in steps)  # the adapter, not the model
+    assert steps[-1]["kl/ref"] > 0.01  # the adapter moved the policy away from the base (0.07 seen)
+    assert all(r["rollout/logprob_gap"] < 1e-3 for r in steps)  # and the engines sampled with it
