@@ -14,18 +14,23 @@ from collections import Counter
 from pathlib import Path
 
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices (vllm.config.lora)
-RESIDENT = 2  # adapters in the engine's LoRA slots at once: the newest, and one requests in flight still use
+LORA_SLOTS = 2  # adapters in the engine's LoRA slots at once: the newest, and one requests in flight still use
 CACHED = 4  # adapters vLLM keeps loaded (max_cpu_loras): one evicted from a slot reloads from memory
+
+
+def slot_rank(rank: int) -> int:
+    """The rank of vLLM's LoRA slots that hold adapters of `rank`: the next of its max_lora_rank choices."""
+    slot = next((r for r in MAX_LORA_RANKS if r >= rank), None)
+    if slot is None:
+        raise ValueError(f"learner.lora.rank {rank}: vLLM serves adapters up to rank {MAX_LORA_RANKS[-1]}")
+    return slot
 
 
 def engine_lora_args(rank: int) -> dict:
     """vLLM engine arguments for adapters of `rank` (0: no LoRA)."""
     if rank <= 0:
         return {}
-    slot = next((r for r in MAX_LORA_RANKS if r >= rank), None)
-    if slot is None:
-        raise ValueError(f"learner.lora.rank {rank}: vLLM serves adapters up to rank {MAX_LORA_RANKS[-1]}")
-    return {"enable_lora": True, "max_lora_rank": slot, "max_loras": RESIDENT, "max_cpu_loras": CACHED}
+    return {"enable_lora": True, "max_lora_rank": slot_rank(rank), "max_loras": LORA_SLOTS, "max_cpu_loras": CACHED}
 
 
 def refuse_unservable(model_path: str, targets: list[str]) -> None:

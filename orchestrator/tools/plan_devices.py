@@ -21,6 +21,7 @@ from orchestrator.tools.plan_roles import (
     Lines,
     RankLoad,
     learner_lines,
+    lora_engine_lines,
     rollout_lines,
     scoring_lines,
     total,
@@ -102,6 +103,8 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         if s.kind == SourceKind.reward_model
     ]
     rollout = rollout_lines(policy, rc, gpu_bytes if c.gpus_per_rollout_worker > 0 else None)
+    if lc.lora.rank > 0 and lc.lora.sync.value == "adapter":
+        rollout += lora_engine_lines(policy, lc, rc.dtype)
     scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, policy_function(lc))
     scoring += _judge_lines(plan, cfg, gpu_bytes)
     plan.sections += [
