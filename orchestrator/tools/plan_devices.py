@@ -102,9 +102,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         for i, s in enumerate(cfg.reward.sources)
         if s.kind == SourceKind.reward_model
     ]
-    rollout = rollout_lines(policy, rc, gpu_bytes if c.gpus_per_rollout_worker > 0 else None)
-    if lc.lora.rank > 0 and lc.lora.sync.value == "adapter":
-        rollout += lora_engine_lines(policy, lc, rc.dtype)
+    rollout = _engine_lines(policy, cfg, gpu_bytes)
     scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, policy_function(lc))
     scoring += _judge_lines(plan, cfg, gpu_bytes)
     plan.sections += [
@@ -120,6 +118,15 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         plan.problems.append(f"vLLM's KV cache cannot hold one rollout.max_model_len={rc.max_model_len} sequence")
     _train_devices(plan, c, learner, rollout, scoring, gpu_bytes, host_bytes)
     return plan
+
+
+def _engine_lines(policy, cfg, gpu_bytes: float | None) -> Lines:
+    """One rollout engine: its weights and KV cache, and with an adapter sync its LoRA memory."""
+    lc, rc = cfg.learner, cfg.rollout
+    lines = rollout_lines(policy, rc, gpu_bytes if cfg.cluster.gpus_per_rollout_worker > 0 else None)
+    if lc.lora.rank > 0 and lc.lora.sync.value == "adapter":
+        lines += lora_engine_lines(policy, lc, rc.dtype)
+    return lines
 
 
 def _judge_lines(plan: Plan, cfg, gpu_bytes: float | None) -> Lines:
