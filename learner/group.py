@@ -204,6 +204,10 @@ class LearnerGroup:
         the adapter goes from rank 0 to them through Ray's object store, never through the driver."""
         return self.ranks[0].adapter_weights.remote()
 
+    def adapter_bytes(self) -> int:
+        """The LoRA adapter's bytes as the engines take it (the same every sync)."""
+        return watchdog.get(self.ranks[0].adapter_bytes.remote())
+
     def policy_state(self):
         return self._all("policy_state")[0]
 

@@ -126,9 +126,15 @@ class WeightSender:
         from peft import get_peft_model_state_dict
 
         lm, dtype = self.policy.lm, getattr(torch, self.cfg.dtype.value)
-        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in get_peft_model_state_dict(lm).items()}
+        # copies: on a float32 CPU rank .to() would hand out the live parameters, which the next update changes
+        tensors = {k: v.detach().to("cpu", dtype, copy=True) for k, v in get_peft_model_state_dict(lm).items()}
         config = json.loads(json.dumps(lm.peft_config["default"].to_dict(), default=sorted))  # sets as lists
         return {"tensors": tensors, "config": config}
+
+    def adapter_bytes(self) -> int:
+        """The bytes of adapter_weights' tensors (the same every sync: sync/bytes)."""
+        item = getattr(torch, self.cfg.dtype.value).itemsize
+        return sum(p.numel() * item for n, p in self.policy.lm.named_parameters() if "lora_" in n)
 
     def _send_in_background(self, buckets: list[list[TensorMeta]], params: dict) -> int:
         """Rank 0 stages a copy and a thread sends it (relay_gloo: bucket by bucket; nccl: packed)."""

@@ -39,7 +39,8 @@ class WeightChannel:
         self.probe = pool.probe_ids() if check else []
         self.unchecked: tuple | None = None  # a background sync's probe, version and engines, checked once received
         self.probe_gap = float("nan")  # the last sync's (sync/probe_gap)
-        self.sent_bytes = 0  # the last sync's payload, as each engine takes it (sync/bytes)
+        self.sent_bytes = float("nan")  # the last sync's payload, as each engine takes it (sync/bytes)
+        self.adapter_bytes = sender.adapter_bytes() if pool.adapters else 0  # the same every sync
         self.connect()
 
     def connect(self, keep_order: bool = False) -> None:
@@ -67,15 +68,16 @@ class WeightChannel:
         expected = (self.sender.probe_logprobs(self.probe), version) if self.sync_check else None  # before they leave
         if self.pool.adapters:
             return self._send_adapter(version, wait, expected)
+        self.sent_bytes = sum(m.numel * m.torch_dtype.itemsize for bucket in self.buckets for m in bucket)
         if self.pool.sync_backend == IPC_BACKEND:
             infos = watchdog.get(self.sender.send_weights(self.buckets), "weight sync (IPC handles)")
             watchdog.get(self.pool.take_update(merge_ipc_update_infos(infos), version, self.in_flight), "weight sync")
             return self._check(expected)
         background = not wait and self.wire_planned
         receiving = self.pool.receive_weights(self.buckets, version, self.in_flight)
-        self.sent_bytes = watchdog.get(
+        watchdog.get(
             self.sender.send_weights(self.buckets, background) + ([] if background else receiving), "weight sync"
-        )[0]  # rank 0's
+        )
         if background:  # checked on the engines it went to: one that joins meanwhile gets a waited sync of its own
             self.receiving, self.unchecked = receiving, expected and (*expected, list(self.pool.workers))
             return
@@ -87,23 +89,23 @@ class WeightChannel:
         """The LoRA adapter alone (learner.lora.sync adapter): rank 0's copy reaches every engine through Ray's
         object store, and each loads it under a new id (rollout/adapters.py)."""
         receiving = self.pool.receive_adapter(self.sender.adapter_weights(), version, self.in_flight)
+        self.sent_bytes = self.adapter_bytes
         if not wait:
             self.receiving, self.unchecked = receiving, expected and (*expected, list(self.pool.workers))
             return
-        self.sent_bytes = watchdog.get(receiving, "weight sync (LoRA adapter)")[0]
+        watchdog.get(receiving, "weight sync (LoRA adapter)")
         self._check(expected)
 
     @property
     def metrics(self) -> dict[str, float]:
-        """sync/probe_gap: the last checked sync's (rollout/sync_check.py); sync/bytes: the last sync's payload."""
+        """sync/probe_gap: the last checked sync's (rollout/sync_check.py); sync/bytes: the payload of the last
+        sync sent, as each engine takes it (the weights, or the adapter alone); NaN before the first."""
         return {"sync/probe_gap": self.probe_gap, "sync/bytes": self.sent_bytes}
 
     def wait_sent(self) -> None:
         """Wait for a sync still in flight (a dead engine raises here, as in any other call), then check it."""
         receiving, self.receiving = self.receiving, []
-        got = watchdog.get(receiving, "weight sync (the engines' receive)")
-        if got and self.pool.adapters:
-            self.sent_bytes = got[0]  # each engine's load answers with the adapter's bytes
+        watchdog.get(receiving, "weight sync (the engines' receive)")
         expected, self.unchecked = self.unchecked, None
         self._check(expected)
 

@@ -4,8 +4,7 @@
 #   tests/e2e   real Ray, vLLM and DeepSpeed on tiny models (each worker has its own Ray cluster, and a
 #               file's tests share one worker and its module's runs: --dist loadfile)
 #   tests/gpu   scripts/gpu_check.py's checks on CUDA (skipped without a device)
-# unit and e2e run in RELAY_TEST_WORKERS pytest-xdist workers (default 2, one per core of the smallest machine),
-# each pinned to its share of the cores (tests/conftest.py: pytest_configure).
+# unit and e2e run in RELAY_TEST_WORKERS pytest-xdist workers (default 2, one per core of the smallest machine).
 # A failing tier stops the run. Extra arguments go to every tier's pytest (e.g. -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."

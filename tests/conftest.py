@@ -19,19 +19,6 @@ TIER_MARKS = {"e2e": pytest.mark.e2e, "gpu": pytest.mark.gpu}
 TIER_ORDER = ("unit", "e2e", "gpu")  # the fast tier first, also in one `pytest -q`
 
 
-def pytest_configure(config):
-    """A pytest-xdist worker computes on its own share of the cores (the processes it starts, Ray's and
-    vLLM's too, inherit it; relay sizes its threads by runtime.device.cpu_cores): two workers whose threads
-    spread over both cores of a 2-core machine spin against each other. Measured (docs/benchmarks.md, "Test
-    workers"): the pipeline fixture beside two train runs, 219 s and 140 s unpinned, 158 s and 103 s pinned."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if worker is None or count < 2 or len(cores) < count:
-        return
-    i, share = int(worker.removeprefix("gw")), len(cores) // count
-    os.sched_setaffinity(0, cores[i * share : (i + 1) * share])
-
-
 def tier_of(item) -> str | None:
     """unit, e2e or gpu: the folder under tests/ the test's file is in (None for a file outside one)."""
     path = Path(str(item.fspath)).resolve()

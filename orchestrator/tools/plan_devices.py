@@ -102,7 +102,7 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         for i, s in enumerate(cfg.reward.sources)
         if s.kind == SourceKind.reward_model
     ]
-    rollout = _engine_lines(policy, cfg, gpu_bytes)
+    rollout = _engine_lines(plan, policy, cfg, gpu_bytes)
     scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, policy_function(lc))
     scoring += _judge_lines(plan, cfg, gpu_bytes)
     plan.sections += [
@@ -120,13 +120,20 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
     return plan
 
 
-def _engine_lines(policy, cfg, gpu_bytes: float | None) -> Lines:
-    """One rollout engine: its weights and KV cache, and with an adapter sync its LoRA memory."""
-    lc, rc = cfg.learner, cfg.rollout
-    lines = rollout_lines(policy, rc, gpu_bytes if cfg.cluster.gpus_per_rollout_worker > 0 else None)
-    if lc.lora.rank > 0 and lc.lora.sync.value == "adapter":
-        lines += lora_engine_lines(policy, lc, rc.dtype)
-    return lines
+def _engine_lines(plan: Plan, policy, cfg, gpu_bytes: float | None) -> Lines:
+    """One rollout engine: its weights and KV cache, and with an adapter sync its LoRA memory (on a GPU its slots
+    come out of the KV cache's share, as vLLM allocates them first)."""
+    lc, rc, gpu = cfg.learner, cfg.rollout, cfg.cluster.gpus_per_rollout_worker > 0
+    lines = rollout_lines(policy, rc, gpu_bytes if gpu else None)
+    if lc.lora.rank == 0 or lc.lora.sync.value != "adapter":
+        return lines
+    if policy.arch == "gpt2":
+        plan.problems.append("learner.lora.sync adapter: vLLM serves no LoRA for GPT-2; set learner.lora.sync=merged")
+    lora = lora_engine_lines(policy, lc, rc.dtype, rc.tensor_parallel_size)
+    if gpu:
+        what, kv, how = lines[1]
+        lines[1] = (what, kv - lora[0][1], how + ", less the LoRA slots")
+    return lines + lora
 
 
 def _judge_lines(plan: Plan, cfg, gpu_bytes: float | None) -> Lines:

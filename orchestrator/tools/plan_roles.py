@@ -165,17 +165,25 @@ def rollout_lines(s: ModelShape, rc, gpu_bytes: float | None) -> Lines:
     ]
 
 
-def lora_engine_lines(s: ModelShape, lc, dtype: str) -> Lines:
+def lora_engine_lines(s: ModelShape, lc, dtype: str, tp: int) -> Lines:
     """An engine serving adapters (learner.lora.sync adapter, rollout/adapters.py): vLLM's LoRA slots, allocated
-    for LORA_SLOTS adapters of the slot rank on every linear layer its LoRA wraps, and the adapter each sync sends,
-    which the engine keeps up to CACHED of."""
-    from rollout.adapters import CACHED, LORA_SLOTS, slot_rank
+    for LORA_SLOTS adapters of the slot rank on every linear layer its LoRA wraps (split by tensor parallelism),
+    and the adapters it holds: the newest, and the one before while a request still samples with it."""
+    from rollout.adapters import LORA_SLOTS, slot_rank
 
     b, slot, targets = DTYPE_BYTES[dtype], slot_rank(lc.lora.rank), list(lc.lora.target_modules)
     adapter = lora_params(s, lc.lora.rank, targets) * b
     return [
-        ("vLLM LoRA slots", LORA_SLOTS * lora_params(s, slot, LLAMA_LINEAR) * b, f"{LORA_SLOTS} adapters, rank {slot}"),
-        ("vLLM LoRA adapters", CACHED * adapter, f"{CACHED} kept; each sync sends one, {fmt(adapter)}, not the model"),
+        (
+            "vLLM LoRA slots",
+            LORA_SLOTS * lora_params(s, slot, LLAMA_LINEAR) * b / tp,
+            f"{LORA_SLOTS} adapters, rank {slot}",
+        ),
+        (
+            "vLLM LoRA adapters",
+            LORA_SLOTS * adapter,
+            f"host memory; each sync sends one, {fmt(adapter)}, not the model",
+        ),
     ]
 
 

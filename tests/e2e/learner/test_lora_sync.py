@@ -71,7 +71,11 @@ def test_the_adapter_alone_reaches_every_engine_which_samples_with_the_newest(ro
 def test_a_sync_that_did_not_arrive_fails_naming_the_adapter_path(roles, llama):
     pool, learner = roles
     channel = WeightChannel(pool, learner, bucket_mb=1, timeout_s=60, check=ADAPTER)
-    channel.send(version=4)
+    assert channel.sent_bytes != channel.sent_bytes  # NaN: nothing sent yet
+    channel.send(version=4, wait=False)  # a background sync (one_step, full): its bytes at once, checked once taken
+    assert channel.sent_bytes == channel.adapter_bytes and channel.unchecked is not None
+    channel.wait_sent()
+    assert channel.unchecked is None and channel.probe_gap < ADAPTER.tolerance / 10
     train(learner, llama, 20)  # the engines keep version 4's adapter (as after a load that never happened)
     with pytest.raises(SyncCheckFailed, match=r"policy version 5 \(LoRA adapter, float32\): engine \d .* nats"):
         channel.verify(version=5)

@@ -279,13 +279,9 @@ def test_sentinel_weight_sync_in_compiled_mode(ray_cluster, tiny_model, hf):
         compiled.shutdown()
 
 
-def test_sentinel_weight_sync_into_a_tensor_parallel_engine(ray_cluster, tiny_model, hf, monkeypatch):
+def test_sentinel_weight_sync_into_a_tensor_parallel_engine(ray_cluster, tiny_model, hf):
     """tensor_parallel_size=2: both TP workers join the sync group (ranks 1 and 2), each receives the
     full tensors and loads its own shard."""
-    import os
-
-    # two TP workers need two cores: the machine's, where the test session pinned this worker to one of them
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(os.cpu_count() or 1)))
     cfg = make_cfg()
     cfg.tensor_parallel_size = 2
     tp = RolloutPool(cfg, tiny_model, num_workers=1, seed=0)

@@ -421,7 +421,7 @@ def test_eager_attention_and_wide_packed_rows_add_what_they_keep():
 
 def test_an_adapter_sync_counts_the_adapter_a_sync_sends_and_the_engines_lora_memory():
     """learner.lora.sync adapter: the engine's LoRA slots (2 adapters of the slot rank on every linear vLLM's LoRA
-    wraps) and the adapters it keeps (4, each what one sync sends); the merged path has neither."""
+    wraps) and the adapters it holds (2 at most, each what one sync sends); the merged path has neither."""
     from orchestrator.tools.plan_roles import LLAMA_LINEAR
 
     over = ["learner.lora.rank=12", "learner.dtype=float32", "rollout.dtype=float32"]
@@ -429,9 +429,13 @@ def test_an_adapter_sync_counts_the_adapter_a_sync_sends_and_the_engines_lora_me
     rollout = {k: v for k, v, _ in dict(plan_train(cfg, 80 * P.GB, None).sections)["rollout worker (x1, per device)"]}
     s = dict(P.KNOWN)[("smollm2-135m",)]
     adapter = P.lora_params(s, 12, ["q_proj", "k_proj", "v_proj", "o_proj"]) * 4
-    assert rollout["vLLM LoRA adapters"] == 4 * adapter and rollout["vLLM LoRA slots"] == 2 * 4 * P.lora_params(
+    assert rollout["vLLM LoRA adapters"] == 2 * adapter and rollout["vLLM LoRA slots"] == 2 * 4 * P.lora_params(
         s, 16, LLAMA_LINEAR
     )  # rank 12 sits in vLLM's rank-16 slots
     merged = load_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", [*over, "learner.lora.sync=merged"])
     lines = dict(plan_train(merged, 80 * P.GB, None).sections)["rollout worker (x1, per device)"]
     assert not any("LoRA" in what for what, _, _ in lines)
+    gpt2 = load_config(
+        REPO / "configs" / "grpo_tiny_cpu.yaml", ["learner.lora.rank=4", "learner.lora.target_modules=[c_attn]"]
+    )
+    assert any("vLLM serves no LoRA for GPT-2" in problem for problem in plan_train(gpt2, 80 * P.GB, None).problems)
