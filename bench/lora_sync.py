@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import ray
+
+from bench.sync_check import print_rows, sync_then_check
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # learner.lora.target_modules' default
 
@@ -36,12 +37,7 @@ def measure(path: str, sync: str, rank: int, syncs: int) -> dict:
         times, gaps = [], []
         for version in range(1, syncs + 1):
             learner.update(*make_scored_batch(path, seed=version), step=version)
-            channel.sync_check = None  # the sync alone, then its check
-            began = time.perf_counter()
-            channel.send(version)
-            times.append(time.perf_counter() - began)
-            channel.sync_check = check
-            channel.verify(version)
+            times.append(sync_then_check(channel, check, version)[0])
             gaps.append(channel.probe_gap)
         return {
             "path": sync,
@@ -66,11 +62,8 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     path = resolve_model_path(a.model, str(a.root))
     rows = [measure(path, sync, a.rank, a.syncs) for sync in ("adapter", "merged")]
-    keys = list(rows[0])
     print(f"{a.model}, LoRA rank {a.rank} on {', '.join(TARGETS)}, {a.syncs} syncs each")
-    print("| " + " | ".join(keys) + " |\n" + "|---" * len(keys) + "|")
-    for r in rows:
-        print("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+    print_rows(rows)
     print(
         f"adapter / merged: {rows[0]['MB a sync'] / rows[1]['MB a sync']:.4f} of the bytes, "
         f"{rows[0]['sync ms (median)'] / rows[1]['sync ms (median)']:.3f} of the time"

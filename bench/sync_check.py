@@ -48,15 +48,8 @@ def measure(root: Path, model: str, dtype: str, syncs: int) -> dict:
             learner.update(*make_scored_batch(path, seed=version), step=version)
             channel.verify(version)  # the engines still hold the version before: one update stale
             stale.append(channel.probe_gap)
-            channel.sync_check = None  # the sync alone, then its check alone
-            began = time.perf_counter()
-            channel.send(version)
-            sync_s.append(time.perf_counter() - began)
-            channel.sync_check = check
-            began = time.perf_counter()
-            channel.verify(version)
-            check_s.append(time.perf_counter() - began)
-            gaps.append(channel.probe_gap)
+            sync, checked = sync_then_check(channel, check, version)
+            sync_s.append(sync), check_s.append(checked), gaps.append(channel.probe_gap)
         return {
             "model": model,
             "dtype": dtype,
@@ -72,6 +65,27 @@ def measure(root: Path, model: str, dtype: str, syncs: int) -> dict:
         pool.shutdown()
 
 
+def sync_then_check(channel, check, version: int) -> tuple[float, float]:
+    """One sync timed alone (its check off), then its check timed alone: (sync s, check s); the gap is the
+    channel's probe_gap."""
+    channel.sync_check = None
+    began = time.perf_counter()
+    channel.send(version)
+    sync = time.perf_counter() - began
+    channel.sync_check = check
+    began = time.perf_counter()
+    channel.verify(version)
+    return sync, time.perf_counter() - began
+
+
+def print_rows(rows: list[dict]) -> None:
+    """`rows` as a markdown table, floats to 3 significant digits."""
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |\n" + "|---" * len(keys) + "|")
+    for r in rows:
+        print("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("root", type=Path)
@@ -80,11 +94,7 @@ def main() -> None:
     p.add_argument("--syncs", type=int, default=5)
     a = p.parse_args()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    rows = [measure(a.root, m, d, a.syncs) for m in a.models for d in a.dtypes]
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |\n" + "|---" * len(keys) + "|")
-    for r in rows:
-        print("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+    print_rows([measure(a.root, m, d, a.syncs) for m in a.models for d in a.dtypes])
 
 
 if __name__ == "__main__":

@@ -79,8 +79,8 @@ class Adapters:
         self.version: dict[int, int] = {}  # adapter id -> the policy version it carries
         self.users: Counter[int] = Counter()  # adapter id -> requests sampling with it
 
-    async def load(self, adapter: dict, version: int) -> int:
-        """Load `adapter` as policy `version`; requests added from now on sample with it. Returns its bytes."""
+    async def load(self, adapter: dict, version: int) -> None:
+        """Load `adapter` as policy `version`; requests added from now on sample with it."""
         from vllm.lora.request import LoRARequest
 
         lid = next(self.ids)
@@ -93,7 +93,6 @@ class Adapters:
         self.version[lid] = version
         if old is not None:
             await self._drop_if_unused(old)
-        return adapter_bytes(adapter)
 
     def take(self):
         """The adapter a request added now samples with (None: the base model), counted as one of its users."""

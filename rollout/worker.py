@@ -309,14 +309,13 @@ class RolloutWorker(Profiled, Busy):
 
     async def load_adapter(
         self, adapter: dict, version: int | None = None, in_flight: bool = False, order: tuple[int, int] | None = None
-    ) -> int:
+    ) -> None:
         """Take one adapter sync (rollout/adapters.py) as policy `version`, in the order receive_weights takes
-        a full one; requests added from then on sample with it. Returns the adapter's bytes."""
+        a full one; requests added from then on sample with it."""
         async with self.engine.weights(*(order or (None, 0)), in_flight):
-            loaded = await self.engine.adapters.load(adapter, self.version if version is None else version)
+            await self.engine.adapters.load(adapter, self.version if version is None else version)
             if version is not None:
                 await self.engine.set_version(version)
-        return loaded
 
     async def adapters_loaded(self) -> tuple[list[int], int]:
         """(the policy versions of the adapters this engine holds, the adapters vLLM has loaded)."""
