@@ -3,6 +3,7 @@ separate critic, LoRA, and the Hugging Face names the rollout engines load."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -179,8 +180,9 @@ def _reward_model_head(path: str) -> torch.Tensor:
 
 
 def rollout_weights(policy: PolicyValue):
-    """(name, tensor) pairs of the policy as a Hugging Face checkpoint names them: what vLLM loads.
-    With LoRA, the adapters must already be merged (`merged_lora`); their own tensors are skipped."""
+    """(name, parameter) pairs of the policy as a Hugging Face checkpoint names them: what vLLM loads.
+    With LoRA, an adapted layer's entry is its frozen base weight (`merged_weights` adds the adapter);
+    the adapters' own tensors are skipped."""
     lm = policy.lm
     prefix = "base_model.model." if hasattr(lm, "peft_config") else ""
     for name, param in lm.named_parameters():
@@ -189,23 +191,30 @@ def rollout_weights(policy: PolicyValue):
         yield name.removeprefix(prefix).replace(".base_layer.", "."), param
 
 
-class merged_lora:
-    """Context: LoRA adapters merged into the base weights, unmerged on exit (no-op without LoRA).
-    Entering gives the tensors the merge changes in place: anything read from them after the exit
-    (an IPC handle the engines open later) must be a copy taken inside."""
+class merged_weights(Mapping):
+    """The policy's weights as the engines load them, by Hugging Face name: the parameters themselves,
+    except that under LoRA an adapted layer's weight is W + BA, computed out of place when read. The frozen
+    base is never written: peft's merge_adapter/unmerge_adapter would round it a little at every sync
+    (W + BA - BA != W in floating point), so the policy and a reference computed from it would drift."""
 
     def __init__(self, policy: PolicyValue):
-        self.lm = policy.lm
-        self.active = hasattr(self.lm, "peft_config")
+        from peft.tuners.lora import LoraLayer
 
-    def __enter__(self) -> list[torch.Tensor]:
-        if not self.active:
-            return []
-        self.lm.merge_adapter()
-        # peft wraps each adapted module, keeping the original as `base_layer`: its weight takes B @ A
-        # (its bias too only under peft's lora_bias, which add_lora leaves off)
-        return [p for n, p in self.lm.named_parameters() if n.endswith(".base_layer.weight")]
+        self.params = dict(rollout_weights(policy))
+        self.adapted = {
+            f"{name.removeprefix('base_model.model.')}.weight": module
+            for name, module in policy.lm.named_modules()
+            if isinstance(module, LoraLayer) and hasattr(policy.lm, "peft_config")
+        }
 
-    def __exit__(self, *exc):
-        if self.active:
-            self.lm.unmerge_adapter()
+    @torch.no_grad()
+    def __getitem__(self, name: str) -> torch.Tensor:
+        weight = self.params[name]
+        module = self.adapted.get(name)
+        return weight if module is None else weight + module.get_delta_weight("default").to(weight.dtype)
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)

@@ -7,11 +7,11 @@ protocol; this module only calls it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
-from learner.models import merged_lora, rollout_weights
+from learner.models import merged_weights, rollout_weights
 from rollout.weight_sync import (
     BACKENDS,
     GLOO_BACKEND,
@@ -97,25 +97,24 @@ class WeightSender:
         rank's update_info with handles to its own GPU's copy (the channel merges them)."""
         self._await_sent()
         buckets = decode_plan(plan)
-        params = dict(rollout_weights(self.policy))
-        with merged_lora(self.policy) as merged:
-            if self.sync_backend == IPC_BACKEND:  # the engines open the handles after the unmerge below
-                info, self._ipc_kept = ipc_update_info(self._gathered(buckets, params), changing=merged)
-                return info
-            if background and self.cfg.zero_stage != 3:
-                return self._send_in_background(buckets, params)
-            if self.sync_backend != GLOO_BACKEND:
-                return self._send_nccl(buckets, params)
-            if self.cfg.zero_stage == 3:
-                import deepspeed
+        params = merged_weights(self.policy)  # under LoRA: W + BA, computed as each tensor is read
+        if self.sync_backend == IPC_BACKEND:  # the engines open the handles later: kept until the next sync
+            info, self._ipc_kept = ipc_update_info(self._gathered(buckets, params))
+            return info
+        if background and self.cfg.zero_stage != 3:
+            return self._send_in_background(buckets, params)
+        if self.sync_backend != GLOO_BACKEND:
+            return self._send_nccl(buckets, params)
+        if self.cfg.zero_stage == 3:
+            import deepspeed
 
-                sent = 0
-                for bucket in buckets:
-                    with deepspeed.zero.GatheredParameters([params[m.name] for m in bucket]):
-                        if self.rank == 0:
-                            sent += send_weights(self.sync_group, [bucket], params.__getitem__)
-                return sent
-            return send_weights(self.sync_group, buckets, params.__getitem__) if self.rank == 0 else 0
+            sent = 0
+            for bucket in buckets:
+                with deepspeed.zero.GatheredParameters([params[m.name] for m in bucket]):
+                    if self.rank == 0:
+                        sent += send_weights(self.sync_group, [bucket], params.__getitem__)
+            return sent
+        return send_weights(self.sync_group, buckets, params.__getitem__) if self.rank == 0 else 0
 
     def adapter_weights(self) -> dict:
         """The LoRA adapter as PEFT saves it: its tensors (on the CPU, in the engines' dtype) and its config;
@@ -136,7 +135,7 @@ class WeightSender:
         item = getattr(torch, self.cfg.dtype.value).itemsize
         return sum(p.numel() * item for n, p in self.policy.lm.named_parameters() if "lora_" in n)
 
-    def _send_in_background(self, buckets: list[list[TensorMeta]], params: dict) -> int:
+    def _send_in_background(self, buckets: list[list[TensorMeta]], params: Mapping) -> int:
         """Rank 0 stages a copy and a thread sends it (relay_gloo: bucket by bucket; nccl: packed)."""
         if self.rank != 0:
             return 0
@@ -148,7 +147,7 @@ class WeightSender:
             self._sending = _Sending(lambda: group.send(staged_tensors(buckets, staged)))
         return sum(t.numel() * t.element_size() for t in self._staged)
 
-    def _send_nccl(self, buckets: list[list[TensorMeta]], params: dict) -> int:
+    def _send_nccl(self, buckets: list[list[TensorMeta]], params: Mapping) -> int:
         """vLLM's NCCL engine takes one packed stream of every tensor; every rank walks it (ZeRO-3's
         gathers), rank 0 sends."""
         tensors = self._gathered(buckets, params)
@@ -158,7 +157,7 @@ class WeightSender:
             pass
         return 0
 
-    def _gathered(self, buckets: list[list[TensorMeta]], params: dict):
+    def _gathered(self, buckets: list[list[TensorMeta]], params: Mapping):
         """wire_tensors of `buckets`; under ZeRO-3 each bucket gathered in turn and copied out (the
         gathered parameters are freed when the next bucket is gathered)."""
         if self.cfg.zero_stage != 3:

@@ -32,7 +32,7 @@ from learner.engine import (
 from learner.experience import Experience, ForwardSettings, MicroBatch, experience_metrics, make_experience, single_pass
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.micro_batch_loss import LossSettings, loss_norm_tokens, micro_metrics, policy_loss
-from learner.models import build_critic, build_policy, merged_lora, rollout_weights
+from learner.models import build_critic, build_policy, merged_weights
 from learner.precision import zero_stage
 from learner.weight_sender import WeightSender
 from reward_service.types import ScoredBatch
@@ -256,14 +256,13 @@ class Learner(WeightSender, Profiled):
     # ------------------------------------------------------------------ weights to the rollout engines
     def policy_state(self) -> dict[str, torch.Tensor]:
         """Full policy weights by Hugging Face name, on CPU (for the in-process sync path and tests)."""
-        params = dict(rollout_weights(self.policy))
-        with merged_lora(self.policy):
-            if self.cfg.zero_stage == 3:
-                import deepspeed
+        params = merged_weights(self.policy)
+        if self.cfg.zero_stage == 3:
+            import deepspeed
 
-                with deepspeed.zero.GatheredParameters(list(params.values())):
-                    return {n: p.detach().cpu().clone() for n, p in params.items()}
-            return {n: p.detach().cpu().clone() for n, p in params.items()}
+            with deepspeed.zero.GatheredParameters(list(params.values())):
+                return {n: params[n].detach().cpu().clone() for n in params}
+        return {n: params[n].detach().cpu().clone() for n in params}
 
     def describe(self) -> dict:
         """What this rank built: for logs and tests."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -357,22 +357,18 @@ class NcclSender:
         return sent[0]
 
 
-def ipc_update_info(tensors, changing: Iterable[torch.Tensor] = ()) -> tuple[dict, list[torch.Tensor]]:
+def ipc_update_info(tensors) -> tuple[dict, list[torch.Tensor]]:
     """vLLM's IPCWeightTransferUpdateInfo (unpacked) for (name, CUDA tensor) pairs: one handle per
     tensor, keyed by its GPU's UUID; and the tensors the handles point into, which the sender must
-    keep alive until the engines have finished the update. The engines read them later, so a tensor
-    sharing memory with one of `changing` (what the sender changes before then: LoRA's merged base
-    weights, unmerged on return) travels as a copy; any other as it is (a cast or a gather copied it
-    already, or it is a parameter that stays as it is until the engines are done)."""
+    keep alive until the engines have finished the update. Each travels as it is: a cast, a gather or
+    LoRA's out-of-place merge made it a copy already, or it is a parameter that stays as it is until
+    the engines are done (the next update waits for the sync)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    changes = {t.untyped_storage().data_ptr() for t in changing}
     info: dict = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
     kept = []
     for name, tensor in tensors:
         weight = tensor.detach().contiguous()
-        if weight.untyped_storage().data_ptr() in changes:
-            weight = weight.clone()
         kept.append(weight)
         info["names"].append(name)
         info["dtype_names"].append(str(weight.dtype).removeprefix("torch."))
