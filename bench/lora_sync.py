@@ -19,7 +19,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # learner.lora.target_module
 
 
 def measure(path: str, sync: str, rank: int, syncs: int) -> dict:
-    from learner.config import LoraConfig, LoraSync
+    from learner.lora_config import LoraConfig, LoraSync
     from rollout.channel import WeightChannel
     from rollout.config import RolloutConfig, SamplingConfig
     from rollout.pool import PoolOptions, RolloutPool

@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from enum import Enum
 
+from learner.lora_config import LoraConfig
+
 
 class Method(str, Enum):
     """A named recipe (algorithm.method): the keys its paper fixes, set together (orchestrator/config/methods.py)."""
@@ -256,13 +258,6 @@ class ValueHead(str, Enum):
     separate = "separate"  # its own critic model
 
 
-class LoraSync(str, Enum):
-    """What a weight sync of a LoRA run sends the engines."""
-
-    adapter = "adapter"  # the adapter alone; vLLM serves it on the base weights (AsyncLLM.add_lora)
-    merged = "merged"  # the base weights with the adapter merged in: for a model vLLM serves no LoRA for
-
-
 class CriticInit(str, Enum):
     """What a separate critic starts from."""
 
@@ -300,23 +295,6 @@ class OptimizerKind(str, Enum):
 
     torch_adamw = "torch_adamw"  # no JIT compile; the default on CPU
     deepspeed_adam = "deepspeed_adam"  # DeepSpeed's fused (GPU) / CPU Adam
-
-
-@dataclass
-class LoraConfig:
-    """LoRA adapters instead of full fine-tuning (peft); rank 0 = off."""
-
-    rank: int = 0
-    """LoRA adapter rank; 0 = no LoRA (full fine-tuning)"""
-    alpha: float = 16.0
-    """LoRA scaling: the adapters' update is scaled by alpha / rank"""
-    dropout: float = 0.0
-    """dropout on the adapters' input while training"""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    """names of the modules that get adapters (peft target_modules)"""
-    sync: LoraSync = LoraSync.adapter
-    """what each weight sync sends: the adapter alone (vLLM's LoRA), or the merged weights (a model vLLM
-    serves no LoRA for, e.g. GPT-2)"""
 
 
 @dataclass

@@ -7,7 +7,7 @@ Every tensor is (B, L-1), aligned with the logits of the packed prompt+response 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -16,7 +16,7 @@ from learner import algorithms as A
 from learner.config import AlgorithmConfig, Estimator, KLPlacement
 from learner.off_policy import filter_inside, ratio_stats
 from reward_service.types import ScoredBatch
-from rollout.types import RolloutBatch, pack
+from rollout.types import RolloutBatch, pack, unpad
 from runtime.device import to_device
 from runtime.logprobs import DEFAULT_CHUNK_TOKENS, SamplerSettings, chunked_logprobs, filtered_logprobs, map_chunks
 
@@ -273,6 +273,17 @@ def old_outputs(
     outputs = sharded_forward(lambda rows: forward(order[rows]), len(input_ids), run.micro, run.rank, run.world, device)
     inverse = torch.argsort(order)
     return tuple(None if x is None else x[inverse] for x in outputs)
+
+
+def reference_logprobs(policy, lm, batch: RolloutBatch, run: ForwardSettings) -> list[list[float]]:
+    """The reference policy's logprob of each response token, when it is the LoRA policy's base: the learner's
+    own forward (old_outputs: its function, micro-batches and ranks) with the adapter of `lm` (the PeftModel)
+    disabled, unfiltered as the scoring service's reference is (reward_service/reference.py)."""
+    input_ids, attention_mask, position_ids, response_mask = pack(batch.prompt_ids, batch.response_ids, run.pad_id)
+    plain = replace(run, sampling=replace(run.sampling, top_k=-1, top_p=1.0))
+    with lm.disable_adapter():
+        logprobs, _, _ = old_outputs(policy, None, (input_ids, attention_mask, position_ids), plain)
+    return unpad(logprobs * response_mask, response_mask)
 
 
 def experience_metrics(exp: Experience, algo: AlgorithmConfig, kl_coef: float) -> dict[str, float]:

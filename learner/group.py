@@ -211,11 +211,13 @@ class LearnerGroup:
     def policy_state(self):
         return self._all("policy_state")[0]
 
-    def policy_logprobs(self, batch, rows: int = 32) -> list[list[float]]:
-        """The current policy's logprobs of `batch`'s response tokens, `rows` samples per forward."""
+    def policy_logprobs(self, batch, rows: int = 32, reference: bool = False) -> list[list[float]]:
+        """The current policy's logprobs of `batch`'s response tokens, `rows` samples per forward; reference:
+        its base's, the LoRA adapter off (learner.lora.reference learner)."""
         out = []
         for i in range(0, len(batch), rows):
-            out += self._all("policy_logprobs", batch.select(list(range(i, min(i + rows, len(batch))))))[0]
+            part = batch.select(list(range(i, min(i + rows, len(batch)))))
+            out += self._all("policy_logprobs", part, reference)[0]
         return out
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from learner.config import CriticInit, Dtype, LearnerConfig, LoraConfig
+from learner.config import CriticInit, Dtype, LearnerConfig
+from learner.lora_config import LoraConfig
 from learner.precision import policy_function
 from runtime.device import compute
 from runtime.packing import decoder_and_head, packed_causal_lm, packed_forward, packing_for, real_share

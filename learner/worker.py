@@ -4,6 +4,8 @@ DeepSpeed engines. The orchestrator calls every rank with the same arguments; ra
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -29,7 +31,15 @@ from learner.engine import (
     step_micro_batches,
     update_metrics,
 )
-from learner.experience import Experience, ForwardSettings, MicroBatch, experience_metrics, make_experience, single_pass
+from learner.experience import (
+    Experience,
+    ForwardSettings,
+    MicroBatch,
+    experience_metrics,
+    make_experience,
+    reference_logprobs,
+    single_pass,
+)
 from learner.kl_control import AdaptiveKLController, FixedKLController
 from learner.micro_batch_loss import LossSettings, loss_norm_tokens, micro_metrics, policy_loss
 from learner.models import build_critic, build_policy, merged_weights
@@ -104,6 +114,8 @@ class Learner(WeightSender, Profiled):
         self.updates = 0
         self.pending: PendingUpdate | None = None  # the experience of the batch being trained (experience -> train)
         self.single_pass = True  # skip the recompute forward where experience.single_pass allows (tests turn it off)
+        # learner.lora.reference: the reference is this policy's base, its adapter off, computed here (no second copy)
+        self.reference_here = cfg.lora.reference_in_learner
 
     def ready(self) -> bool:
         return True
@@ -134,10 +146,15 @@ class Learner(WeightSender, Profiled):
             self.cfg.logprob_chunk_tokens,
             self.device,
         )
+        reference_s = float("nan")  # timing/reference: here only when this learner computes the reference
+        if self.reference_here:
+            began = time.perf_counter()
+            ref = reference_logprobs(self.policy_engine, self.policy.lm, batch, run)
+            scored, reference_s = dataclasses.replace(scored, ref_logprobs=ref), time.perf_counter() - began
         exp = make_experience(
             self.policy_engine, self.critic_engine, batch, scored, self.algo, self.kl_ctl.value, run, not one_pass
         )
-        self.pending = PendingUpdate(exp, len(batch), one_pass, start, skipped_before)
+        self.pending = PendingUpdate(exp, len(batch), one_pass, start, skipped_before, reference_s)
 
     def train(self, step: int) -> dict[str, float]:
         """Epochs of mini-batches on the experience `experience` kept; returns the update's metrics."""
@@ -169,6 +186,8 @@ class Learner(WeightSender, Profiled):
             log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", skipped)
         tokens = float(exp.mask.sum()) * self.algo.ppo_epochs
         metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start)
+        if p.reference_s == p.reference_s:  # the reference ran here, inside the advantage phase
+            metrics["timing/reference"] = p.reference_s
         self.updates += 1
         return metrics
 
@@ -276,14 +295,16 @@ class Learner(WeightSender, Profiled):
         }
 
     @torch.no_grad()
-    def policy_logprobs(self, batch: RolloutBatch) -> list[list[float]]:
-        """The current policy's logprob of every response token (at the sampling temperature)."""
+    def policy_logprobs(self, batch: RolloutBatch, reference: bool = False) -> list[list[float]]:
+        """The current policy's logprob of every response token (at the sampling temperature); reference: the
+        LoRA policy's base instead (its adapter disabled), where this learner computes the reference."""
         from rollout.types import pack, unpad
 
         self.policy_engine.eval()
         inputs = pack(batch.prompt_ids, batch.response_ids, self.pad_id)
         ids, attention, positions = to_device(inputs[:3], self.device)
-        logits, _ = self.policy_engine(ids, attention, positions)
+        with self.policy.lm.disable_adapter() if reference else contextlib.nullcontext():
+            logits, _ = self.policy_engine(ids, attention, positions)
         logprobs = chunked_logprobs(logits, ids[:, 1:], self.temperature, self.cfg.logprob_chunk_tokens)
         self.policy_engine.train()
         return unpad(logprobs.cpu(), inputs[3])
@@ -321,3 +342,4 @@ class PendingUpdate:
     one_pass: bool
     start: float  # time.perf_counter() when the experience began
     skipped_before: int  # optimizer steps skipped before this update
+    reference_s: float  # the reference's forward in the experience (LoRA's base), NaN where the scoring service ran it

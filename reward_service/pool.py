@@ -45,12 +45,14 @@ class ScoringPool:
         threads: int,
         options: dict,
         suites: dict[str, list] | None = None,
+        reference: bool = True,
     ):
         """function: the learner's forward (ScoringService); options: the actor's Ray options (resources,
-        placement, runtime_env, max_restarts); suites: the evaluation suites' own reward sources (ScoringService)."""
+        placement, runtime_env, max_restarts); suites: the evaluation suites' own reward sources (ScoringService);
+        reference False: the learner computes the reference (ScoringService)."""
         # busy_seconds is answered from a concurrency group of its own, while the service judges
         remote = ray.remote(concurrency_groups={"stats": 1})(ScoringService)
-        self.actor = remote.options(**options).remote(cfg, reference_path, function, threads, suites)
+        self.actor = remote.options(**options).remote(cfg, reference_path, function, threads, suites, reference)
         self.state, self.instance = watchdog.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
         self.restarts = 0
 

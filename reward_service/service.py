@@ -105,10 +105,13 @@ class ScoringService(Profiled, Busy):
         function: PolicyFunction = PolicyFunction(),
         threads: int = 0,
         suites: dict[str, list] | None = None,
+        reference: bool = True,
     ):
         """`function`: the learner's forward (its dtype, chunking, packing, attention: the reference's logprobs
         then match the policy's; reward models run in its dtype); `suites`: the reward sources of each
-        evaluation suite that has its own (evaluate's `suite`). The device is this process's (runtime.device)."""
+        evaluation suite that has its own (evaluate's `suite`); `reference` False: the learner computes the
+        reference (a LoRA policy's base, learner.lora.reference), so no copy of it is loaded here and its
+        logprobs come back empty. The device is this process's (runtime.device)."""
         if threads:
             torch.set_num_threads(threads)
         self.cfg = cfg
@@ -118,9 +121,9 @@ class ScoringService(Profiled, Busy):
             name: RewardFunction(dataclasses.replace(cfg, sources=sources), self.device, function)
             for name, sources in (suites or {}).items()
         }
-        self.reference = ReferenceModel(
-            cfg.reference_model_path or reference_path, function, cfg.micro_batch_size, self.device
-        )
+        path = cfg.reference_model_path or reference_path
+        self.reference = ReferenceModel(path, function, cfg.micro_batch_size, self.device) if reference else None
+        self.tokenizer = self.reference.tokenizer if reference else tokenizer_of(path)
         self.running = RunningMeanStd()
         self._instance = uuid.uuid4().hex  # tells a restarted actor from the one before (ScoringPool)
         self.keep_threads(threads)
@@ -153,8 +156,11 @@ class ScoringService(Profiled, Busy):
     def reference_logprobs(self, *parts: RolloutBatch, temperature: float = 1.0) -> list[list[float]]:
         """The paper's reference phase: the frozen reference policy's logprob of each sampled token of
         the batch the parts make together (pending generate calls, as for `judge`)."""
+        batch = joined(parts)
+        if self.reference is None:  # the learner computes it
+            return [[] for _ in range(len(batch))]
         with self.working():
-            return self.reference.logprobs(joined(parts), temperature)
+            return self.reference.logprobs(batch, temperature)
 
     def finish(self, judged: Judged) -> ScoredBatch:
         """The other half: add the overlong penalty, clip and normalise (the running normaliser moves,
@@ -182,14 +188,15 @@ class ScoringService(Profiled, Busy):
         `suite`: an evaluation suite with reward sources of its own scores by those."""
         with self.working():
             runs, total, invalid = self._judge(batch, metadata, self.suite_rewards.get(suite, self.reward))
-            ref = self.reference.logprobs(batch, temperature) if with_reference else [[] for _ in range(len(batch))]
+            asked = with_reference and self.reference is not None  # else the learner's (Evaluator.score)
+            ref = self.reference.logprobs(batch, temperature) if asked else [[] for _ in range(len(batch))]
         rewards = [0.0 if bad else t for t, bad in zip(total, invalid)]
         return self._scored(runs, total, invalid, rewards, ref)
 
     def _judge(self, batch: RolloutBatch, metadata: list[dict], reward: RewardFunction | None = None):
         # text for rule/function/remote sources; a reward model reads the data's own prompt from
         # metadata["prompt"] when the caller gives it (see RewardModelSource), these only without one
-        prompts = self.reference.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
+        prompts = self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
         per_sample = [metadata[j] for j in batch.prompt_index]
         if batch.env_return:  # episodes: each sample's own return, for the environment source
             per_sample = [{**m, "env_return": r} for m, r in zip(per_sample, batch.env_return)]
@@ -235,3 +242,10 @@ class ScoringService(Profiled, Busy):
         sources = state.get("sources", {})  # none in a checkpoint from before the judges' caches were kept
         for suite, reward in [("", self.reward), *self.suite_rewards.items()]:
             reward.load_state_dict(sources.get(suite, {}))
+
+
+def tokenizer_of(path: str):
+    """The model's tokenizer alone (a scoring service with no reference model to take it from)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

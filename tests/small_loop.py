@@ -109,7 +109,7 @@ class Scoring:
         self.calls.append(("judge_ahead", list(pending), [m["answer"] for m in metadata]))
         return len(self.calls)
 
-    def evaluate(self, batch, metadata, temperature, with_reference) -> ScoredBatch:
+    def evaluate(self, batch, metadata, temperature, with_reference, suite="") -> ScoredBatch:
         return scores([1.0] * len(batch))
 
     def busy_seconds(self) -> float:
@@ -140,8 +140,9 @@ class Learner:
         self.calls.append(("update_kl", current_kl, n_samples))
         return 0.01
 
-    def policy_logprobs(self, batch) -> list[list[float]]:
-        return [[-0.5] * len(r) for r in batch.response_ids]
+    def policy_logprobs(self, batch, reference: bool = False) -> list[list[float]]:
+        """-0.5 a token; reference (the LoRA policy's base, its adapter off): -0.8."""
+        return [[-0.8 if reference else -0.5] * len(r) for r in batch.response_ids]
 
     def save(self, path: Path) -> None:
         self.calls.append(("save", path.parent.name))

@@ -49,6 +49,15 @@ def check_cluster(cfg):
                 "from start to end: use learner.lora.sync=merged with in_flight, or another mode"
             ),
         )
+    if lora.reference_in_learner and cfg.reward.reference_model_path:
+        yield (
+            "learner.lora.reference",
+            (
+                f"the learner's reference is its own base with the adapter off, but reward.reference_model_path "
+                f"names another model ({cfg.reward.reference_model_path}): set learner.lora.reference=scoring, "
+                "which loads that one"
+            ),
+        )
     yield from check_engines(cfg)
 
 

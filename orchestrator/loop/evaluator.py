@@ -3,6 +3,7 @@ last; the sample table beside the reference policy's answers, and the eval files
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,7 +41,7 @@ class Evaluator:
         sampling = eval_sampling(self.cfg)
         ev = evaluate_policy(
             lambda p, greedy: self.rollout.generate(p, 0, greedy, sampling, self.metadata, EVALUATION),
-            self.scoring.evaluate,
+            self.score,
             self.prompts,
             self.metadata,
             self.cfg.eval.greedy,
@@ -52,7 +53,7 @@ class Evaluator:
         suites, notes = evaluate_suites(
             self.suites,
             lambda p, greedy, meta: self.rollout.generate(p, 0, greedy, sampling, meta, EVALUATION),
-            lambda b, meta, t, with_ref, suite: self.scoring.evaluate(b, meta, t, with_ref, suite),
+            self.score,
             self.cfg,
             self.learner.policy_logprobs,
         )
@@ -61,6 +62,15 @@ class Evaluator:
                 self.said.add(note)
                 print(f"relay: held-out evaluation: {note}", flush=True)
         return ev.metrics | suites
+
+    def score(self, batch: RolloutBatch, meta: list[dict], temperature: float, with_reference: bool, suite: str = ""):
+        """Read-only scoring (ScoringService.evaluate); the reference's logprobs from the learner where it
+        computes them (a LoRA policy's base: learner.lora.reference learner)."""
+        in_learner = with_reference and self.cfg.learner.lora.reference_in_learner
+        scored = self.scoring.evaluate(batch, meta, temperature, with_reference and not in_learner, suite)
+        if in_learner:
+            scored = dataclasses.replace(scored, ref_logprobs=self.learner.policy_logprobs(batch, reference=True))
+        return scored
 
     def _sample_table(self, step: int, greedy: RolloutBatch, scored) -> list[dict]:
         """The first held-out prompts, the current policy's greedy answer beside the reference

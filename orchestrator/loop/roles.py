@@ -90,6 +90,14 @@ LORA_SYNC = {
 }
 
 
+LORA_REFERENCE = {
+    "learner": "the learner's base weights with the adapter disabled; the scoring service loads no copy of them "
+    "(learner.lora.reference learner)",
+    "scoring": "the scoring service's own copy of the base, computed behind the generation "
+    "(learner.lora.reference scoring)",
+}
+
+
 def lora_sync(learner_cfg) -> str:
     """What a LoRA run's weight syncs send (learner.lora.sync: "adapter" or "merged"); "" without LoRA."""
     lora = learner_cfg.lora
@@ -104,6 +112,8 @@ def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Ro
         refuse_unservable(model_path, list(cfg.learner.lora.target_modules))
     if sync:
         print(f"relay: LoRA weight sync: {LORA_SYNC[sync]} (learner.lora.sync {sync})", flush=True)
+        where_ref = cfg.learner.lora.reference
+        print(f"relay: LoRA reference: {LORA_REFERENCE[str(getattr(where_ref, 'value', where_ref))]}", flush=True)
     return RolloutPool(
         dataclasses.replace(cfg.rollout, cpu_threads=where.threads[0]),
         model_path,
@@ -144,6 +154,7 @@ def start_scoring(cfg: TrainConfig, model_path: str, where: RolePlacement) -> Sc
             **({"scheduling_strategy": where.bundles.scoring} if where.bundles else {}),
         ),
         suite_sources(cfg),
+        reference=not cfg.learner.lora.reference_in_learner,
     )
 
 

@@ -101,6 +101,8 @@ def evaluate_policy(
     m = {f"eval/greedy/{k}": v for k, v in reward_metrics(gs).items()} if greedy else {}
     m.update({f"eval/sampled/{k}": v for k, v in reward_metrics(ss).items()})  # as training reports its batch
     acts = s.action_mask or [[1] * len(lp) for lp in s.logprobs]  # episodes: the model's tokens only
+    if [len(r) for r in ss.ref_logprobs] != [len(a) for a in acts]:  # else zip would read a KL of 0
+        raise ValueError("held-out evaluation: the reference's logprobs do not cover the samples' tokens")
     kl = [
         p - r for lp, ref, act in zip(policy_logprobs(s), ss.ref_logprobs, acts) for p, r, a in zip(lp, ref, act) if a
     ]

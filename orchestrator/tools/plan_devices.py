@@ -96,7 +96,11 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
             else policy
         )
         learner += learner_lines(critic, lc, load, "critic", lm_head=False, scalar_head=True)
-    ref = _shape(plan, cfg.reward.reference_model_path, "reward.reference_model_path", cfg.run_root, policy)
+    ref = (  # a LoRA policy's base, the adapter off, in the learner: no copy here
+        None
+        if lc.lora.reference_in_learner
+        else _shape(plan, cfg.reward.reference_model_path, "reward.reference_model_path", cfg.run_root, policy)
+    )
     rms = [
         _shape(plan, s.model_path, f"reward.sources[{i}].model_path", cfg.run_root, rm)
         for i, s in enumerate(cfg.reward.sources)

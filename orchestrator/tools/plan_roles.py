@@ -125,17 +125,21 @@ def attention_line(s: ModelShape, lc, micro_batch: int, tokens: int, who: str):
 
 
 def scoring_lines(
-    ref: ModelShape, rms: list[ModelShape], micro_batch: int, tokens: int, function: PolicyFunction
+    ref: ModelShape | None, rms: list[ModelShape], micro_batch: int, tokens: int, function: PolicyFunction
 ) -> Lines:
     """The frozen scoring service in the learner's dtype: reference policy (the policy's weight dtype, computed in
     its dtype: runtime.device.compute), reward models, and the reference's logits (its peak: the layers' smaller
-    temporaries are freed by then)."""
+    temporaries are freed by then). ref None: the learner computes the reference (LoRA's base), none loaded here."""
     dtype, weights, chunk_tokens = function.dtype, function.weights, function.chunk_tokens
     b = DTYPE_BYTES[dtype]
-    lines = [
-        ("reference weights", param_count(ref) * DTYPE_BYTES[weights], f"{weights}, computed in {dtype}"),
-        ("reference logits", *logits_bytes(ref, micro_batch, tokens, dtype, chunk_tokens, "no grad")),
-    ]
+    lines = (
+        [
+            ("reference weights", param_count(ref) * DTYPE_BYTES[weights], f"{weights}, computed in {dtype}"),
+            ("reference logits", *logits_bytes(ref, micro_batch, tokens, dtype, chunk_tokens, "no grad")),
+        ]
+        if ref is not None
+        else [("reference weights", 0, "none: the learner's base, its LoRA adapter off (learner.lora.reference)")]
+    )
     lines += [
         (f"reward model {i} weights", (param_count(s, lm_head=False) + s.hidden + 1) * b, dtype)
         for i, s in enumerate(rms)

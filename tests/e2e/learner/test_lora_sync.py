@@ -8,7 +8,7 @@ import pytest
 import ray
 import torch
 
-from learner.config import LoraConfig, LoraSync
+from learner.lora_config import LoraConfig, LoraSync
 from rollout.adapters import adapter_bytes, refuse_unservable
 from rollout.channel import WeightChannel
 from rollout.config import RolloutConfig, SamplingConfig
@@ -141,11 +141,19 @@ def test_a_lora_run_sends_only_the_adapter_and_every_sync_passes_the_check(ray_c
         trainer.run()
     finally:
         trainer.shutdown()
-    assert "relay: LoRA weight sync: the adapter alone" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "relay: LoRA weight sync: the adapter alone" in out
+    assert "relay: LoRA reference: the learner's base weights with the adapter disabled" in out
     rows = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "timing/total" in r]
     model_bytes = (Path(llama) / "model.safetensors").stat().st_size
     assert len(steps) == 3 and all(r["sync/probe_gap"] < ADAPTER.tolerance / 10 for r in steps)
     assert all(0 < r["sync/bytes"] < model_bytes / 20 for r in steps)  # the adapter, not the model
-    assert steps[-1]["kl/ref"] > 0.01  # the adapter moved the policy away from the base (0.07 seen)
+    # the reference is the learner's base, its adapter off (learner.lora.reference learner, the default; the
+    # scoring service holds none): at step 1 the policy is its base (peft starts B at 0), then the adapter moves
+    # it away; were the adapter left on in the reference's forward, the KL would stay exactly 0
+    assert steps[0]["kl/ref"] < 1e-6 and steps[-1]["kl/ref"] > 0.01  # 0.07 seen
+    assert all(r["timing/reference"] > 0 for r in steps)  # the learner's forward, in its advantage phase
+    after = json.loads((tmp_path / "lora" / "eval_after.json").read_text())
+    assert after["eval/sampled/kl_ref"] > 0.001  # held out too, from the learner's base
     assert all(r["rollout/logprob_gap"] < 1e-3 for r in steps)  # and the engines sampled with it

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from learner.engine import RankAddress, init_distributed
+from learner.tiny_gpt import init_tiny_llama
 from runtime.ports import free_port
 
 
@@ -17,3 +18,9 @@ def one_rank():
     # the group stays: DeepSpeed keeps references to it, and a later rank in this process reuses it
     os.environ.clear()
     os.environ.update(env)  # init_distributed set RANK, MASTER_PORT, ...: not for the tests after these
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A tiny random Llama (RoPE, RMSNorm, q/k/v/o projections), where tiny_model is a GPT-2."""
+    return str(init_tiny_llama(tmp_path_factory.mktemp("llama"), seed=3))

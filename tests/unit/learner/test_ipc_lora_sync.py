@@ -9,7 +9,8 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch.multiprocessing.reductions import rebuild_tensor
 
-from learner.config import Dtype, LearnerConfig, LoraConfig
+from learner.config import Dtype, LearnerConfig
+from learner.lora_config import LoraConfig
 from learner.models import build_policy, rollout_weights
 from learner.weight_sender import WeightSender
 from rollout.weight_sync import IPC_BACKEND, encode_plan

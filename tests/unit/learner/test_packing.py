@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.config import AlgorithmConfig, LearnerConfig, LoraConfig, LossAggregation
+from learner.config import AlgorithmConfig, LearnerConfig, LossAggregation
 from learner.experience import ForwardSettings, make_experience
+from learner.lora_config import LoraConfig
 from learner.micro_batch_loss import LossSettings, policy_loss
 from learner.models import PolicyValue, build_critic, build_policy
-from learner.tiny_gpt import init_tiny_llama
 from reward_service.reference import ReferenceModel
 from rollout.types import pack
 from runtime.forward import PolicyFunction
@@ -57,11 +57,6 @@ def test_edges_an_empty_row_padding_slots_and_a_bad_budget():
         plan_rows(mask, row_tokens=-1)
     with pytest.raises(ValueError, match="start at 0"):  # would merge with the sequence before it in a row
         packed_forward(None, torch.full((3, 4), 7), mask, torch.arange(4).expand(3, 4) + 1)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    return str(init_tiny_llama(tmp_path_factory.mktemp("llama"), seed=3))
 
 
 def forward_all(model, batch, split=True):

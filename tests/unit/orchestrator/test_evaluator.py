@@ -3,6 +3,8 @@ policy's answers, and what it says about figures it leaves out."""
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.config.load import load_config
 from orchestrator.loop.evaluator import Evaluator
 from orchestrator.tools.evaluate import NO_VOTE
@@ -32,15 +34,17 @@ class Scoring:
     """Scores every answer 1 under `source` (the component the evaluation reads pass@k and maj@k from)."""
 
     def __init__(self, source: str = "math_answer"):
-        self.source = source
+        self.source, self.asked = source, []
 
-    def evaluate(self, batch, metadata, temperature, with_reference) -> ScoredBatch:
+    def evaluate(self, batch, metadata, temperature, with_reference, suite="") -> ScoredBatch:
         n = len(batch)
-        return ScoredBatch([1.0] * n, {self.source: [1.0] * n}, [True] * n, [False] * n, [[0.0]] * n, raw=[1.0] * n)
+        self.asked.append(with_reference)
+        ref = [[0.0]] * n if with_reference else [[]] * n  # its own reference: logprob 0 a token
+        return ScoredBatch([1.0] * n, {self.source: [1.0] * n}, [True] * n, [False] * n, ref, raw=[1.0] * n)
 
 
-def evaluator(tmp_path: Path, engines, scoring) -> Evaluator:
-    cfg = load_config(DEFAULT, [f"run_root={tmp_path}", "name=run", "logging.wandb.mode=disabled"])
+def evaluator(tmp_path: Path, engines, scoring, over=()) -> Evaluator:
+    cfg = load_config(DEFAULT, [f"run_root={tmp_path}", "name=run", "logging.wandb.mode=disabled", *over])
     held_out = [{"prompt": f"{PREAMBLE}{i}+{i}=", "answer": str(2 * i), "metadata": {}} for i in range(3)]
     return Evaluator(cfg, held_out, tmp_path / "run", engines, scoring, Learner([]))
 
@@ -74,3 +78,26 @@ def test_a_figure_the_evaluation_cannot_give_is_said_once_in_the_log(tmp_path, c
     assert "eval/sampled/pass@8" in metrics and not any("maj@" in k for k in metrics)
     said = [line for line in capsys.readouterr().out.splitlines() if "maj@k" in line]
     assert said == [f"relay: held-out evaluation: no maj@k: the environment source's {NO_VOTE['environment']}"]
+
+
+def test_under_lora_the_held_out_kl_is_to_the_learners_base_not_a_scoring_copy(tmp_path):
+    """Issue 43, item 3: learner.lora.reference learner (LoRA's default) takes the reference's logprobs from the
+    learner (its adapter off: -0.8 a token here), not from the scoring service (0 here); scoring keeps them
+    otherwise. The policy's are -0.5 a token."""
+    lora = evaluator(tmp_path / "a", Engines(), scoring := Scoring(), ["learner.lora.rank=4"])
+    assert lora.evaluate(0)["eval/sampled/kl_ref"] == pytest.approx(-0.5 - -0.8)
+    assert scoring.asked == [False, False]  # greedy answers and samples: the scoring service computes none
+    on_scoring = ["learner.lora.rank=4", "learner.lora.reference=scoring"]
+    for over in ([], on_scoring):
+        ev = evaluator(tmp_path / str(len(over)), Engines(), scoring := Scoring(), over)
+        assert ev.evaluate(0)["eval/sampled/kl_ref"] == pytest.approx(-0.5 - 0.0)
+        assert scoring.asked == [False, True]
+
+
+def test_reference_logprobs_that_do_not_cover_the_samples_fail_rather_than_read_a_kl_of_0(tmp_path):
+    class NoReference(Scoring):
+        def evaluate(self, batch, metadata, temperature, with_reference, suite="") -> ScoredBatch:
+            return super().evaluate(batch, metadata, temperature, False, suite)  # empty rows, as if none were asked
+
+    with pytest.raises(ValueError, match="reference's logprobs do not cover the samples' tokens"):
+        evaluator(tmp_path, Engines(), NoReference()).evaluate(0)

@@ -43,7 +43,7 @@ def test_lora_adapter_count_by_hand():
 def test_lora_count_matches_peft():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from learner.config import LoraConfig
+    from learner.lora_config import LoraConfig
     from learner.models import add_lora
 
     config = LlamaConfig(
@@ -439,3 +439,19 @@ def test_an_adapter_sync_counts_the_adapter_a_sync_sends_and_the_engines_lora_me
         REPO / "configs" / "grpo_tiny_cpu.yaml", ["learner.lora.rank=4", "learner.lora.target_modules=[c_attn]"]
     )
     assert any("vLLM serves no LoRA for GPT-2" in problem for problem in plan_train(gpt2, 80 * P.GB, None).problems)
+
+
+def test_under_lora_the_scoring_service_holds_no_copy_of_the_reference():
+    """learner.lora.reference learner (LoRA's default): the reference is the learner's base, its adapter off, so
+    the scoring service's reference weights and logits are gone from the plan; reference scoring keeps them."""
+    over = ["learner.lora.rank=12", "learner.dtype=float32", "rollout.dtype=float32"]
+
+    def scoring(extra: list[str]) -> dict:
+        cfg = load_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", [*over, *extra])
+        section = next(v for k, v in plan_train(cfg, 80 * P.GB, None).sections if k.startswith("scoring service"))
+        return {k: v for k, v, _ in section}
+
+    in_learner, on_scoring = scoring([]), scoring(["learner.lora.reference=scoring"])
+    s = dict(P.KNOWN)[("smollm2-135m",)]
+    assert on_scoring["reference weights"] == P.param_count(s) * 4 and on_scoring["reference logits"] > 0
+    assert in_learner["reference weights"] == 0 and "reference logits" not in in_learner
