@@ -138,6 +138,8 @@ def add_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
     from peft import LoraConfig as PeftLora
     from peft import get_peft_model
 
+    refuse_tied_targets(lm, list(lora.target_modules))
+
     return get_peft_model(
         lm,
         PeftLora(
@@ -148,6 +150,20 @@ def add_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
             task_type="CAUSAL_LM",
         ),
     )
+
+
+def refuse_tied_targets(lm: nn.Module, targets: list[str]) -> None:
+    """A model that ties its input and output embeddings holds one tensor for both: an adapter on either would
+    change the other (and the weights the engines load under each name), so such targets are refused."""
+    embeddings, head = lm.get_input_embeddings(), lm.get_output_embeddings()
+    if head is None or head.weight is not embeddings.weight:
+        return
+    names = {n.rpartition(".")[2] for n, m in lm.named_modules() if m is embeddings or m is head}
+    if tied := sorted(names & set(targets)):
+        raise ValueError(
+            f"learner.lora.target_modules: {tied} of a model that ties its input and output embeddings (one "
+            f"tensor for {sorted(names)}): an adapter there would change both; leave them out"
+        )
 
 
 def build_critic(cfg: LearnerConfig) -> Critic:

@@ -146,7 +146,7 @@ class Learner(WeightSender, Profiled):
             self.cfg.logprob_chunk_tokens,
             self.device,
         )
-        reference_s = float("nan")  # timing/reference: here only when this learner computes the reference
+        reference_s = 0.0  # the reference's forward here, inside this phase (a LoRA policy's base), else none
         if self.reference_here:
             began = time.perf_counter()
             ref = reference_logprobs(self.policy_engine, self.policy.lm, batch, run)
@@ -185,9 +185,10 @@ class Learner(WeightSender, Profiled):
         if skipped:
             log.warning("learner: skipped %d optimizer step(s) with non-finite gradients", skipped)
         tokens = float(exp.mask.sum()) * self.algo.ppo_epochs
-        metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start)
-        if p.reference_s == p.reference_s:  # the reference ran here, inside the advantage phase
-            metrics["timing/reference"] = p.reference_s
+        # the reference's forward is left out: the same work as a run whose scoring service computes it
+        metrics["learner/tokens_per_s"] = tokens / (time.perf_counter() - start - p.reference_s)
+        if self.reference_here:  # seconds of timing/advantages: the reference is a phase of its own elsewhere
+            metrics["learner/reference_s"] = p.reference_s
         self.updates += 1
         return metrics
 
@@ -342,4 +343,4 @@ class PendingUpdate:
     one_pass: bool
     start: float  # time.perf_counter() when the experience began
     skipped_before: int  # optimizer steps skipped before this update
-    reference_s: float  # the reference's forward in the experience (LoRA's base), NaN where the scoring service ran it
+    reference_s: float  # the reference's forward in the experience (LoRA's base), 0 where the scoring service ran it

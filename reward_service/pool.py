@@ -29,7 +29,7 @@ class ScoringAhead:
     actor instance that took them."""
 
     judged: ray.ObjectRef
-    reference: ray.ObjectRef
+    reference: ray.ObjectRef | None  # None: the learner computes the reference
     instance: str
 
 
@@ -53,6 +53,7 @@ class ScoringPool:
         # busy_seconds is answered from a concurrency group of its own, while the service judges
         remote = ray.remote(concurrency_groups={"stats": 1})(ScoringService)
         self.actor = remote.options(**options).remote(cfg, reference_path, function, threads, suites, reference)
+        self.has_reference = reference
         self.state, self.instance = watchdog.get([self.actor.state_dict.remote(), self.actor.instance_id.remote()])
         self.restarts = 0
 
@@ -63,10 +64,11 @@ class ScoringPool:
         Ray would hold every later call of this driver to the service (it runs them in order) until
         their arguments are ready, busy_seconds too, so each step would end only once the next
         batch is generated, and a checkpoint would never find a batch ahead to cut."""
+        ref = (
+            self.actor.reference_logprobs.remote(list(pending), temperature=temperature) if self.has_reference else None
+        )
         return ScoringAhead(
-            self.actor.judge.remote(list(pending), metadata=metadata, temperature=temperature),
-            self.actor.reference_logprobs.remote(list(pending), temperature=temperature),
-            self.instance,
+            self.actor.judge.remote(list(pending), metadata=metadata, temperature=temperature), ref, self.instance
         )
 
     def score(self, batch, metadata: list[dict], temperature: float, ahead: ScoringAhead | None = None):
@@ -77,7 +79,10 @@ class ScoringPool:
 
     def reference(self, batch, temperature: float, ahead: ScoringAhead | None = None) -> list[list[float]]:
         """The batch's reference logprobs: those judge_ahead launched, if the actor that took that call
-        still serves (else a restart, already counted by `score`, lost them), or computed now."""
+        still serves (else a restart, already counted by `score`, lost them), or computed now. Without a reference
+        here (the learner computes it: a LoRA policy's base) each sample's are empty, and no call is made."""
+        if not self.has_reference:
+            return [[] for _ in range(len(batch))]
         whole = lambda: self.actor.reference_logprobs.remote(batch, temperature=temperature)  # noqa: E731
         if ahead is not None and ahead.instance == self.instance:
             return self._call(lambda: ahead.reference, whole, reads_only=True)

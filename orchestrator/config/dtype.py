@@ -120,7 +120,7 @@ def resolve_dtypes(tree, probe=probe) -> tuple[list[str], list[tuple[str, str]]]
 # 0.98x and step 0.96x autocast's time with bf16 weights, which round the checkpoint's float32 weights at load
 CPU_AUTOCAST = "on a CPU bf16 weights measured no faster, and autocast keeps the checkpoint's float32 weights"
 MASTERS = "bf16 weights and activations, float32 masters and Adam state on the GPU (ZeRO stage 2 at least)"
-LORA_AUTOCAST = "LoRA merges its adapters into the weights at each sync, which bf16 weights would round"
+LORA_AUTOCAST = "LoRA with bf16 weights over float32 masters (DeepSpeed's bf16 optimizer) is not tested yet"
 
 
 def choose_precision(dtype: str, device: str, lora: bool = False) -> tuple[Precision, str]:

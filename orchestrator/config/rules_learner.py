@@ -29,7 +29,8 @@ def check_learner(cfg):
     if lr.lora.rank > 0 and lr.zero_stage == 3:
         yield (
             "learner.lora.rank",
-            "LoRA under ZeRO-3 is not supported (merging needs gathered weights); use zero_stage <= 2",
+            "LoRA under ZeRO-3 is not supported (rank 0 reads the adapter and the merged weights whole); "
+            "use zero_stage <= 2",
         )
     yield from check_attention(cfg)
     yield from check_precision(lr)
@@ -63,7 +64,7 @@ def check_attention(cfg, installed=lambda name: importlib.util.find_spec(name) i
 
 
 def check_precision(lr):
-    """master_weights holds bf16 weights: a float32 run has none, and LoRA would merge its adapters into them."""
+    """master_weights holds bf16 weights: a float32 run has none, and with LoRA it is not tested yet."""
     if Precision(lr.precision) != Precision.master_weights:
         return
     if str(getattr(lr.dtype, "value", lr.dtype)) != "bfloat16":
@@ -71,8 +72,8 @@ def check_precision(lr):
     if lr.lora.rank > 0:
         yield (
             "learner.precision",
-            "master_weights with LoRA would merge the adapters into bf16 base weights at every weight sync and "
-            "unmerge them, which rounds the frozen weights a little each time; use precision=autocast with LoRA",
+            "master_weights with LoRA (DeepSpeed's bf16 optimizer over frozen bf16 base weights) is not tested yet; "
+            "use precision=autocast with LoRA",
         )
 
 

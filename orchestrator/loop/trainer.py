@@ -201,8 +201,8 @@ class Trainer:
                 kl_coef = r.learner.update_kl(stats["kl/ref_seq"], sum(scored.valid))  # per sequence, those trained
         return {
             **batch_metrics(batch, scored),
+            **stats,
             **t,
-            **stats,  # after t: timing/reference is the learner's where it computes the reference (LoRA's base)
             "kl/coef_next": kl_coef,
             "rollout/engines": len(r.rollout),  # the members at the step's end (one that left in it is gone)
             **r.channel.metrics,  # the sync check's gap and the bytes of the last sync

@@ -62,7 +62,6 @@ def _per_device(share: float) -> int:
 def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=None, plan=None) -> Plan:
     from learner.config import CriticInit, ValueHead
     from learner.precision import policy_function, zero_stage
-    from reward_service.config import SourceKind
 
     plan = plan or Plan([], [], [], [])
     c, rc, lc = cfg.cluster, cfg.rollout, cfg.learner
@@ -96,18 +95,10 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
             else policy
         )
         learner += learner_lines(critic, lc, load, "critic", lm_head=False, scalar_head=True)
-    ref = (  # a LoRA policy's base, the adapter off, in the learner: no copy here
-        None
-        if lc.lora.reference_in_learner
-        else _shape(plan, cfg.reward.reference_model_path, "reward.reference_model_path", cfg.run_root, policy)
-    )
-    rms = [
-        _shape(plan, s.model_path, f"reward.sources[{i}].model_path", cfg.run_root, rm)
-        for i, s in enumerate(cfg.reward.sources)
-        if s.kind == SourceKind.reward_model
-    ]
     rollout = _engine_lines(plan, policy, cfg, gpu_bytes)
-    scoring = scoring_lines(ref, rms, cfg.reward.micro_batch_size, tokens, policy_function(lc))
+    scoring = scoring_lines(
+        *_scoring_models(plan, cfg, policy, rm), cfg.reward.micro_batch_size, tokens, policy_function(lc)
+    )
     scoring += _judge_lines(plan, cfg, gpu_bytes)
     plan.sections += [
         (f"learner rank (x{c.learner_ranks})", learner),
@@ -122,6 +113,24 @@ def plan_train(cfg, gpu_bytes: float, host_bytes: float | None, policy=None, rm=
         plan.problems.append(f"vLLM's KV cache cannot hold one rollout.max_model_len={rc.max_model_len} sequence")
     _train_devices(plan, c, learner, rollout, scoring, gpu_bytes, host_bytes)
     return plan
+
+
+def _scoring_models(plan: Plan, cfg, policy, rm) -> tuple:
+    """The scoring service's models: the reference's shape (None where the learner computes it: a LoRA policy's
+    base, the adapter off) and each reward model's."""
+    from reward_service.config import SourceKind
+
+    ref = (
+        None
+        if cfg.learner.lora.reference_in_learner
+        else _shape(plan, cfg.reward.reference_model_path, "reward.reference_model_path", cfg.run_root, policy)
+    )
+    rms = [
+        _shape(plan, s.model_path, f"reward.sources[{i}].model_path", cfg.run_root, rm)
+        for i, s in enumerate(cfg.reward.sources)
+        if s.kind == SourceKind.reward_model
+    ]
+    return ref, rms
 
 
 def _engine_lines(plan: Plan, policy, cfg, gpu_bytes: float | None) -> Lines:

@@ -153,7 +153,7 @@ def test_a_lora_run_sends_only_the_adapter_and_every_sync_passes_the_check(ray_c
     # scoring service holds none): at step 1 the policy is its base (peft starts B at 0), then the adapter moves
     # it away; were the adapter left on in the reference's forward, the KL would stay exactly 0
     assert steps[0]["kl/ref"] < 1e-6 and steps[-1]["kl/ref"] > 0.01  # 0.07 seen
-    assert all(r["timing/reference"] > 0 for r in steps)  # the learner's forward, in its advantage phase
+    assert all(r["learner/reference_s"] > 0 for r in steps)  # the learner's forward, inside timing/advantages
     after = json.loads((tmp_path / "lora" / "eval_after.json").read_text())
     assert after["eval/sampled/kl_ref"] > 0.001  # held out too, from the learner's base
     assert all(r["rollout/logprob_gap"] < 1e-3 for r in steps)  # and the engines sampled with it

@@ -85,3 +85,14 @@ def test_where_the_reference_runs_follows_the_lora_section(tmp_path):
     assert not load_config(DEFAULT, [*lora, "learner.lora.reference=scoring"]).learner.lora.reference_in_learner
     with pytest.raises(ConfigError, match="learner.lora.reference"):
         load_config(DEFAULT, ["learner.lora.rank=4", "learner.lora.reference=driver"])
+
+
+def test_an_adapter_on_tied_embeddings_is_refused_naming_the_key(tiny_llama):
+    """The tiny Llama ties lm_head to embed_tokens (as SmolLM2 does): one tensor, which an adapter on either
+    would change for both, and which the merged sync sends once, under the embeddings' name."""
+    for target in ("lm_head", "embed_tokens"):
+        with pytest.raises(ValueError, match=r"learner.lora.target_modules: \['%s'\] of a model that ties" % target):
+            build_policy(
+                LearnerConfig(model_path=tiny_llama, lora=LoraConfig(rank=4, target_modules=["q_proj", target])), False
+            )
+    build_policy(LearnerConfig(model_path=tiny_llama, lora=LoraConfig(rank=4, target_modules=["q_proj"])), False)
