@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import tempfile
 from collections import Counter
@@ -67,13 +68,39 @@ def write_adapter(folder: Path, adapter: dict) -> None:
     (folder / "adapter_config.json").write_text(json.dumps(adapter["config"]))
 
 
+ADAPTER_DIRS = "relay-adapters-"  # + the engine process's pid + a random part: each engine's adapter folders
+
+
+def sweep_dead(tmp: Path) -> list[Path]:
+    """Remove the adapter folders of engine processes that are gone from this node (their pid in the name); the
+    folders of live ones stay. Returns those removed."""
+    removed = []
+    for folder in tmp.glob(f"{ADAPTER_DIRS}*-*"):
+        pid = folder.name.removeprefix(ADAPTER_DIRS).partition("-")[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 class Adapters:
     """Owns an engine's adapters: their folders and ids, the newest (`current`, None before the first sync:
     the base model), the policy version each carries and how many requests sample with each."""
 
     def __init__(self, llm):
         self.llm = llm
-        self.root = Path(tempfile.mkdtemp(prefix="relay-adapters-"))
+        sweep_dead(Path(tempfile.gettempdir()))  # engines that died without close() left theirs
+        self.root = Path(tempfile.mkdtemp(prefix=f"{ADAPTER_DIRS}{os.getpid()}-"))
         self.ids = itertools.count(1)  # vLLM's lora_int_id: > 0, and new for every load
         self.current = None
         self.version: dict[int, int] = {}  # adapter id -> the policy version it carries

@@ -3,6 +3,7 @@ adapter is written to as PEFT saves one, the config key that picks the path and 
 engines' side on real vLLM: tests/e2e/learner/test_lora_sync.py."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -93,3 +94,24 @@ def test_a_request_keeps_its_adapter_through_a_sync_and_the_old_one_goes_when_no
         assert not adapters.root.exists()
 
     asyncio.run(scenario())
+
+
+def test_the_adapter_folders_of_an_engine_that_died_go_when_the_next_engine_starts(tmp_path, monkeypatch):
+    """An engine killed without close() leaves its folders in the node's temporary directory: the next engine
+    on the node removes those whose process is gone, and leaves a live engine's."""
+    import subprocess
+    import sys
+
+    from rollout.adapters import ADAPTER_DIRS, Adapters, sweep_dead
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{ADAPTER_DIRS}{gone.stdout.strip()}-abc"
+    live = tmp_path / f"{ADAPTER_DIRS}{os.getpid()}-def"
+    other = tmp_path / "relay-adapters-notapid-x"
+    for folder in (dead, live, other):
+        (folder / "1").mkdir(parents=True)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    adapters = Adapters(FakeLLM())
+    assert not dead.exists() and live.exists() and other.exists()
+    assert adapters.root.parent == tmp_path and adapters.root.name.startswith(f"{ADAPTER_DIRS}{os.getpid()}-")
+    assert sweep_dead(tmp_path) == []  # its own folder and the live one stay
