@@ -8,6 +8,7 @@ from enum import Enum
 class LoraSync(str, Enum):
     """What a weight sync of a LoRA run sends the engines."""
 
+    auto = "auto"  # resolved at launch (orchestrator/config/lora.py): adapter on GPU engines, merged on CPU ones
     adapter = "adapter"  # the adapter alone; vLLM serves it on the base weights (AsyncLLM.add_lora)
     merged = "merged"  # the base weights with the adapter merged in: for a model vLLM serves no LoRA for
 
@@ -31,9 +32,10 @@ class LoraConfig:
     """dropout on the adapters' input while training"""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """names of the modules that get adapters (peft target_modules)"""
-    sync: LoraSync = LoraSync.adapter
+    sync: LoraSync = LoraSync.auto
     """what each weight sync sends: the adapter alone (vLLM's LoRA), or the merged weights (a model vLLM
-    serves no LoRA for, e.g. GPT-2)"""
+    serves no LoRA for, e.g. GPT-2); auto: the adapter on GPU engines, the merged weights on CPU engines (whose
+    LoRA kernels generated 2.3x slower) and with in_flight"""
     reference: LoraReference = LoraReference.learner
     """where the reference policy's logprobs are computed: in the learner, with the adapter disabled (no
     second copy of the base weights), or by the scoring service from its own copy (its forward then overlaps

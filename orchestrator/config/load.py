@@ -20,6 +20,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from learner.config import MOVED_ALGORITHM_KEYS, MOVED_ALGORITHM_VALUES
 from orchestrator.config.correction import resolve_corrections
 from orchestrator.config.dtype import resolve_dtypes
+from orchestrator.config.lora import resolve_lora_sync
 from orchestrator.config.methods import RECIPES, recipe_conflicts
 from orchestrator.config.schema import PipelineConfig, StageConfig, TrainConfig
 from orchestrator.config.validate import (
@@ -104,7 +105,7 @@ def _resolve_and_check(tree, root, section: str, local: bool, origin) -> list[st
     """The tree's `dtype: auto` resolved (the lines to print returned), then its checks; the first
     problem raises, named by `origin(key)`."""
     lines, undecided = resolve_dtypes(tree) if not section else ([], [])
-    lines += resolve_corrections(tree) if not section else []
+    lines += resolve_corrections(tree) + resolve_lora_sync(tree) if not section else []
     checks = SECTION_CHECKS[section](tree) if section else ROOT_CHECKS[root](tree)
     for key, problem in itertools.chain(undecided, checks, validate_model_paths(tree) if local and not section else ()):
         raise ConfigError(f"{origin(key)}: {key}: {problem}")

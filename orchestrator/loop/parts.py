@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.correction import resolve_corrections
+from orchestrator.config.lora import resolve_lora_sync
 from orchestrator.config.schema import TrainConfig
 from orchestrator.data.builtin_models import resolve_model_path, resolve_run_judges
 from orchestrator.data.prompts import load_split
@@ -33,6 +34,7 @@ def start_parts(cfg: TrainConfig, run_dir: Path) -> LoopParts:
     model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
     resolve_run_judges(cfg)
     resolve_corrections(cfg)  # load_config did, and said so; a config built in code gets the same choice
+    resolve_lora_sync(cfg)
     init_ray(cfg)
     r = start_roles(cfg, model_path)
     if r.gateway is not None:  # an agent program's finished episodes, not data prompts

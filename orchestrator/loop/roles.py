@@ -101,7 +101,10 @@ LORA_REFERENCE = {
 def lora_sync(learner_cfg) -> str:
     """What a LoRA run's weight syncs send (learner.lora.sync: "adapter" or "merged"); "" without LoRA."""
     lora = learner_cfg.lora
-    return str(getattr(lora.sync, "value", lora.sync)) if lora.rank > 0 else ""
+    sync = str(getattr(lora.sync, "value", lora.sync)) if lora.rank > 0 else ""
+    if sync == "auto":  # start_parts resolves it (orchestrator/config/lora.py)
+        raise ValueError("learner.lora.sync auto: not resolved to adapter or merged before the roles start")
+    return sync
 
 
 def start_rollout(cfg: TrainConfig, model_path: str, where: RolePlacement) -> RolloutPool:

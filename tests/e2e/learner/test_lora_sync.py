@@ -109,7 +109,7 @@ def test_a_model_vllm_serves_no_lora_for_is_refused_naming_the_key(tiny_model, l
 
 
 def test_a_lora_run_sends_only_the_adapter_and_every_sync_passes_the_check(ray_cluster, llama, tmp_path, capsys):
-    """`relay train`'s loop on the tiny Llama with LoRA (the default sync: the adapter). A length reward, which
+    """`relay train`'s loop on the tiny Llama with LoRA, the adapter sync asked for. A length reward, which
     a random model's samples differ in, so the adapter moves every step and each sync carries a new one."""
     import json
     from pathlib import Path
@@ -130,6 +130,7 @@ def test_a_lora_run_sends_only_the_adapter_and_every_sync_passes_the_check(ray_c
         "algorithm.micro_batch_size": 64,
         "learner.lr": 1e-2,
         "learner.lora.rank": RANK,
+        "learner.lora.sync": "adapter",  # auto takes merged on CPU engines
         "learner.lora.target_modules": "[" + ",".join(TARGETS) + "]",
         "reward.sources": "[{kind: length_penalty, target_length: 4, weight: 1.0}]",
         "total_steps": 3,

@@ -425,7 +425,7 @@ def test_an_adapter_sync_counts_the_adapter_a_sync_sends_and_the_engines_lora_me
     from orchestrator.tools.plan_roles import LLAMA_LINEAR
 
     over = ["learner.lora.rank=12", "learner.dtype=float32", "rollout.dtype=float32"]
-    cfg = load_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", over)
+    cfg = load_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", [*over, "learner.lora.sync=adapter"])
     rollout = {k: v for k, v, _ in dict(plan_train(cfg, 80 * P.GB, None).sections)["rollout worker (x1, per device)"]}
     s = dict(P.KNOWN)[("smollm2-135m",)]
     adapter = P.lora_params(s, 12, ["q_proj", "k_proj", "v_proj", "o_proj"]) * 4
@@ -436,7 +436,8 @@ def test_an_adapter_sync_counts_the_adapter_a_sync_sends_and_the_engines_lora_me
     lines = dict(plan_train(merged, 80 * P.GB, None).sections)["rollout worker (x1, per device)"]
     assert not any("LoRA" in what for what, _, _ in lines)
     gpt2 = load_config(
-        REPO / "configs" / "grpo_tiny_cpu.yaml", ["learner.lora.rank=4", "learner.lora.target_modules=[c_attn]"]
+        REPO / "configs" / "grpo_tiny_cpu.yaml",
+        ["learner.lora.rank=4", "learner.lora.target_modules=[c_attn]", "learner.lora.sync=adapter"],
     )
     assert any("vLLM serves no LoRA for GPT-2" in problem for problem in plan_train(gpt2, 80 * P.GB, None).problems)
 
