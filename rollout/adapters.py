@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -68,15 +69,20 @@ def write_adapter(folder: Path, adapter: dict) -> None:
     (folder / "adapter_config.json").write_text(json.dumps(adapter["config"]))
 
 
-ADAPTER_DIRS = "relay-adapters-"  # + the engine process's pid + a random part: each engine's adapter folders
+ADAPTER_DIRS = "relay-adapters-"  # + host + "." + the engine process's pid + "-" + a random part
+
+
+def owner() -> str:
+    """This engine's part of its folders' names: its host (a shared temporary directory holds other nodes') and pid."""
+    return f"{socket.gethostname().replace('-', '_')}.{os.getpid()}"
 
 
 def sweep_dead(tmp: Path) -> list[Path]:
-    """Remove the adapter folders of engine processes that are gone from this node (their pid in the name); the
-    folders of live ones stay. Returns those removed."""
-    removed = []
-    for folder in tmp.glob(f"{ADAPTER_DIRS}*-*"):
-        pid = folder.name.removeprefix(ADAPTER_DIRS).partition("-")[0]
+    """Remove the adapter folders of engine processes on this host that are gone (their pid in the name); those of
+    live ones, and of other hosts, stay. Returns those removed."""
+    removed, host = [], owner().rpartition(".")[0]
+    for folder in tmp.glob(f"{ADAPTER_DIRS}{host}.*-*"):
+        pid = folder.name.removeprefix(f"{ADAPTER_DIRS}{host}.").partition("-")[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
@@ -100,7 +106,7 @@ class Adapters:
     def __init__(self, llm):
         self.llm = llm
         sweep_dead(Path(tempfile.gettempdir()))  # engines that died without close() left theirs
-        self.root = Path(tempfile.mkdtemp(prefix=f"{ADAPTER_DIRS}{os.getpid()}-"))
+        self.root = Path(tempfile.mkdtemp(prefix=f"{ADAPTER_DIRS}{owner()}-"))
         self.ids = itertools.count(1)  # vLLM's lora_int_id: > 0, and new for every load
         self.current = None
         self.version: dict[int, int] = {}  # adapter id -> the policy version it carries

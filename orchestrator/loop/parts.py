@@ -34,7 +34,8 @@ def start_parts(cfg: TrainConfig, run_dir: Path) -> LoopParts:
     model_path = resolve_model_path(cfg.learner.model_path, cfg.run_root)
     resolve_run_judges(cfg)
     resolve_corrections(cfg)  # load_config did, and said so; a config built in code gets the same choice
-    resolve_lora_sync(cfg)
+    for line in resolve_lora_sync(cfg):  # a config built in code: said here (load_config said a file's)
+        print(f"relay: {line}", flush=True)
     init_ray(cfg)
     r = start_roles(cfg, model_path)
     if r.gateway is not None:  # an agent program's finished episodes, not data prompts
