@@ -218,10 +218,10 @@ class merged_weights(Mapping):
         from peft.tuners.lora import LoraLayer
 
         self.params = dict(rollout_weights(policy))
-        self.adapted = {
+        self.adapted = {  # peft's wrapped layers (none without LoRA), by their base weight's name
             f"{name.removeprefix('base_model.model.')}.weight": module
             for name, module in policy.lm.named_modules()
-            if isinstance(module, LoraLayer) and hasattr(policy.lm, "peft_config")
+            if isinstance(module, LoraLayer)
         }
 
     @torch.no_grad()
