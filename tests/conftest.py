@@ -1,20 +1,28 @@
 """Shared fixtures and the tiers: tiny real models on disk (built once, then reused from the model cache
-across sessions: tests/helpers.py), one local Ray cluster per session, and the folder that sets each
-test's tier (tests/unit: no Ray; tests/e2e: marked `e2e`; tests/gpu: marked `gpu`, skipped without CUDA)."""
+across sessions: tests/helpers.py; the starting policy is a copy in tests/assets), one local Ray cluster per
+session, and the folder that sets each test's tier (tests/unit: no Ray; tests/e2e: marked `e2e`; tests/gpu: marked
+`gpu`, skipped without CUDA)."""
 
 import os
 import shutil
 from pathlib import Path
 
-import pytest
+# Before torch loads OpenMP (here, and in every Ray actor and vLLM process the tests start, which inherit it): two
+# test workers share the cores, and OpenMP threads that spin while they wait take the other worker's. Measured on
+# 2 cores (2026-12-06), two 4-step runs at once: 12.0 s of steps each spinning, 6.1 s each with PASSIVE. Results do
+# not change: the thread counts stay.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tests.helpers import build_inputs, cached_build, tiny_policy_inputs
+import pytest  # noqa: E402
+
+from tests.helpers import build_inputs, cached_build  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 TESTS = Path(__file__).resolve().parent
+ASSETS = TESTS / "assets"
 TIER_MARKS = {"e2e": pytest.mark.e2e, "gpu": pytest.mark.gpu}
 TIER_ORDER = ("unit", "e2e", "gpu")  # the fast tier first, also in one `pytest -q`
 
@@ -62,11 +70,10 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def policy(tmp_path_factory):
-    """relay's tiny starting policy: a GPT trained from scratch on 2-digit addition to ~50-75%."""
-    from orchestrator.data.builtin_models import build_tiny_policy
-
-    folder = cached_build("tiny-addition-gpt", tiny_policy_inputs(), build_tiny_policy)
-    return session_copy(folder, tmp_path_factory, "tiny")
+    """relay's tiny starting policy (builtin://tiny-addition-gpt), the one build in tests/assets: the builder's
+    result depends on the CPU's kernels and thread count (tests/assets/README.md), and the tests' margins and
+    the metric gate's bands were measured from this one."""
+    return session_copy(ASSETS / "tiny-addition-gpt", tmp_path_factory, "tiny")
 
 
 @pytest.fixture(scope="session")
