@@ -17,7 +17,7 @@ BANDS = REPO / "tests" / "metric_bands" / "grpo_tiny_cpu.json"
 
 
 def test_the_default_run_stays_in_the_bands_its_seeds_drew(policy, tmp_path):
-    # the starting policy the default builds under run_root/models, from the tests' cache (the same builder and seed)
+    # the starting policy the default builds under run_root/models: the tests' copy, which the bands started from
     shutil.copytree(policy, builtin_folder("builtin://tiny-addition-gpt", str(tmp_path)))
     out = relay(
         "train", f"run_root={tmp_path}", "logging.progress_bar=false", "logging.wandb.mode=disabled", timeout=1800

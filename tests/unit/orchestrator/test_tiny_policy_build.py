@@ -1,9 +1,23 @@
 """The builder of builtin://tiny-addition-gpt, the README default run's starting policy. The tests start from a
 copy built once (tests/assets: the builder's result depends on the CPU), so this is the builder's own test."""
 
+import hashlib
 import json
+from pathlib import Path
 
-from orchestrator.data.builtin_models import build_tiny_policy, tiny_policy_data
+from orchestrator.data.builtin_models import VERSIONS, build_tiny_policy, tiny_policy_data
+
+ASSET = Path(__file__).resolve().parents[2] / "assets" / "tiny-addition-gpt.json"
+
+
+def test_the_tests_copy_is_of_todays_version_and_was_trained_and_stopped_on_todays_data():
+    """The copy stays the tests' starting policy until the builder's version or its data change: then a held-out
+    prompt could be one the copy trained on. Rebuild it and redraw the gate's bands (tests/assets/README.md)."""
+    built = json.loads(ASSET.read_text())
+    data = hashlib.sha256(json.dumps(tiny_policy_data("addition_2digit", 0), sort_keys=True).encode()).hexdigest()
+    assert (built["version"], built["data_sha256"]) == (VERSIONS["tiny-addition-gpt"], data), (
+        "tests/assets/tiny-addition-gpt is stale: rebuild it and redraw tests/metric_bands (tests/assets/README.md)"
+    )
 
 
 def test_the_starting_policy_trains_until_its_probe_reaches_the_target_and_reports_its_held_out_accuracy(tmp_path):
