@@ -15,14 +15,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
-from tests.helpers import build_inputs, cached_build  # noqa: E402
+from tests.helpers import ASSETS, build_inputs, cached_build  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 TESTS = Path(__file__).resolve().parent
-ASSETS = TESTS / "assets"
 TIER_MARKS = {"e2e": pytest.mark.e2e, "gpu": pytest.mark.gpu}
 TIER_ORDER = ("unit", "e2e", "gpu")  # the fast tier first, also in one `pytest -q`
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
+ASSETS = REPO / "tests" / "assets"  # built once, not per machine (tests/assets/README.md)
 RAY = str(Path(sys.executable).with_name("ray"))  # the CLI of the Ray this Python runs
 PACKAGES = ("envs", "rollout", "reward_service", "learner", "orchestrator")
 

@@ -3,17 +3,15 @@ copy built once (tests/assets: the builder's result depends on the CPU), so this
 
 import hashlib
 import json
-from pathlib import Path
 
 from orchestrator.data.builtin_models import VERSIONS, build_tiny_policy, tiny_policy_data
-
-ASSET = Path(__file__).resolve().parents[2] / "assets" / "tiny-addition-gpt.json"
+from tests.helpers import ASSETS
 
 
 def test_the_tests_copy_is_of_todays_version_and_was_trained_and_stopped_on_todays_data():
     """The copy stays the tests' starting policy until the builder's version or its data change: then a held-out
     prompt could be one the copy trained on. Rebuild it and redraw the gate's bands (tests/assets/README.md)."""
-    built = json.loads(ASSET.read_text())
+    built = json.loads((ASSETS / "tiny-addition-gpt.json").read_text())
     data = hashlib.sha256(json.dumps(tiny_policy_data("addition_2digit", 0), sort_keys=True).encode()).hexdigest()
     assert (built["version"], built["data_sha256"]) == (VERSIONS["tiny-addition-gpt"], data), (
         "tests/assets/tiny-addition-gpt is stale: rebuild it and redraw tests/metric_bands (tests/assets/README.md)"
