@@ -68,3 +68,16 @@ def str_state(engine) -> dict[str, torch.Tensor]:
     """The optimizer's moments by a flat key (whatever optimizer ZeRO wraps)."""
     inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
     return {f"{i}.{k}": v for i, s in enumerate(inner.state.values()) for k, v in s.items() if torch.is_tensor(v)}
+
+
+def test_deepspeed_builds_no_shared_memory_all_reduce(one_rank):
+    """init_distributed turns off DeepSpeed's shared-memory all-reduce: only its inference engine calls it, and on
+    a CPU it is a C++ extension compiled at the first rank's start in every environment (learner/engine.py)."""
+    import deepspeed
+    import deepspeed.comm.comm as ds_comm
+
+    from learner.engine import SHM_COMM_OP
+
+    assert ds_comm.cdb is not None and ds_comm.cdb.is_initialized()
+    assert ds_comm.cdb.shm_comm_op is None  # built and loaded when the op is compatible: 50 s of CPU on a Xeon with AMX
+    assert deepspeed.ops.__compatible_ops__[SHM_COMM_OP] is False
