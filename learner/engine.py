@@ -90,11 +90,12 @@ def init_distributed(address: RankAddress, backend: str) -> None:
         MASTER_PORT=str(address.master_port),
     )
     timeout = datetime.timedelta(seconds=address.collective_timeout_s)
-    # DeepSpeed's shared-memory all-reduce serves only its inference engine (inference_all_reduce), which relay never
-    # calls. Left on, the first rank of every environment JIT-compiles it (two C++ files: 50 s of CPU on a Xeon with
-    # AMX, again for each venv path), and every rank maps its shared-memory buffers. Off, DeepSpeed's collectives are
-    # the process group's, as they are off Linux.
-    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    if backend == "gloo":
+        # DeepSpeed's shared-memory all-reduce (a CPU op: no GPU accelerator builds it) serves only its inference
+        # engine (inference_all_reduce), which relay never calls. Left on, the first rank of every environment
+        # JIT-compiles it (two C++ files: 50 s of CPU on a Xeon with AMX, again for each venv path), and every rank
+        # maps its shared-memory buffers. Off, DeepSpeed's collectives are the process group's, as off Linux.
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)
 
 

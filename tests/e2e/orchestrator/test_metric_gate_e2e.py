@@ -34,6 +34,7 @@ def default_run(policy, tmp_path_factory):
 def test_the_default_run_learns_syncs_every_step_and_logs_everything(default_run):
     run, cfg = default_run
     assert cfg.name == "grpo_tiny_cpu" and cfg.total_steps == 25 and cfg.algorithm.estimator.value == "grpo"
+    assert [(s.name, s.size) for s in cfg.eval.suites] == [("addition_3digit", 32)]  # reported apart: checked below
     learned_synced_and_logged(run, cfg)
 
 
