@@ -155,11 +155,16 @@ def learned_synced_and_logged(run_dir, cfg) -> list[dict]:
     return rows
 
 
+# The uninterrupted run's settings, which the crashed, the stopped and the restarted runs share: checkpoints at steps 2
+# and 4, and the running reward normaliser, state the scoring service keeps that a resume and a restart must restore
+WHOLE = {"checkpoint.every_n_steps": 2, "checkpoint.keep_last": 5, "reward.normalization": "running"}
+
+
 @pytest.fixture(scope="module")
 def whole(ray_cluster, policy, tmp_path_factory):
-    """One uninterrupted 4-step run (checkpoints at steps 2 and 4): how a crashed and a stopped run must end."""
+    """One uninterrupted 4-step run (WHOLE): how a crashed, a stopped and a restarted run must end."""
     root = tmp_path_factory.mktemp("whole")
-    train(config(policy, root, name="whole", **{"checkpoint.every_n_steps": 2, "checkpoint.keep_last": 5}))
+    train(config(policy, root, name="whole", **WHOLE))
     return root / "whole"
 
 
@@ -173,7 +178,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(whole, policy, tmp_pat
     shutil.copy(whole / "eval_reference_samples.json", crashed)
     # its metrics.jsonl went on past the checkpoint (steps 3-4, the eval): the resumed run redoes those rows once
     shutil.copy(whole / "metrics.jsonl", crashed)
-    train(config(policy, tmp_path, name="crashed", **{"checkpoint.resume": "auto"}))
+    train(config(policy, tmp_path, name="crashed", **WHOLE, **{"checkpoint.resume": "auto"}))
     want = [r for r in metrics(whole) if "timing/total" in r]
     got = [r for r in metrics(crashed) if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4]
@@ -188,7 +193,7 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     run in this process: `relay train` is the same loop)."""
 
     def args(name, **over):
-        return ["train", "configs/grpo_tiny_cpu.yaml", *overrides(policy, tmp_path, name=name, **over)]
+        return ["train", "configs/grpo_tiny_cpu.yaml", *overrides(policy, tmp_path, name=name, **(WHOLE | over))]
 
     def steps_done(run_dir):  # complete lines only: the run may be writing the next one
         path = run_dir / "metrics.jsonl"
@@ -239,21 +244,16 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     assert json.loads((stopped / "eval_after.json").read_text()) == json.loads((whole / "eval_after.json").read_text())
 
 
-def test_a_killed_rollout_worker_and_scoring_service_are_restarted_the_scoring_with_its_state(
-    ray_cluster, policy, tmp_path
-):
+def test_a_killed_rollout_worker_and_scoring_service_are_restarted_the_scoring_with_its_state(whole, policy, tmp_path):
     """One run, two kills (one run's start for both, CI time): the engine after step 1, the scoring service
-    after step 2; the run completes as one nobody disturbed, samples seeded per request."""
-    cfg = config(policy, tmp_path, name="restarts", total_steps=3, **{"reward.normalization": "running"})
-    counters = train(cfg, kills={1: "rollout", 2: "scoring"})
+    after step 2; the run completes as one nobody disturbed (`whole`), samples seeded per request."""
+    counters = train(config(policy, tmp_path, name="restarts", **WHOLE), kills={1: "rollout", 2: "scoring"})
     assert counters["restarts/rollout"] == 1 and counters["restarts/scoring"] == 1
     rows = [r for r in metrics(tmp_path / "restarts") if "timing/total" in r]
-    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["restarts/scoring"] == 1
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["restarts/scoring"] == 1
     assert rows[-1]["rollout/logprob_gap"] < 1e-3  # the restarted engine got the weights
     assert rows[-1]["sync/probe_gap"] < 1e-4  # and the sync check after its restart's sync passed
-    uninterrupted = config(policy, tmp_path, name="no_restart", total_steps=3, **{"reward.normalization": "running"})
-    train(uninterrupted)
-    want = [r for r in metrics(tmp_path / "no_restart") if "timing/total" in r]
+    want = [r for r in metrics(whole) if "timing/total" in r]
     assert rows[-1]["reward/mean"] == pytest.approx(want[-1]["reward/mean"], abs=1e-6)
 
     def same(row):  # what no restart can change: every number but the clocks and the restart counts
@@ -261,10 +261,11 @@ def test_a_killed_rollout_worker_and_scoring_service_are_restarted_the_scoring_w
 
     assert [same(r) for r in rows] == [same(r) for r in want]  # the restarted engine sampled the same
 
-    def scoring_state(name):  # the normaliser's state at the last checkpoint: step 3's raw reward cannot show it
-        return json.loads((tmp_path / name / "checkpoints" / "step_3" / "orchestrator.json").read_text())["scoring"]
+    def scoring_state(run_dir):  # the normaliser's state at the last checkpoint: step 4's raw reward cannot show it
+        return json.loads((run_dir / "checkpoints" / "step_4" / "orchestrator.json").read_text())["scoring"]
 
-    assert scoring_state("restarts") == scoring_state("no_restart")
+    assert scoring_state(tmp_path / "restarts") == scoring_state(whole)
+    assert scoring_state(whole)["running"]["count"] > 0  # the normaliser did run
 
 
 def test_a_config_typo_fails_before_ray_starts():
