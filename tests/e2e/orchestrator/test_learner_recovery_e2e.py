@@ -1,11 +1,12 @@
 """A learner rank SIGKILLed mid-run on the real stack: the group is rebuilt, the last checkpoint (or the
-start) restored in process, the lost steps replayed, and the run ends exactly as one nobody disturbed
-(1 rank, and 2 ranks under ZeRO-2), each step recorded once."""
+start) restored in process, the lost steps replayed, and the run ends exactly as one nobody disturbed, each step
+recorded once: 2 ranks under ZeRO-2 here, 1 rank in test_train_e2e.py (ends_as_undisturbed, against its `whole`)."""
 
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -81,22 +82,29 @@ def undisturbed(row: dict) -> dict:
     return {k: v for k, v in deterministic(row).items() if k != "restarts/learner"}
 
 
-@pytest.mark.parametrize("ranks, kills", [(1, (1, 3)), (2, (3,))], ids=["1_rank", "2_ranks_zero2"])
-def test_a_killed_learner_rank_is_rebuilt_and_the_run_ends_as_an_undisturbed_one(
-    ray_cluster, policy, tmp_path, ranks, kills
+def test_a_killed_rank_of_two_under_zero2_is_rebuilt_and_the_run_ends_as_an_undisturbed_one(
+    ray_cluster, policy, tmp_path
 ):
-    """Killed after step 1: no checkpoint yet, back to the start (step 0); after step 3: back to step 2's
-    (with 1 rank both in one run, which replays steps 1-3 after the first kill: one run's start, CI time)."""
-    train(config(policy, tmp_path, "whole", ranks))
-    want = record(tmp_path / "whole")
+    """Killed after step 3: back to step 2's checkpoint, both ranks rebuilt. (1 rank, killed after steps 1 and 3:
+    test_train_e2e.py, against that module's uninterrupted run.)"""
+    train(config(policy, tmp_path, "whole", ranks=2))
+    ends_as_undisturbed(tmp_path / "whole", config(policy, tmp_path, "killed", ranks=2), kills=(3,))
+
+
+def ends_as_undisturbed(whole: Path, cfg, kills: tuple[int, ...]) -> None:
+    """Run `cfg` to the end, its last learner rank killed after each step of `kills`, and check that each kill is
+    recovered from where it must be (after step 1: no checkpoint yet, back to the start; after step 3: back to step 2's)
+    and that the run ends as `whole` (an undisturbed run of the same config) ends: each step once, every number its."""
+    want = record(whole)
     assert [r["step"] for r in want[0]] == [1, 2, 3, 4, 4]  # the last step, then its evaluation
-    counts, seconds, seen = train(config(policy, tmp_path, "killed", ranks), kills=kills)
+    counts, seconds, seen = train(cfg, kills=kills)
+    ranks, killed = cfg.cluster.learner_ranks, Path(cfg.run_root) / cfg.name
     print(f"learner recovery, {ranks} rank(s), killed after steps {kills}: {seconds} s after the last kill")
     assert counts["restarts/learner"] == len(kills) and counts["restarts/rollout"] == 0
     assert seen["restored_at"] == [0 if kill < 2 else 2 for kill in kills]  # the start, or step 2's checkpoint
     # the steps a run made after every earlier recovery, up to the last kill, were the undisturbed run's too
     assert [undisturbed(r) for r in seen["rows_at_last_kill"]] == want[0][: kills[-1]]
-    rows = jsonl_rows(tmp_path / "killed" / "metrics.jsonl")
+    rows = jsonl_rows(killed / "metrics.jsonl")
     assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
     assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == len(kills)
-    assert record(tmp_path / "killed") == want  # each step once, every number the undisturbed run's
+    assert record(killed) == want  # each step once, every number the undisturbed run's

@@ -16,6 +16,7 @@ from orchestrator.loop.dynamic_sampling import Sampled
 from orchestrator.loop.trainer import Trainer
 from reward_service.rules import math_answer
 from scripts.same_metrics import deterministic
+from tests.e2e.orchestrator.test_learner_recovery_e2e import ends_as_undisturbed
 from tests.helpers import REPO, foreign_lines, relay
 
 pytestmark = pytest.mark.e2e
@@ -185,6 +186,13 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(whole, policy, tmp_pat
     for w, g in zip(want[2:], got[2:]):
         same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s", "pipeline/"))}
         assert {k: g[k] for k in same} == {k: w[k] for k in same}
+
+
+def test_a_killed_learner_rank_is_rebuilt_and_the_run_ends_as_the_uninterrupted_one(whole, policy, tmp_path):
+    """The one rank killed after step 1 (no checkpoint yet: back to the start) and after step 3 (back to step 2's):
+    one run's start for both, CI time; the run replays the lost steps, the running normaliser's too, and ends as
+    `whole` (test_learner_recovery_e2e.py: the same check, 2 ranks under ZeRO-2)."""
+    ends_as_undisturbed(whole, config(policy, tmp_path, name="killed", **WHOLE), kills=(1, 3))
 
 
 def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupted_one(whole, policy, tmp_path):

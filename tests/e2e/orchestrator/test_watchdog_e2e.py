@@ -62,7 +62,7 @@ def test_a_stopped_rollout_engine_is_named_restarted_and_the_run_finishes(ray_cl
     assert len(json.loads((tmp_path / name / "eval_after.json").read_text())) > 0
 
 
-@pytest.mark.parametrize("ranks", [2])  # one rank's rebuild: test_learner_recovery_e2e.py (SIGKILL)
+@pytest.mark.parametrize("ranks", [2])  # one rank's rebuild: test_train_e2e.py (SIGKILL)
 def test_a_stopped_learner_rank_is_named_every_rank_rebuilt_and_the_run_finishes(ray_cluster, policy, tmp_path, ranks):
     """With 2 ZeRO-2 ranks the last one is stopped: rank 0 then waits in a collective, and both are rebuilt."""
     name, role = f"stopped_learner_{ranks}", f"learner_{ranks - 1}"
