@@ -164,6 +164,19 @@ def test_grpo_hand_example():
     assert close(A.grpo_advantages(t([1.0, 0.0, 3.0, 1.0]), 2, scale_by_std=False), [0.5, -0.5, 1.0, -1.0])
 
 
+def test_grpo_gives_equal_scores_exactly_zero_however_they_round():
+    # eight 0.1s: float32's mean of them is off 0.1 by a rounding, which over (std + 1e-6) was -0.0074 each, one
+    # advantage for the whole group; a reward normaliser makes such scores (eight 0 rewards, running: +0.056 each)
+    for score in (0.1, -0.3377, 1 / 3):
+        assert torch.equal(A.grpo_advantages(torch.full((8,), score), 8), torch.zeros(8))
+        assert torch.equal(A.grpo_advantages(torch.full((8,), score), 8, scale_by_std=False), torch.zeros(8))
+    # equal among the valid ones: the dropped 0.7 leaves the group; a group with a spread keeps its advantages:
+    # [.1, .2, .1, .2]: +-.05 over (unbiased std .057735 + 1e-6) = +-.866011
+    valid = t([True, True, False, True, True, True, True, True])
+    adv = A.grpo_advantages(t([0.1, 0.1, 0.7, 0.1, 0.1, 0.2, 0.1, 0.2]), 4, valid)
+    assert torch.equal(adv[:4], torch.zeros(4)) and close(adv[4:], [-0.866011, 0.866011, -0.866011, 0.866011])
+
+
 def test_grpo_groups_sum_to_zero():
     scores = torch.randn(6 * 5, generator=torch.Generator().manual_seed(3))
     assert close(A.grpo_advantages(scores, 5).view(6, 5).sum(-1), torch.zeros(6), tol=1e-4)
