@@ -108,3 +108,9 @@ def ends_as_undisturbed(whole: Path, cfg, kills: tuple[int, ...]) -> None:
     assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
     assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == len(kills)
     assert record(killed) == want  # each step once, every number the undisturbed run's
+    # and the scoring service's state (a reward normaliser's), which the replay rewound with the learner
+    assert scoring_state(killed) == scoring_state(whole)
+
+
+def scoring_state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "checkpoints" / "step_4" / "orchestrator.json").read_text())["scoring"]
