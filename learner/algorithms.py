@@ -156,10 +156,11 @@ def grpo_advantages(
     """
     g, v, n = _groups(scores, group_size, valid)
     centred = (g - g.sum(-1, keepdim=True) / n.clamp(min=1)) * v
-    # equal scores: exactly 0, not their mean's float32 rounding over (std + eps), a few hundredths for every sample
-    # of the group (eight 0.1s: -0.0074 each); normalised rewards are such scores
+    # equal finite scores: exactly 0, not their mean's float32 rounding over (std + eps), a few hundredths for every
+    # sample (eight 0.1s: -0.0074 each); normalised rewards are such scores. A NaN or inf stays, for the learner's check
     top = torch.where(v > 0, g, -float("inf")).amax(-1, keepdim=True)
-    centred = torch.where(top > torch.where(v > 0, g, float("inf")).amin(-1, keepdim=True), centred, 0.0)
+    equal = (top == torch.where(v > 0, g, float("inf")).amin(-1, keepdim=True)) & top.isfinite()
+    centred = torch.where(equal, 0.0, centred)
     if scale_by_std:
         std = ((centred**2).sum(-1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
         centred = centred / (std + eps)

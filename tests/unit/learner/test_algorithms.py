@@ -175,6 +175,9 @@ def test_grpo_gives_equal_scores_exactly_zero_however_they_round():
     valid = t([True, True, False, True, True, True, True, True])
     adv = A.grpo_advantages(t([0.1, 0.1, 0.7, 0.1, 0.1, 0.2, 0.1, 0.2]), 4, valid)
     assert torch.equal(adv[:4], torch.zeros(4)) and close(adv[4:], [-0.866011, 0.866011, -0.866011, 0.866011])
+    # a non-finite score is not equal scores: the group stays non-finite, for the learner to count and skip
+    for bad in ([1.0, 0.0, float("nan"), 1.0], [1.0] * 3 + [float("inf")], [float("inf")] * 4, [float("nan")] * 4):
+        assert not A.grpo_advantages(t(bad), 4).isfinite().any(), bad
 
 
 def test_grpo_groups_sum_to_zero():
