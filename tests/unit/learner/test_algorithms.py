@@ -171,10 +171,10 @@ def test_grpo_gives_equal_scores_exactly_zero_however_they_round():
         assert torch.equal(A.grpo_advantages(torch.full((8,), score), 8), torch.zeros(8))
         assert torch.equal(A.grpo_advantages(torch.full((8,), score), 8, scale_by_std=False), torch.zeros(8))
     # equal among the valid ones: the dropped 0.7 leaves the group; a group with a spread keeps its advantages:
-    # [.1, .2, .1, .2]: +-.05 over (unbiased std .057735 + 1e-6) = +-.866011
+    # [.1, .2, .1, .2]: +-.05 over (unbiased std .057735 + 1e-6) = +-.866010
     valid = t([True, True, False, True, True, True, True, True])
     adv = A.grpo_advantages(t([0.1, 0.1, 0.7, 0.1, 0.1, 0.2, 0.1, 0.2]), 4, valid)
-    assert torch.equal(adv[:4], torch.zeros(4)) and close(adv[4:], [-0.866011, 0.866011, -0.866011, 0.866011])
+    assert torch.equal(adv[:4], torch.zeros(4)) and close(adv[4:], [-0.866010, 0.866010, -0.866010, 0.866010])
     # a non-finite score is not equal scores: the group stays non-finite, for the learner to count and skip
     for bad in ([1.0, 0.0, float("nan"), 1.0], [1.0] * 3 + [float("inf")], [float("inf")] * 4, [float("nan")] * 4):
         assert not A.grpo_advantages(t(bad), 4).isfinite().any(), bad
