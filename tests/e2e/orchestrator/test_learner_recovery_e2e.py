@@ -1,6 +1,6 @@
 """A learner rank SIGKILLed mid-run on the real stack: the group is rebuilt, the last checkpoint (or the
 start) restored in process, the lost steps replayed, and the run ends exactly as one nobody disturbed, each step
-recorded once: 2 ranks under ZeRO-2 here, 1 rank in test_train_e2e.py (ends_as_undisturbed, against its `whole`)."""
+recorded once: 2 ranks under ZeRO-2 here, 1 rank in test_train_e2e.py (recovered_run, against its `whole`)."""
 
 import json
 import os
@@ -88,13 +88,15 @@ def test_a_killed_rank_of_two_under_zero2_is_rebuilt_and_the_run_ends_as_an_undi
     """Killed after step 3: back to step 2's checkpoint, both ranks rebuilt. (1 rank, killed after steps 1 and 3:
     test_train_e2e.py, against that module's uninterrupted run.)"""
     train(config(policy, tmp_path, "whole", ranks=2))
-    ends_as_undisturbed(tmp_path / "whole", config(policy, tmp_path, "killed", ranks=2), kills=(3,))
+    killed = recovered_run(tmp_path / "whole", config(policy, tmp_path, "killed", ranks=2), kills=(3,))
+    assert ending(killed) == ending(tmp_path / "whole")  # each step once, every number and state the undisturbed run's
 
 
-def ends_as_undisturbed(whole: Path, cfg, kills: tuple[int, ...]) -> None:
+def recovered_run(whole: Path, cfg, kills: tuple[int, ...]) -> Path:
     """Run `cfg` to the end, its last learner rank killed after each step of `kills`, and check that each kill is
-    recovered from where it must be (after step 1: no checkpoint yet, back to the start; after step 3: back to step 2's)
-    and that the run ends as `whole` (an undisturbed run of the same config) ends: each step once, every number its."""
+    recovered from where it must be (after step 1: no checkpoint yet, back to the start; after step 3: back to
+    step 2's), each step recorded once, and the steps before the last kill `whole`'s (an undisturbed run of the same
+    config). Returns the run folder, for ending(): what it ended with."""
     want = record(whole)
     assert [r["step"] for r in want[0]] == [1, 2, 3, 4, 4]  # the last step, then its evaluation
     counts, seconds, seen = train(cfg, kills=kills)
@@ -107,10 +109,15 @@ def ends_as_undisturbed(whole: Path, cfg, kills: tuple[int, ...]) -> None:
     rows = jsonl_rows(killed / "metrics.jsonl")
     assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
     assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == len(kills)
-    assert record(killed) == want  # each step once, every number the undisturbed run's
-    # and the scoring service's state (a reward normaliser's), which the replay rewound with the learner
-    assert scoring_state(killed) == scoring_state(whole)
+    return killed
+
+
+def ending(run_dir: Path) -> tuple:
+    """What a 4-step run ended with: its record(), and the scoring service's state (a reward normaliser's) at its
+    last checkpoint, which a replay rewinds with the learner."""
+    return record(run_dir), scoring_state(run_dir)
 
 
 def scoring_state(run_dir: Path) -> dict:
+    """The scoring service's state in step 4's checkpoint."""
     return json.loads((run_dir / "checkpoints" / "step_4" / "orchestrator.json").read_text())["scoring"]

@@ -16,7 +16,7 @@ from orchestrator.loop.dynamic_sampling import Sampled
 from orchestrator.loop.trainer import Trainer
 from reward_service.rules import math_answer
 from scripts.same_metrics import deterministic
-from tests.e2e.orchestrator.test_learner_recovery_e2e import ends_as_undisturbed
+from tests.e2e.orchestrator.test_learner_recovery_e2e import ending, recovered_run, scoring_state
 from tests.helpers import REPO, foreign_lines, relay
 
 pytestmark = pytest.mark.e2e
@@ -192,7 +192,8 @@ def test_a_killed_learner_rank_is_rebuilt_and_the_run_ends_as_the_uninterrupted_
     """The one rank killed after step 1 (no checkpoint yet: back to the start) and after step 3 (back to step 2's):
     one run's start for both, CI time; the run replays the lost steps, the running normaliser's too, and ends as
     `whole` (test_learner_recovery_e2e.py: the same check, 2 ranks under ZeRO-2)."""
-    ends_as_undisturbed(whole, config(policy, tmp_path, name="killed", **WHOLE), kills=(1, 3))
+    killed = recovered_run(whole, config(policy, tmp_path, name="killed", **WHOLE), kills=(1, 3))
+    assert ending(killed) == ending(whole)  # each step once, every number and the normaliser's state whole's
 
 
 def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupted_one(whole, policy, tmp_path):
@@ -269,9 +270,7 @@ def test_a_killed_rollout_worker_and_scoring_service_are_restarted_the_scoring_w
 
     assert [same(r) for r in rows] == [same(r) for r in want]  # the restarted engine sampled the same
 
-    def scoring_state(run_dir):  # the normaliser's state at the last checkpoint: step 4's raw reward cannot show it
-        return json.loads((run_dir / "checkpoints" / "step_4" / "orchestrator.json").read_text())["scoring"]
-
+    # the normaliser's state at the last checkpoint: step 4's raw reward cannot show it
     assert scoring_state(tmp_path / "restarts") == scoring_state(whole)
     assert scoring_state(whole)["running"]["count"] > 0  # the normaliser did run
 
