@@ -295,33 +295,13 @@ def test_a_malformed_data_line_is_reported_with_its_line_number(ray_cluster, tmp
     assert out.returncode == 2 and f"{data}:2: not valid JSON" in out.stderr
 
 
-def test_separate_placement_runs(ray_cluster, policy, tmp_path):
-    """colocate: false puts each actor in its own placement-group bundle (1 CPU each here). With
-    top-p sampling, the sampler-learner logprob gap is still ~0: both sides use the same filter."""
-    train(
-        config(
-            policy,
-            tmp_path,
-            name="separate",
-            total_steps=2,
-            **{"cluster.colocate": "false", "rollout.sampling.top_p": 0.7},
-        )
-    )
-    rows = [r for r in metrics(tmp_path / "separate") if "timing/total" in r]
-    assert len(rows) == 2 and all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
-    assert rows[-1]["rollout/outside_filter_frac"] < 0.01
-
-
-def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp_path):
-    # a cool temperature makes all-correct groups common
-    cfg = config(
-        policy,
-        tmp_path,
-        name="dynamic",
-        total_steps=2,
-        **{"data.dynamic_sampling": "true", "rollout.sampling.temperature": 0.3, "reward.normalization": "running"},
-    )
-    trainer = Trainer(cfg)
+def test_dynamic_sampling_keeps_only_informative_groups_and_separate_placement_runs(ray_cluster, policy, tmp_path):
+    """Dynamic sampling, checked phase by phase, then the run, in separate placement (one run's start for both, CI
+    time): colocate false puts each actor in its own placement-group bundle (1 CPU each here). With top-p sampling
+    the sampler-learner logprob gap is still ~0: both sides use the same filter."""
+    over = {"data.dynamic_sampling": "true", "rollout.sampling.temperature": 0.3, "reward.normalization": "running"}
+    over |= {"cluster.colocate": "false", "rollout.sampling.top_p": 0.7}  # a cool temperature: all-correct groups
+    trainer = Trainer(config(policy, tmp_path, name="dynamic", total_steps=2, **over))
     try:
         # evaluation is read-only: the running reward normaliser does not move, and rewards are raw
         actor = trainer.roles.scoring.actor
@@ -346,5 +326,9 @@ def test_dynamic_sampling_keeps_only_informative_groups(ray_cluster, policy, tmp
             rows = [i for i, p in enumerate(kept.prompt_index) if p == j]
             want = [math_answer(kept.response_text[i], e["answer"]) for i in rows]
             assert [kept_scored.components["math_answer"][i] for i in rows] == want
+        trainer.run()
     finally:
         trainer.shutdown()
+    rows = [r for r in metrics(tmp_path / "dynamic") if "timing/total" in r]
+    assert len(rows) == 2 and all(r["rollout/logprob_gap"] < 1e-3 for r in rows)
+    assert rows[-1]["rollout/outside_filter_frac"] < 0.01
