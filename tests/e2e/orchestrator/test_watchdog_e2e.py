@@ -7,7 +7,9 @@ import os
 import signal
 
 import pytest
+import ray
 
+from orchestrator.data.prompts import PromptSampler
 from orchestrator.loop.trainer import Trainer
 from runtime.incidents import actor_process
 from tests.e2e.orchestrator.test_train_e2e import config, metrics
@@ -17,48 +19,65 @@ pytestmark = pytest.mark.e2e
 WATCHDOG = {"watchdog.factor": 4, "watchdog.floor_s": 15}  # the floor: a restarting engine takes both cores
 
 
-def run_stopping(cfg, role: str, at_step: int):
-    """Run to the end, SIGSTOP-ing `role`'s process (e.g. rollout_0) once step `at_step` is done.
-    Returns the trainer's counters and the stopped pid."""
-    trainer = Trainer(cfg)
-    stopped = {}
-
-    def stop_role(step, _metrics):
-        if step == at_step and not stopped:  # once: a learner recovery replays the step
-            stopped["pid"] = actor_process(role, trainer.roles.actors()[role]).pid
-            os.kill(stopped["pid"], signal.SIGSTOP)
-
-    try:
-        trainer.run(on_step=stop_role)
-        return trainer.state.counts(), stopped["pid"], trainer.watchdog.incidents
-    finally:
-        trainer.shutdown()
-
-
 def incident_folders(run_dir):
     return sorted((run_dir / "incidents").iterdir())
 
 
-@pytest.mark.parametrize("mode", ["one_step"])  # sync: test_an_engine_stopped_in_the_sync_and...
-def test_a_stopped_rollout_engine_is_named_restarted_and_the_run_finishes(ray_cluster, policy, tmp_path, mode):
-    name = f"stopped_engine_{mode}"
-    cfg = config(policy, tmp_path, name=name, total_steps=4, **{"async_training.mode": mode}, **WATCHDOG)
-    counts, pid, incidents = run_stopping(cfg, "rollout_0", at_step=2)
-    assert counts["restarts/rollout"] == 1
-    assert len(incidents) == 1 and [p.role for p in incidents[0].culprits] == ["rollout_0"]
-    assert incidents[0].culprits[0].pid == pid and incidents[0].culprits[0].stopped
+def test_one_step_off_loses_no_prompt_when_an_engine_is_killed_mid_generation_or_stopped(ray_cluster, policy, tmp_path):
+    """One one_step run, two rollout incidents (one run's start for both, CI time):
+    - the engine is killed (Ray restarts it) right after step 3's batch was queued on it: the batch is regenerated;
+    - the engine is stopped (SIGSTOP) after step 4: the watchdog names it within its phase's deadline, writes the
+      incident folder, kills it, and it is restarted.
+    Every batch the learner trains on is the sampler's next, none lost or trained twice, and the run finishes."""
+    name = "one_step_engine"
+    cfg = config(policy, tmp_path, name=name, total_steps=6, **{"async_training.mode": "one_step"}, **WATCHDOG)
+    trainer = Trainer(cfg)
+    trained, killed, stopped = [], [], {}  # trained: the prompts of every batch the learner trained on, in order
+    batches, pool = trainer.batches, trainer.roles.rollout
+    next_batch, submit = batches.next, pool.submit
+
+    def recording(step):
+        this = next_batch(step)
+        trained.append([e["prompt"] for e in this.examples])
+        return this
+
+    def killing(prompts, step, *args, **kwargs):
+        pending = submit(prompts, step, *args, **kwargs)
+        if step == 2 and not killed:
+            killed.append(step)
+            ray.kill(pool.workers[0], no_restart=False)
+        return pending
+
+    def stop_engine(step, _metrics):
+        if step == 4 and not stopped:
+            stopped["pid"] = actor_process("rollout_0", pool.workers[0]).pid
+            os.kill(stopped["pid"], signal.SIGSTOP)
+
+    batches.next, pool.submit = recording, killing
+    try:
+        trainer.run(on_step=stop_engine)
+        counts, (incident,) = trainer.state.counts(), trainer.watchdog.incidents
+    finally:
+        trainer.shutdown()
+    got = [r for r in metrics(tmp_path / name) if "timing/total" in r]
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6] and counts["restarts/rollout"] == 2
+    # no prompt lost or trained twice: exactly the sampler's order, one batch per step
+    sampler, train = PromptSampler(len(batches.train), cfg.seed, cfg.data.shuffle), batches.train
+    assert trained == [[train[i]["prompt"] for i in sampler.next(cfg.data.rollout_batch_size)] for _ in range(6)]
+    # the regenerated batch came from the current weights; the others one version behind
+    assert [r["async/staleness_max"] for r in got[:4]] == [0.0, 1.0, 0.0, 1.0]
+
+    assert [p.role for p in incident.culprits] == ["rollout_0"]
+    assert incident.culprits[0].pid == stopped["pid"] and incident.culprits[0].stopped
     (folder,) = incident_folders(tmp_path / name)
     summary = json.loads((folder / "incident.json").read_text())
-    assert summary["step"] == 2 and summary["stuck"][0]["pid"] == pid and summary["stuck"][0]["stopped"]
-    assert f"pid {pid}" in summary["line"] and "rollout_0 (RolloutWorker" in summary["line"]
+    assert summary["step"] == 4 and summary["stuck"][0]["pid"] == stopped["pid"] and summary["stuck"][0]["stopped"]
+    assert f"pid {stopped['pid']}" in summary["line"] and "rollout_0 (RolloutWorker" in summary["line"]
     stacks = {p.stem: p.read_text() for p in (folder / "stacks").iterdir()}
     assert set(stacks) == {"rollout_0", "scoring", "learner_0"}
     assert "Thread" in stacks["rollout_0"]  # py-spy read the stopped process
     assert json.loads((folder / "config.json").read_text())["name"] == name
     assert "reward/mean" in json.loads((folder / "last_metrics.json").read_text())
-    rows = metrics(tmp_path / name)
-    steps = [r["step"] for r in rows if "timing/total" in r]
-    assert steps == [1, 2, 3, 4]
     assert len(json.loads((tmp_path / name / "eval_after.json").read_text())) > 0
 
 
