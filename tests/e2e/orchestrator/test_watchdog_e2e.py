@@ -1,6 +1,7 @@
 """The watchdog on the real stack: a stopped process (SIGSTOP, as a wedged GPU or a stuck kernel leaves
 it) is named within its phase's deadline, killed and restarted, and the run finishes, each step logged
-once. Deadlines here are phase multiples (watchdog.factor) over a small floor, never wall-clock asserts."""
+once; the one_step run also meets an engine that died (ray.kill) mid-generation. Two incidents share a run
+(CI time). Deadlines here are phase multiples (watchdog.factor) over a small floor, never wall-clock asserts."""
 
 import json
 import os
@@ -61,6 +62,7 @@ def test_one_step_off_loses_no_prompt_when_an_engine_is_killed_mid_generation_or
         trainer.shutdown()
     got = [r for r in metrics(tmp_path / name) if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6] and counts["restarts/rollout"] == 2
+    assert got[3]["restarts/rollout"] == 1  # the kill's restart, counted once, before the engine was stopped
     # no prompt lost or trained twice: exactly the sampler's order, one batch per step
     sampler, train = PromptSampler(len(batches.train), cfg.seed, cfg.data.shuffle), batches.train
     assert trained == [[train[i]["prompt"] for i in sampler.next(cfg.data.rollout_batch_size)] for _ in range(6)]
@@ -97,7 +99,7 @@ def test_an_engine_stopped_in_the_sync_and_a_stopped_learner_rank_are_each_named
     send, stopped = trainer.roles.channel.send, {}
 
     def stop_then_send(version, wait=True):
-        if version == 2 and "engine" not in stopped:  # once: the learner's rebuild sends version 2 again
+        if version == 2 and "engine" not in stopped:  # once: the replayed step 2 sends version 2 again
             stopped["engine"] = actor_process("rollout_0", trainer.roles.rollout.workers[0]).pid
             os.kill(stopped["engine"], signal.SIGSTOP)
         return send(version, wait)
