@@ -24,6 +24,13 @@ def incident_folders(run_dir):
     return sorted((run_dir / "incidents").iterdir())
 
 
+def sigstop(role: str, actor) -> int:
+    """Stop `role`'s process (SIGSTOP: it stays alive, as a wedged kernel leaves it); returns its pid."""
+    pid = actor_process(role, actor).pid
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
 def test_one_step_off_loses_no_prompt_when_an_engine_is_killed_mid_generation_or_stopped(ray_cluster, policy, tmp_path):
     """One one_step run, two rollout incidents (one run's start for both, CI time):
     - the engine is killed (Ray restarts it) right after step 3's batch was queued on it: the batch is regenerated;
@@ -51,8 +58,7 @@ def test_one_step_off_loses_no_prompt_when_an_engine_is_killed_mid_generation_or
 
     def stop_engine(step, _metrics):
         if step == 4 and not stopped:
-            stopped["pid"] = actor_process("rollout_0", pool.workers[0]).pid
-            os.kill(stopped["pid"], signal.SIGSTOP)
+            stopped["pid"] = sigstop("rollout_0", pool.workers[0])
 
     batches.next, pool.submit = recording, killing
     try:
@@ -100,14 +106,12 @@ def test_an_engine_stopped_in_the_sync_and_a_stopped_learner_rank_are_each_named
 
     def stop_then_send(version, wait=True):
         if version == 2 and "engine" not in stopped:  # once: the replayed step 2 sends version 2 again
-            stopped["engine"] = actor_process("rollout_0", trainer.roles.rollout.workers[0]).pid
-            os.kill(stopped["engine"], signal.SIGSTOP)
+            stopped["engine"] = sigstop("rollout_0", trainer.roles.rollout.workers[0])
         return send(version, wait)
 
     def stop_learner(step, _metrics):
         if step == 2 and "learner" not in stopped:  # once: the recovery replays the step
-            stopped["learner"] = actor_process("learner_1", trainer.roles.actors()["learner_1"]).pid
-            os.kill(stopped["learner"], signal.SIGSTOP)
+            stopped["learner"] = sigstop("learner_1", trainer.roles.actors()["learner_1"])
 
     trainer.roles.channel.send = stop_then_send
     try:
