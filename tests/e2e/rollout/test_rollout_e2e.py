@@ -76,6 +76,28 @@ def test_same_seed_same_samples_and_sharding_does_not_matter(pool):
     assert whole.response_ids == a.response_ids
 
 
+def test_two_run_seeds_sample_one_prompt_differently_and_one_seed_alike(pool, tiny_model):
+    """The run seed reaches the engines. Before the sentinel syncs below change `pool`'s weights: the pinned
+    seed's samples must match another pool's, started from the same model."""
+    # one prompt repeated (as guess_number's prompts are): only the run seed can tell the samples apart
+    other = RolloutPool(make_cfg(), tiny_model, num_workers=1, seed=1)
+    try:
+        unpinned = make_cfg(n_samples_per_prompt=2, seed=None).sampling  # the run seed's stream
+        prompts = ["12+34=?"] * 4
+        first = {
+            seed: p.generate(prompts, step=0, sampling=unpinned).response_ids for seed, p in enumerate([pool, other])
+        }
+        assert pool.generate(prompts, step=0, sampling=unpinned).response_ids == first[0]
+        assert first[0] != first[1]
+        pinned = make_cfg(n_samples_per_prompt=2, seed=7).sampling  # an explicit override: alike across run seeds
+        assert (
+            pool.generate(prompts, step=0, sampling=pinned).response_ids
+            == other.generate(prompts, step=0, sampling=pinned).response_ids
+        )
+    finally:
+        other.shutdown()
+
+
 def test_greedy_matches_transformers_and_top_k_1_is_greedy(pool, hf):
     greedy = pool.generate(PROMPTS, step=0, greedy=True)
     assert greedy.prompt_index == [0, 1, 2, 3]
