@@ -38,10 +38,11 @@ def config(policy, root, name, ranks):
     return load_config(REPO / "configs" / "grpo_tiny_cpu.yaml", [f"{k}={v}" for k, v in over.items()])
 
 
-def train(cfg, kills=()):
+def train(cfg, kills=(), also=None):
     """Run to the end; `kills`: the steps after which the last learner rank's process is SIGKILLed (each once:
-    the replay passes it again). Returns the run's counts and the seconds from the last kill to the recovery's
-    start (detected), to its end (restored) and to the next step done."""
+    the replay passes it again); `also(trainer, step)`: what else the test does after each step done (kill another
+    role). Returns the run's counts and the seconds from the last kill to the recovery's start (detected), to its
+    end (restored) and to the next step done."""
     trainer, times, killed, seen = Trainer(cfg), {}, set(), {"restored_at": [], "rows_at_last_kill": []}
     recover = trainer.recover_learner
 
@@ -62,6 +63,8 @@ def train(cfg, kills=()):
             seen["rows_at_last_kill"] = jsonl_rows(trainer.run_dir / "metrics.jsonl")  # before the rewind drops some
             times["kill"] = time.perf_counter()
             os.kill(actor_pid(trainer.roles.learner.ranks[-1]), signal.SIGKILL)  # under ZeRO, not the sender
+        if also is not None:
+            also(trainer, step)
 
     try:
         trainer.run(on_step=kill_rank)
@@ -78,8 +81,8 @@ def record(run_dir):
 
 
 def undisturbed(row: dict) -> dict:
-    """A metrics row's numbers that are not clock readings, its learner restarts aside."""
-    return {k: v for k, v in deterministic(row).items() if k != "restarts/learner"}
+    """A metrics row's numbers that are not clock readings, its restart counts aside (recovered_run checks those)."""
+    return {k: v for k, v in deterministic(row).items() if not k.startswith("restarts/")}
 
 
 def test_a_killed_rank_of_two_under_zero2_is_rebuilt_and_the_run_ends_as_an_undisturbed_one(
@@ -92,23 +95,25 @@ def test_a_killed_rank_of_two_under_zero2_is_rebuilt_and_the_run_ends_as_an_undi
     assert ending(killed) == ending(tmp_path / "whole")  # each step once, every number and state the undisturbed run's
 
 
-def recovered_run(whole: Path, cfg, kills: tuple[int, ...]) -> Path:
-    """Run `cfg` to the end, its last learner rank killed after each step of `kills`, and check that each kill is
-    recovered from where it must be (after step 1: no checkpoint yet, back to the start; after step 3: back to
-    step 2's), each step recorded once, and the steps before the last kill `whole`'s (an undisturbed run of the same
-    config). Returns the run folder, for ending(): what it ended with."""
+def recovered_run(whole: Path, cfg, kills: tuple[int, ...], also=None, others: dict | None = None) -> Path:
+    """Run `cfg` to the end, its last learner rank killed after each step of `kills` (and `also` done after each
+    step: train), and check that each kill is recovered from where it must be (after step 1: no checkpoint yet,
+    back to the start; after step 3: back to step 2's), each step recorded once, the steps before the last kill
+    `whole`'s (an undisturbed run of the same config), and the other roles' restarts `others` (default: none).
+    Returns the run folder, for ending(): what it ended with."""
     want = record(whole)
     assert [r["step"] for r in want[0]] == [1, 2, 3, 4, 4]  # the last step, then its evaluation
-    counts, seconds, seen = train(cfg, kills=kills)
+    counts, seconds, seen = train(cfg, kills=kills, also=also)
     ranks, killed = cfg.cluster.learner_ranks, Path(cfg.run_root) / cfg.name
     print(f"learner recovery, {ranks} rank(s), killed after steps {kills}: {seconds} s after the last kill")
-    assert counts["restarts/learner"] == len(kills) and counts["restarts/rollout"] == 0
+    restarts = {"restarts/learner": len(kills), "restarts/rollout": 0, "restarts/scoring": 0} | (others or {})
+    assert {k: counts[k] for k in restarts} == restarts
     assert seen["restored_at"] == [0 if kill < 2 else 2 for kill in kills]  # the start, or step 2's checkpoint
     # the steps a run made after every earlier recovery, up to the last kill, were the undisturbed run's too
     assert [undisturbed(r) for r in seen["rows_at_last_kill"]] == want[0][: kills[-1]]
     rows = jsonl_rows(killed / "metrics.jsonl")
     assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
-    assert [r["restarts/learner"] for r in rows if "timing/total" in r][-1] == len(kills)
+    assert {k: [r for r in rows if "timing/total" in r][-1][k] for k in restarts} == restarts  # and step 4's row
     return killed
 
 
