@@ -106,7 +106,8 @@ def recovered_run(whole: Path, cfg, kills: tuple[int, ...], also=None, others: d
     counts, seconds, seen = train(cfg, kills=kills, also=also)
     ranks, killed = cfg.cluster.learner_ranks, Path(cfg.run_root) / cfg.name
     print(f"learner recovery, {ranks} rank(s), killed after steps {kills}: {seconds} s after the last kill")
-    restarts = {"restarts/learner": len(kills), "restarts/rollout": 0, "restarts/scoring": 0} | (others or {})
+    restarts = {"restarts/learner": len(kills), "restarts/rollout": 0, "restarts/scoring": 0}
+    restarts = restarts | {"restarts/relaunched_batches": 0} | (others or {})
     assert {k: counts[k] for k in restarts} == restarts
     assert seen["restored_at"] == [0 if kill < 2 else 2 for kill in kills]  # the start, or step 2's checkpoint
     # the steps a run made after every earlier recovery, up to the last kill, were the undisturbed run's too

@@ -82,6 +82,7 @@ def test_two_run_seeds_sample_one_prompt_differently_and_one_seed_alike(pool, ti
     # one prompt repeated (as guess_number's prompts are): only the run seed can tell the samples apart
     other = RolloutPool(make_cfg(), tiny_model, num_workers=1, seed=1)
     try:
+        assert pool.weight_checksums() == pytest.approx(other.weight_checksums() * len(pool), rel=1e-9)  # same model
         unpinned = make_cfg(n_samples_per_prompt=2, seed=None).sampling  # the run seed's stream
         prompts = ["12+34=?"] * 4
         first = {
