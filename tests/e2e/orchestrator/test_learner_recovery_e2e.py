@@ -106,15 +106,20 @@ def recovered_run(whole: Path, cfg, kills: tuple[int, ...], also=None, others: d
     counts, seconds, seen = train(cfg, kills=kills, also=also)
     ranks, killed = cfg.cluster.learner_ranks, Path(cfg.run_root) / cfg.name
     print(f"learner recovery, {ranks} rank(s), killed after steps {kills}: {seconds} s after the last kill")
-    restarts = {"restarts/learner": len(kills), "restarts/rollout": 0, "restarts/scoring": 0}
-    restarts = restarts | {"restarts/relaunched_batches": 0} | (others or {})
+    restarts = {
+        "restarts/learner": len(kills),
+        "restarts/rollout": 0,
+        "restarts/scoring": 0,
+        "restarts/relaunched_batches": 0,
+    }
+    restarts |= others or {}
     assert {k: counts[k] for k in restarts} == restarts
     assert seen["restored_at"] == [0 if kill < 2 else 2 for kill in kills]  # the start, or step 2's checkpoint
     # the steps a run made after every earlier recovery, up to the last kill, were the undisturbed run's too
     assert [undisturbed(r) for r in seen["rows_at_last_kill"]] == want[0][: kills[-1]]
-    rows = jsonl_rows(killed / "metrics.jsonl")
-    assert [r["step"] for r in rows if "timing/total" in r] == [1, 2, 3, 4]  # each step once
-    assert {k: [r for r in rows if "timing/total" in r][-1][k] for k in restarts} == restarts  # and step 4's row
+    steps = [r for r in jsonl_rows(killed / "metrics.jsonl") if "timing/total" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]  # each step once
+    assert {k: steps[-1][k] for k in restarts} == restarts  # and step 4's row
     return killed
 
 

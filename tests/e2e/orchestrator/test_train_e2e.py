@@ -204,8 +204,7 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     # the checkpoint (whole's, its final evaluation's too, each with a reward no step had), which the resumed run must
     # drop, then write those steps anew
     (stopped / "checkpoints" / "step_4.tmp").mkdir()
-    past = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
-    past = [row | {"reward/mean": -1.0} for row in past if row["step"] > done]
+    past = [row | {"reward/mean": -1.0} for row in metrics(whole) if row["step"] > done]
     with (stopped / "metrics.jsonl").open("a") as f:
         f.write("".join(json.dumps(row) + "\n" for row in past))
 

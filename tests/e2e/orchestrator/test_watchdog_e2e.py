@@ -12,8 +12,8 @@ import ray
 
 from orchestrator.data.prompts import PromptSampler
 from orchestrator.loop.trainer import Trainer
-from runtime.incidents import actor_process
 from tests.e2e.orchestrator.test_train_e2e import config, metrics
+from tests.helpers import actor_pid
 
 pytestmark = pytest.mark.e2e
 
@@ -24,9 +24,9 @@ def incident_folders(run_dir):
     return sorted((run_dir / "incidents").iterdir())
 
 
-def sigstop(role: str, actor) -> int:
-    """Stop `role`'s process (SIGSTOP: it stays alive, as a wedged kernel leaves it); returns its pid."""
-    pid = actor_process(role, actor).pid
+def sigstop(actor) -> int:
+    """Stop the actor's process (SIGSTOP: it stays alive, as a wedged kernel leaves it); returns its pid."""
+    pid = actor_pid(actor)
     os.kill(pid, signal.SIGSTOP)
     return pid
 
@@ -58,7 +58,7 @@ def test_one_step_off_loses_no_prompt_when_an_engine_is_killed_mid_generation_or
 
     def stop_engine(step, _metrics):
         if step == 4 and not stopped:
-            stopped["pid"] = sigstop("rollout_0", pool.workers[0])
+            stopped["pid"] = sigstop(pool.workers[0])
 
     batches.next, pool.submit = recording, killing
     try:
@@ -106,12 +106,12 @@ def test_an_engine_stopped_in_the_sync_and_a_stopped_learner_rank_are_each_named
 
     def stop_then_send(version, wait=True):
         if version == 2 and "engine" not in stopped:  # once: the replayed step 2 sends version 2 again
-            stopped["engine"] = sigstop("rollout_0", trainer.roles.rollout.workers[0])
+            stopped["engine"] = sigstop(trainer.roles.rollout.workers[0])
         return send(version, wait)
 
     def stop_learner(step, _metrics):
         if step == 2 and "learner" not in stopped:  # once: the recovery replays the step
-            stopped["learner"] = sigstop("learner_1", trainer.roles.actors()["learner_1"])
+            stopped["learner"] = sigstop(trainer.roles.actors()["learner_1"])
 
     trainer.roles.channel.send = stop_then_send
     try:

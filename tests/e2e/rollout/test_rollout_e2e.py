@@ -85,9 +85,7 @@ def test_two_run_seeds_sample_one_prompt_differently_and_one_seed_alike(pool, ti
         assert pool.weight_checksums() == pytest.approx(other.weight_checksums() * len(pool), rel=1e-9)  # same model
         unpinned = make_cfg(n_samples_per_prompt=2, seed=None).sampling  # the run seed's stream
         prompts = ["12+34=?"] * 4
-        first = {
-            seed: p.generate(prompts, step=0, sampling=unpinned).response_ids for seed, p in enumerate([pool, other])
-        }
+        first = [p.generate(prompts, step=0, sampling=unpinned).response_ids for p in (pool, other)]  # seeds 0, 1
         assert pool.generate(prompts, step=0, sampling=unpinned).response_ids == first[0]
         assert first[0] != first[1]
         pinned = make_cfg(n_samples_per_prompt=2, seed=7).sampling  # an explicit override: alike across run seeds
