@@ -12,7 +12,7 @@ import ray
 
 from orchestrator.loop.trainer import Trainer
 from runtime.actors import restart_count
-from tests.e2e.orchestrator.test_train_e2e import config, metrics
+from tests.e2e.orchestrator.test_train_e2e import config, metrics, train
 
 pytestmark = pytest.mark.e2e
 SAME = ("timing/", "throughput/", "learner/tokens_per_s", "pipeline/")  # wall-clock metrics differ run to run
@@ -33,7 +33,7 @@ def test_full_async_keeps_the_staleness_bound_corrects_off_policy_and_resumes_id
         "checkpoint.every_n_steps": 2,
         "checkpoint.keep_last": 5,
     }
-    Trainer(config(policy, tmp_path, name="whole", **over)).run()
+    train(config(policy, tmp_path, name="whole", **over))
     whole = rows(tmp_path / "whole")
     assert [r["step"] for r in whole] == [1, 2, 3, 4, 5]
     for r in whole:  # step s trains at policy version s - 1; its batch was launched min(s - 1, 2) versions before
@@ -56,7 +56,7 @@ def test_full_async_keeps_the_staleness_bound_corrects_off_policy_and_resumes_id
     (crashed / "metrics.jsonl").write_text(
         "".join(line + "\n" for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:2])
     )
-    Trainer(config(policy, tmp_path, name="crashed", **over, **{"checkpoint.resume": "auto"})).run()
+    train(config(policy, tmp_path, name="crashed", **over, **{"checkpoint.resume": "auto"}))
     got = rows(crashed)
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
     for w, g in zip(whole[2:], got[2:]):
