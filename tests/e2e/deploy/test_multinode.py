@@ -106,7 +106,7 @@ def test_a_submitted_job_trains_on_two_nodes_rollout_on_one_learner_on_the_other
         ]
         entry += ["cluster.rollout_resource=rollout_node", "cluster.learner_resource=learner_node"]
         entry += [f"total_steps={STEPS}", f"learner.model_path={policy}", f"run_root={tmp_path / 'runs'}"]
-        entry += ["logging.wandb.mode=disabled", "data.rollout_batch_size=16", "data.eval_size=16"]
+        entry += ["logging.wandb.mode=disabled", "data.rollout_batch_size=16", "data.eval_size=16", "eval.suites=[]"]
         entry += ["algorithm.mini_batch_size=64", "algorithm.micro_batch_size=64"]
         job = submit(env, dash, entry)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]

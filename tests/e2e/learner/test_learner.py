@@ -106,10 +106,11 @@ def zero_batch(tiny_model):
 
 @pytest.fixture(scope="module")
 def global_result(ray_cluster, tiny_model, zero_batch):
+    """One GRPO rank without ZeRO: the update every sharded one must equal, and what the rank built."""
     group = learners(tiny_model, world=1, zero=0)
     try:
         metrics = group.update(*zero_batch, step=0)
-        return group.policy_state(), metrics
+        return group.policy_state(), metrics, group.describe()
     finally:
         group.shutdown()
 
@@ -117,7 +118,7 @@ def global_result(ray_cluster, tiny_model, zero_batch):
 @pytest.mark.parametrize("world, zero", [(1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)])
 def test_sharded_update_equals_the_global_one(ray_cluster, tiny_model, zero_batch, global_result, world, zero):
     """ZeRO stage and rank count change how the work is split, not the result (fp32, stated tolerance)."""
-    want_state, want_metrics = global_result
+    want_state, want_metrics, _ = global_result
     group = learners(tiny_model, world=world, zero=zero)
     try:
         metrics = group.update(*zero_batch, step=0)
@@ -130,28 +131,37 @@ def test_sharded_update_equals_the_global_one(ray_cluster, tiny_model, zero_batc
         assert metrics[key] == pytest.approx(want_metrics[key], abs=1e-5), key
 
 
+def short_last_update(model: str, batch, scored, world: int, zero: int) -> dict:
+    """The weights after one update of 33 rows in mini-batches of 32 + 1, on `world` ranks."""
+    group = LearnerGroup(
+        LearnerConfig(model_path=model, lr=1e-3, zero_stage=zero),
+        algo(mini_batch_size=32, micro_batch_size=8),
+        SamplerSettings(n_samples_per_prompt=3),
+        world,
+        seed=0,
+        placement=RankPlacement(num_cpus=0, threads=1),
+    )
+    try:
+        group.update(batch, scored, step=0)
+        return group.policy_state()
+    finally:
+        group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def short_last(ray_cluster, tiny_model):
+    """The batch of 33 rows, and one rank's weights after its update (each ZeRO case compares with them)."""
+    batch, scored = make_scored_batch(tiny_model, n_prompts=11, group=3, seed=10)
+    return batch, scored, short_last_update(tiny_model, batch, scored, world=1, zero=0)
+
+
 @pytest.mark.parametrize("zero", [0, 2])
-def test_a_short_last_mini_batch_trains_the_same_on_two_ranks(ray_cluster, tiny_model, zero):
+def test_a_short_last_mini_batch_trains_the_same_on_two_ranks(tiny_model, short_last, zero):
     """33 rows, mini-batches of 32 + 1: on two ranks the 1-row mini-batch leaves rank 1 without rows,
     which makes a zero-weight pass so the ranks' collectives pair up; the result is one rank's."""
-    batch, scored = make_scored_batch(tiny_model, n_prompts=11, group=3, seed=10)
-    a = algo(mini_batch_size=32, micro_batch_size=8)
-    states = []
-    for world in (1, 2):
-        group = LearnerGroup(
-            LearnerConfig(model_path=tiny_model, lr=1e-3, zero_stage=zero if world == 2 else 0),
-            a,
-            SamplerSettings(n_samples_per_prompt=3),
-            world,
-            seed=0,
-            placement=RankPlacement(num_cpus=0, threads=1),
-        )
-        try:
-            group.update(batch, scored, step=0)
-            states.append(group.policy_state())
-        finally:
-            group.shutdown()
-    worst = max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0])
+    batch, scored, one = short_last
+    two = short_last_update(tiny_model, batch, scored, world=2, zero=zero)
+    worst = max(float((one[k] - two[k]).abs().max()) for k in one)
     assert worst < 2e-5, f"max |param difference| {worst:.2e}"
 
 
@@ -175,12 +185,8 @@ def test_both_critics_train(ray_cluster, tiny_model, value_head):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_grpo_builds_no_critic(ray_cluster, tiny_model):
-    group = learners(tiny_model)
-    try:
-        built = group.describe()
-    finally:
-        group.shutdown()
+def test_grpo_builds_no_critic(global_result):
+    built = global_result[2]
     assert built["critic"] is False and built["value_head"] is False
     assert not any("value" in n for n in built["trainable"])
 

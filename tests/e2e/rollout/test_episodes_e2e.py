@@ -12,9 +12,13 @@ pytestmark = pytest.mark.e2e
 PROMPTS = ["12+34=", "7*8=", "hello"]
 
 
-def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, timeout_s=1.0):
-    """Play one episode per (prompt, sample) in a Ray actor with a real engine, the engine's calls
-    recorded; env_classes[i] makes the environment of prompt i."""
+SAMPLES = 2  # episodes per prompt
+
+
+@pytest.fixture(scope="module")
+def player(ray_cluster, tiny_model):
+    """One actor with one real engine for the module's episodes: its weights never change and every
+    episode has its own sampling seed, so each test plays as on an engine of its own."""
 
     class Recorder:
         def __init__(self, engine):
@@ -36,43 +40,57 @@ def play_in_actor(tiny_model, env_classes, max_turns=3, samples=2, budget=40, ti
 
     @ray.remote(num_cpus=1)
     class Player:
-        def play(self):
-            import asyncio
+        def __init__(self):
             import os
 
-            from envs.config import EnvConfig
             from rollout.async_engine import AsyncEngine
             from rollout.config import RolloutConfig, SamplingConfig
             from rollout.engine import engine_env, make_engine
-            from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
 
-            cfg = RolloutConfig(
+            self.cfg = RolloutConfig(
                 max_model_len=128,
                 max_prompt_tokens=16,
-                sampling=SamplingConfig(max_new_tokens=6, n_samples_per_prompt=samples, seed=3),
+                sampling=SamplingConfig(max_new_tokens=6, n_samples_per_prompt=SAMPLES, seed=3),
             )
-            os.environ.update(engine_env(cfg, 1, False))
-            llm = make_engine(cfg, tiny_model, 0, torch.device("cpu"))
-            tok, rec = llm.get_tokenizer(), Recorder(AsyncEngine(llm))
-            made = iter([cls() for cls in env_classes for _ in range(samples)])
+            os.environ.update(engine_env(self.cfg, 1, False))
+            self.llm = make_engine(self.cfg, tiny_model, 0, torch.device("cpu"))
+            self.engine = AsyncEngine(self.llm)
+
+        async def play(self, prompts, env_classes, max_turns, budget, timeout_s):
+            """One episode per (prompt, sample), env_classes[i] making prompt i's environment; the engine's
+            calls recorded. Async: every call runs on the actor's one event loop, the engine's."""
+            from envs.config import EnvConfig
+            from rollout.episodes import EpisodeSeeds, PromptShard, play, start_episodes, to_batch
+
+            tok, rec = self.llm.get_tokenizer(), Recorder(self.engine)
+            made = iter([cls() for cls in env_classes for _ in range(SAMPLES)])
             episodes, skipped = start_episodes(
                 lambda: next(made),
-                PromptShard(PROMPTS, [{"answer": "0"}] * len(PROMPTS)),
-                samples,
+                PromptShard(prompts, [{"answer": "0"}] * len(prompts)),
+                SAMPLES,
                 EpisodeSeeds(sampling=lambda i: 100 + i, env=lambda i, k: 0),
                 tok,
-                cfg,
+                self.cfg,
                 timeout_s,
             )
             env = EnvConfig(name="test", max_turns=max_turns, step_timeout_s=timeout_s)
-            asyncio.run(play(rec, tok, episodes, cfg.sampling, False, env, budget))
-            llm.shutdown()
+            await play(rec, tok, episodes, self.cfg.sampling, False, env, budget)
             return to_batch(episodes, skipped), rec.calls
 
-    return ray.get(Player.remote().play.remote())
+        def shutdown(self):
+            self.llm.shutdown()
+
+    actor = Player.remote()
+    yield actor
+    ray.get(actor.shutdown.remote())
+    ray.kill(actor)
 
 
-def test_episode_tokens_are_what_the_engine_sampled_turn_by_turn(ray_cluster, tiny_model):
+def play_in_actor(player, env_classes, prompts=PROMPTS, max_turns=3, budget=40, timeout_s=1.0):
+    return ray.get(player.play.remote(prompts, env_classes, max_turns, budget, timeout_s))
+
+
+def test_episode_tokens_are_what_the_engine_sampled_turn_by_turn(player, tiny_model):
     from envs.base import Environment
 
     class Counter(Environment):  # never ends by itself: every episode plays every turn
@@ -83,7 +101,7 @@ def test_episode_tokens_are_what_the_engine_sampled_turn_by_turn(ray_cluster, ti
             self.turn += 1
             return f"obs {self.turn}", 0.25, False, {}
 
-    batch, calls = play_in_actor(tiny_model, [Counter] * len(PROMPTS))
+    batch, calls = play_in_actor(player, [Counter] * len(PROMPTS))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
@@ -116,7 +134,7 @@ def test_episode_tokens_are_what_the_engine_sampled_turn_by_turn(ray_cluster, ti
             assert torch.allclose(torch.tensor(lp)[model], ref[model], atol=1e-4, rtol=0)
 
 
-def test_a_hanging_or_raising_environment_ends_only_its_episodes(ray_cluster, tiny_model):
+def test_a_hanging_or_raising_environment_ends_only_its_episodes(player):
     import time
 
     from envs.base import Environment
@@ -137,11 +155,7 @@ def test_a_hanging_or_raising_environment_ends_only_its_episodes(ray_cluster, ti
         def reset(self, task, seed):
             raise KeyError("no such task")
 
-    PROMPTS.append("x")
-    try:
-        batch, calls = play_in_actor(tiny_model, [Fine, Hangs, Raises, BadReset], max_turns=2, timeout_s=1.0)
-    finally:
-        PROMPTS.pop()
+    batch, calls = play_in_actor(player, [Fine, Hangs, Raises, BadReset], [*PROMPTS, "x"], max_turns=2, timeout_s=1.0)
     assert batch.skipped == [
         (3, "environment reset: error: KeyError: 'no such task'")
     ]  # counted, topped up by the trainer
