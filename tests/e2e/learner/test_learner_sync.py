@@ -48,8 +48,9 @@ def train(learner, tiny_model, seed: int) -> None:
 
 
 @pytest.mark.parametrize("world, zero", [(1, 0), (2, 3)])
-def test_learner_weights_reach_every_engine(pool, learner, tiny_model, world, zero):
-    group = learner if world == 1 else tiny_learner(tiny_model, world, zero)  # the module's rank is (1, 0)
+def test_learner_weights_reach_every_engine(pool, tiny_model, world, zero, request):
+    # the module's rank is (1, 0)
+    group = request.getfixturevalue("learner") if world == 1 else tiny_learner(tiny_model, world, zero)
     try:
         for step in range(2):  # move the policy away from the engines (other seeds than the other case)
             group.update(*make_scored_batch(tiny_model, seed=10 + step + 100 * zero), step=step)
@@ -70,7 +71,7 @@ def test_learner_weights_reach_every_engine(pool, learner, tiny_model, world, ze
             alone = ray.get(w.generate.remote(PROMPTS, 0, 0, True))
             assert alone.response_ids == after.response_ids
     finally:
-        if group is not learner:
+        if world != 1:
             group.shutdown()
 
 

@@ -18,7 +18,7 @@ SAMPLES = 2  # episodes per prompt
 @pytest.fixture(scope="module")
 def player(ray_cluster, tiny_model):
     """One actor with one real engine for the module's episodes: its weights never change and every
-    episode has its own sampling seed, so each test plays as on an engine of its own."""
+    episode has its own sampling seed (only the prefix cache carries over: the tests pass in either order)."""
 
     class Recorder:
         def __init__(self, engine):
@@ -82,8 +82,10 @@ def player(ray_cluster, tiny_model):
 
     actor = Player.remote()
     yield actor
-    ray.get(actor.shutdown.remote())
-    ray.kill(actor)
+    try:
+        ray.get(actor.shutdown.remote())
+    finally:
+        ray.kill(actor)
 
 
 def play_in_actor(player, env_classes, prompts=PROMPTS, max_turns=3, budget=40, timeout_s=1.0):
