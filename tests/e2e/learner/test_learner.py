@@ -133,14 +133,7 @@ def test_sharded_update_equals_the_global_one(ray_cluster, tiny_model, zero_batc
 
 def short_last_update(model: str, batch, scored, world: int, zero: int) -> dict:
     """The weights after one update of 33 rows in mini-batches of 32 + 1, on `world` ranks."""
-    group = LearnerGroup(
-        LearnerConfig(model_path=model, lr=1e-3, zero_stage=zero),
-        algo(mini_batch_size=32, micro_batch_size=8),
-        SamplerSettings(n_samples_per_prompt=3),
-        world,
-        seed=0,
-        placement=RankPlacement(num_cpus=0, threads=1),
-    )
+    group = tiny_learner(model, world, zero, lr=1e-3, algo=algo(mini_batch_size=32, micro_batch_size=8), group=3)
     try:
         group.update(batch, scored, step=0)
         return group.policy_state()

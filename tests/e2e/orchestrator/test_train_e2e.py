@@ -217,9 +217,10 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_ends_as_an_uninterrupt
     assert foreign_lines(resumed.stdout + resumed.stderr) == [] and "held-out" in resumed.stdout
     assert "Started a local Ray instance" in (stopped / "relay.log").read_text()
     want = [r for r in metrics(whole) if "timing/total" in r]
-    got = [r for r in metrics(stopped) if "timing/total" in r]
+    rows = metrics(stopped)
+    got = [r for r in rows if "timing/total" in r]
     assert [r["step"] for r in got] == [1, 2, 3, 4]
-    assert [r["step"] for r in metrics(stopped)] == [1, 2, 3, 4, 4]  # each step once, then the final evaluation
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 4]  # each step once, then the final evaluation
     assert sorted(p.name for p in (stopped / "checkpoints").iterdir()) == [f"step_{done}", "step_4"]  # no .tmp left
     for w, g in zip(want, got):
         same = {k for k in w if not k.startswith(("timing/", "throughput/", "learner/tokens_per_s", "pipeline/"))}
